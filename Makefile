@@ -1,0 +1,48 @@
+# toolbus: `make run` starts a worker with the bundled defaults, `make test` runs every test.
+# Both set up .venv first; both make sure a mosquitto binary exists.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+BROKER_PORT ?= 1883
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: run test lint typecheck schemas check broker stop-broker clean mosquitto-binary
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON): apt-get install python3.11 python3.11-venv"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+mosquitto-binary:
+	@scripts/ensure-mosquitto
+
+# Starts a local broker on $(BROKER_PORT) unless something already listens there.
+broker: mosquitto-binary
+	@scripts/local-broker start $(BROKER_PORT)
+
+stop-broker:
+	@scripts/local-broker stop $(BROKER_PORT)
+
+run: $(STAMP) broker
+	$(BIN)/toolbus serve --config config/toolbus.toml
+
+test: $(STAMP) mosquitto-binary
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check worker tests bench
+	$(BIN)/ruff format --check worker tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy worker
+
+schemas: $(STAMP)
+	$(BIN)/toolbus schemas --write
+
+check: lint typecheck test
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .run

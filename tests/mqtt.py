@@ -1,0 +1,119 @@
+"""Test-side MQTT callers, speaking v5 (Response Topic + Correlation Data) or 3.1.1 (reply_to + id).
+
+Tests talk to the broker with aiomqtt directly: they play the worker's callers,
+so they must not depend on the worker's own transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections import defaultdict
+from types import TracebackType
+from typing import Any, Self
+
+import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from worker.config import BrokerUrl
+
+REPLY_TIMEOUT_S = 15.0
+
+
+class Caller:
+    def __init__(self, url: str, *, v5: bool = True) -> None:
+        b = BrokerUrl.from_url(url)
+        self.v5 = v5
+        self.client = aiomqtt.Client(
+            b.host,
+            b.port,
+            identifier=f"test-{uuid.uuid4().hex[:10]}",
+            protocol=aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
+            max_inflight_messages=1000,
+        )
+        self.client.pending_calls_threshold = 10_000
+        self._waiters: dict[str, list[asyncio.Future[Any]]] = defaultdict(list)
+        self.received: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.messages: asyncio.Queue[aiomqtt.Message] = asyncio.Queue()
+        self._reader: asyncio.Task[None] | None = None
+        self._subscribed: set[str] = set()
+
+    async def __aenter__(self) -> Self:
+        await self.client.__aenter__()
+        self._reader = asyncio.create_task(self._read(), name="test-caller-reader")
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._reader is not None
+        self._reader.cancel()
+        await self.client.__aexit__(t, e, tb)
+
+    async def _read(self) -> None:
+        async for message in self.client.messages:
+            await self.messages.put(message)
+
+    async def subscribe(self, topic: str) -> None:
+        if topic not in self._subscribed:
+            await self.client.subscribe(topic, qos=1)
+            self._subscribed.add(topic)
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes | str,
+        *,
+        response_topic: str | None = None,
+        correlation: bytes | None = None,
+    ) -> None:
+        props = None
+        if self.v5 and (response_topic or correlation):
+            props = Properties(PacketTypes.PUBLISH)
+            if response_topic:
+                props.ResponseTopic = response_topic
+            if correlation is not None:
+                props.CorrelationData = correlation
+        await self.client.publish(topic, payload, qos=1, properties=props)
+
+    async def next_message(self, timeout_s: float = REPLY_TIMEOUT_S) -> aiomqtt.Message:
+        async with asyncio.timeout(timeout_s):
+            return await self.messages.get()
+
+    async def call(
+        self,
+        topic: str,
+        body: dict[str, Any] | bytes,
+        *,
+        reply_topic: str,
+        timeout_s: float = REPLY_TIMEOUT_S,
+    ) -> tuple[dict[str, Any], aiomqtt.Message]:
+        """One request; returns the parsed reply and the raw message (for its properties)."""
+        await self.subscribe(reply_topic)
+        correlation = uuid.uuid4().hex.encode()
+        if isinstance(body, dict) and not self.v5:
+            body = {"reply_to": reply_topic, "id": correlation.decode(), **body}
+        payload = json.dumps(body).encode() if isinstance(body, dict) else body
+        await self.publish(
+            topic,
+            payload,
+            response_topic=reply_topic if self.v5 else None,
+            correlation=correlation if self.v5 else None,
+        )
+        async with asyncio.timeout(timeout_s):
+            while True:
+                message = await self.messages.get()
+                if message.topic.value != reply_topic:
+                    continue
+                reply = json.loads(message.payload)
+                if self.v5:
+                    if getattr(message.properties, "CorrelationData", None) == correlation:
+                        return reply, message
+                elif reply.get("id") == correlation.decode():
+                    return reply, message
+
+
+def correlation_of(message: aiomqtt.Message) -> bytes | None:
+    return getattr(message.properties, "CorrelationData", None)

@@ -1,0 +1,325 @@
+"""The worker end to end: real mosquitto, real demo MCP server, v5 and 3.1.1 callers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.conftest import DEMO_SERVER, Broker, make_settings, running_worker
+from tests.mqtt import Caller, correlation_of
+from tests.tools import Probe, probe_tools
+from worker.service import Worker
+
+
+def reply_topic(worker: Worker) -> str:
+    return f"{worker.topics.reply_prefixes[0]}{uuid.uuid4().hex[:8]}"
+
+
+def call_topic(worker: Worker, tool: str | None = None) -> str:
+    return f"{worker.topics.call}/{tool}" if tool else worker.topics.call
+
+
+async def device_state(caller: Caller, worker: Worker, name: str) -> dict[str, Any]:
+    reply, _ = await caller.call(
+        call_topic(worker, "get_device_sensor_data"),
+        {"arguments": {"deviceName": name}},
+        reply_topic=reply_topic(worker),
+    )
+    assert reply["ok"], reply
+    return dict(reply["result"]["structured"])
+
+
+@pytest.mark.parametrize("v5", [True, False], ids=["mqtt5", "mqtt311"])
+async def test_turn_on_switch_one(broker: Broker, demo_worker: Worker, v5: bool) -> None:
+    """The headline case: snake_case arguments reach the camelCase demo server renamed."""
+    device = "Switch One" if v5 else "Switch Two"
+    async with Caller(broker.url, v5=v5) as caller:
+        before = await device_state(caller, demo_worker, device)
+        assert before["state"] == "off"
+        reply, message = await caller.call(
+            call_topic(demo_worker),
+            {"tool": "control_zwave_device", "arguments": {"device_name": device, "command": "on"}},
+            reply_topic=reply_topic(demo_worker),
+        )
+        assert reply["ok"] is True, reply
+        assert reply["tool"] == "control_zwave_device"
+        # What the server itself says it received:
+        assert reply["result"]["structured"]["received"] == {"deviceName": device, "action": "on"}
+        assert {(n["from"], n["to"], n["rule"]) for n in reply["normalized"]} == {
+            ("device_name", "deviceName", "static_map"),
+            ("command", "action", "static_map"),
+        }
+        after = await device_state(caller, demo_worker, device)
+        assert after["state"] == "on"
+        if v5:
+            assert correlation_of(message) is not None
+            assert reply["id_generated"] is True
+        else:
+            assert reply["id_generated"] is False  # the body's id came back
+
+
+async def test_v5_correlation_data_and_body_id_echoed(caller: Caller, demo_worker: Worker) -> None:
+    topic = reply_topic(demo_worker)
+    await caller.subscribe(topic)
+    await caller.publish(
+        call_topic(demo_worker, "echo"),
+        json.dumps({"id": "abc-1", "arguments": {"text": "hi"}}),
+        response_topic=topic,
+        correlation=b"\x00\xffbinary",
+    )
+    message = await caller.next_message()
+    reply = json.loads(message.payload)
+    assert correlation_of(message) == b"\x00\xffbinary"
+    assert reply["id"] == "abc-1" and reply["id_generated"] is False
+    assert getattr(message.properties, "ContentType", None) == "application/json"
+
+
+async def test_snake_to_camel_heuristic_for_mcp_tools(caller: Caller, demo_worker: Worker) -> None:
+    reply, _ = await caller.call(
+        call_topic(demo_worker, "get_device_sensor_data"),
+        {"arguments": {"device_name": "Hallway Sensor"}},
+        reply_topic=reply_topic(demo_worker),
+    )
+    assert reply["ok"], reply
+    assert reply["normalized"] == [
+        {"path": "arguments.device_name", "from": "device_name", "to": "deviceName", "rule": "snake_to_camel"}
+    ]
+
+
+async def test_mcp_server_rejection_reaches_caller_unchanged(caller: Caller, demo_worker: Worker) -> None:
+    reply, _ = await caller.call(
+        call_topic(demo_worker, "control_zwave_device"),
+        {"arguments": {"device_name": "Garage Door", "command": "on"}},
+        reply_topic=reply_topic(demo_worker),
+    )
+    assert reply["ok"] is False
+    assert reply["error"]["code"] == "tool_error"
+    assert reply["error"]["details"]["server"] == "devices"
+    # The server's own words, not ours:
+    assert "Unknown device 'Garage Door'" in reply["error"]["message"]
+    assert len(reply["normalized"]) == 2
+
+
+async def test_tools_listing_over_mqtt(caller: Caller, demo_worker: Worker) -> None:
+    reply, _ = await caller.call(demo_worker.topics.tools, {}, reply_topic=reply_topic(demo_worker))
+    assert reply["ok"]
+    tools = {t["name"]: t for t in reply["result"]["structured"]["tools"]}
+    assert {"datetime", "echo", "control_zwave_device", "get_device_sensor_data", "list_devices"} <= set(tools)
+    assert tools["control_zwave_device"]["origin"] == "mcp:devices"
+    assert "deviceName" in tools["control_zwave_device"]["inputSchema"]["properties"]
+    assert tools["echo"]["origin"] == "local"
+
+
+async def test_unknown_tool_suggests_close_names(caller: Caller, demo_worker: Worker) -> None:
+    reply, _ = await caller.call(
+        call_topic(demo_worker, "list_device"), {}, reply_topic=reply_topic(demo_worker)
+    )
+    assert reply["error"]["code"] == "unknown_tool"
+    assert "list_devices" in reply["error"]["details"]["candidates"]
+
+
+async def test_invalid_arguments_listed_with_paths(caller: Caller, demo_worker: Worker) -> None:
+    reply, _ = await caller.call(
+        call_topic(demo_worker, "control_zwave_device"),
+        {"arguments": {"deviceName": "Switch One", "action": "explode", "level": "high"}},
+        reply_topic=reply_topic(demo_worker),
+    )
+    assert reply["error"]["code"] == "invalid_arguments"
+    paths = {e["path"] for e in reply["error"]["details"]["errors"]}
+    assert paths == {"action", "level"}
+    assert {p["name"] for p in reply["error"]["details"]["signature"]} == {"deviceName", "action", "level"}
+
+
+@pytest.fixture
+def probe() -> Probe:
+    return Probe()
+
+
+async def test_local_tool_errors(broker: Broker, caller: Caller, probe: Probe) -> None:
+    settings = make_settings(broker, tools={"sleepy": {"timeout_s": 0.3}})
+    async with running_worker(settings, probe_tools(probe)) as worker:
+        topic = reply_topic(worker)
+
+        async def call(tool: str, arguments: dict[str, Any], **extra: Any) -> dict[str, Any]:
+            reply, _ = await caller.call(
+                call_topic(worker, tool), {"arguments": arguments, **extra}, reply_topic=topic
+            )
+            return reply
+
+        # A local tool is never renamed, even where an MCP tool would be.
+        not_renamed = await call("local_device", {"device_name": "X"})
+        assert not_renamed["error"]["code"] == "invalid_arguments"
+        assert not_renamed["normalized"] == []
+        assert (await call("local_device", {"deviceName": "X"}))["result"]["text"] == "X"
+
+        raised = await call("explode", {"reason": "boom"})
+        assert raised["error"]["code"] == "tool_error"
+        assert raised["error"]["details"]["exception"] == "ValueError"
+
+        # Per-tool timeout from config; the tool is really cancelled.
+        timed_out = await call("sleepy", {})
+        assert timed_out["error"]["code"] == "timeout"
+        assert timed_out["error"]["details"]["timeout_s"] == 0.3
+        assert probe.cancelled == 1
+
+        # The request's own deadline wins over the tool's.
+        quick = await call("sleepy", {}, timeout_s=0.05)
+        assert quick["error"]["code"] == "timeout"
+        assert quick["error"]["details"]["timeout_s"] == 0.05
+        assert probe.cancelled == 2
+
+
+async def test_200_concurrent_requests_one_reply_each_within_bound(
+    broker: Broker, probe: Probe
+) -> None:
+    bound = 8
+    settings = make_settings(broker, concurrency=bound)
+    async with running_worker(settings, probe_tools(probe)) as worker:
+        callers = [Caller(broker.url, v5=i % 2 == 0) for i in range(4)]
+        for c in callers:
+            await c.__aenter__()
+        try:
+            results = await asyncio.gather(
+                *(
+                    c.call(call_topic(worker, "busy"), {"arguments": {"n": i * 100 + n}}, reply_topic=f"{worker.topics.reply_prefixes[0]}c{i}")
+                    for i, c in enumerate(callers)
+                    for n in range(50)
+                )
+            )
+            numbers = sorted(reply["result"]["structured"]["n"] for reply, _ in results)
+            assert numbers == sorted(i * 100 + n for i in range(4) for n in range(50))
+            # A sentinel per caller: any duplicate reply would arrive before it.
+            for i, c in enumerate(callers):
+                await c.call(call_topic(worker, "echo"), {"arguments": {"text": "end"}}, reply_topic=f"{worker.topics.reply_prefixes[0]}c{i}")
+            for c in callers:
+                stray = [m for m in list(c.messages._queue) if json.loads(m.payload).get("tool") == "busy"]  # type: ignore[attr-defined]
+                assert stray == [], "a request was answered twice"
+        finally:
+            for c in callers:
+                await c.__aexit__(None, None, None)
+        assert probe.calls == 200
+        assert 1 < probe.max_active <= bound
+        assert worker.max_in_flight <= bound
+
+
+async def test_malformed_payloads_answered_or_dead_lettered(
+    broker: Broker, caller: Caller, caller311: Caller, demo_worker: Worker
+) -> None:
+    dead = demo_worker.topics.dead
+    watcher = Caller(broker.url)
+    async with watcher:
+        await watcher.subscribe(dead)
+        topic = reply_topic(demo_worker)
+
+        # With a reply address (v5 Response Topic): each gets bad_request.
+        for payload in (b"{not json", b"[1, 2]", b'{"arguments": {}}', b"\xff\xfe", b"{" + b" " * 300_000 + b"}"):
+            reply, _ = await caller.call(call_topic(demo_worker), payload, reply_topic=topic)
+            assert reply["ok"] is False
+            assert reply["error"]["code"] == "bad_request", payload[:20]
+
+        # Without one (3.1.1, body unreadable): dead-lettered with the payload kept.
+        await caller311.publish(call_topic(demo_worker), b"not json at all")
+        letter = json.loads((await watcher.next_message()).payload)
+        assert letter["error"]["code"] == "bad_request"
+        assert letter["payload"] == "not json at all"
+        assert letter["topic"] == call_topic(demo_worker)
+
+        await caller311.publish(call_topic(demo_worker), json.dumps(["a", "list"]))
+        assert json.loads((await watcher.next_message()).payload)["error"]["code"] == "bad_request"
+
+        # A failed call with no reply address is dead-lettered too.
+        await caller311.publish(call_topic(demo_worker, "no_such_tool"), b"{}")
+        letter = json.loads((await watcher.next_message()).payload)
+        assert letter["error"]["code"] == "unknown_tool"
+
+        # A valid request right after still succeeds.
+        reply, _ = await caller.call(
+            call_topic(demo_worker, "echo"), {"arguments": {"text": "still here"}}, reply_topic=topic
+        )
+        assert reply["ok"] and reply["result"]["structured"]["text"] == "still here"
+
+
+async def test_reply_topic_outside_prefix_is_refused_and_not_executed(
+    broker: Broker, caller: Caller, probe: Probe
+) -> None:
+    async with running_worker(make_settings(broker), probe_tools(probe)) as worker, Caller(broker.url) as watcher:
+        await watcher.subscribe(worker.topics.dead)
+        victim = f"{worker.topics.prefix}-victim/lights/set"
+        await caller.subscribe(victim)
+        await caller.publish(
+            call_topic(worker, "busy"), json.dumps({"arguments": {"n": 1}}), response_topic=victim
+        )
+        letter = json.loads((await watcher.next_message()).payload)
+        assert letter["error"]["code"] == "forbidden"
+        assert probe.calls == 0
+        assert caller.messages.empty()
+
+
+async def test_in_flight_calls_finish_on_stop(broker: Broker, caller: Caller, probe: Probe) -> None:
+    """Stopping waits for in-flight calls (within the grace period) and replies to them."""
+    settings = make_settings(broker, shutdown_grace_s=10.0)
+    async with running_worker(settings, probe_tools(probe)) as worker:
+        topic = reply_topic(worker)
+        await caller.subscribe(topic)
+        for n in range(3):
+            await caller.publish(
+                call_topic(worker, "gate"), json.dumps({"id": f"g{n}"}), response_topic=topic
+            )
+        async with asyncio.timeout(10):
+            while probe.active < 3:
+                await asyncio.sleep(0)  # yields to the worker's tasks; bounded by the timeout
+        stop_task = asyncio.current_task()
+        assert stop_task is not None
+        # Stopping happens when the context exits; open the gate from a task that
+        # waits until the worker has begun draining.
+        async def open_gate() -> None:
+            async with asyncio.timeout(10):
+                while not worker._stopping:  # noqa: SLF001
+                    await asyncio.sleep(0)
+            probe.release.set()
+
+        opener = asyncio.create_task(open_gate(), name="open-gate")
+    await opener
+    replies = [json.loads((await caller.next_message()).payload) for _ in range(3)]
+    assert sorted(r["id"] for r in replies) == ["g0", "g1", "g2"]
+    assert all(r["ok"] and r["result"]["text"] == "released" for r in replies)
+
+
+async def test_calls_past_grace_get_unavailable(broker: Broker, caller: Caller, probe: Probe) -> None:
+    settings = make_settings(broker, shutdown_grace_s=0.2)
+    async with running_worker(settings, probe_tools(probe)) as worker:
+        topic = reply_topic(worker)
+        await caller.subscribe(topic)
+        await caller.publish(call_topic(worker, "gate"), json.dumps({"id": "late"}), response_topic=topic)
+        async with asyncio.timeout(10):
+            while probe.active < 1:
+                await asyncio.sleep(0)
+    reply = json.loads((await caller.next_message()).payload)
+    assert reply["id"] == "late" and reply["error"]["code"] == "unavailable"
+
+
+async def test_mcp_server_that_cannot_start_leaves_the_rest_serving(
+    broker: Broker, caller: Caller
+) -> None:
+    settings = make_settings(
+        broker,
+        mcpServers={
+            "broken": {"command": "toolbus-no-such-binary-xyz"},
+            "dies": {"command": "python3", "args": ["-c", "import sys; sys.exit(3)"]},
+            "devices": DEMO_SERVER,
+        },
+    )
+    async with running_worker(settings) as worker:
+        assert worker.mcp.states() == {"broken": "down", "dies": "down", "devices": "ready"}
+        reply, _ = await caller.call(
+            call_topic(worker, "list_devices"), {}, reply_topic=reply_topic(worker)
+        )
+        assert reply["ok"]
+        reply, _ = await caller.call(
+            call_topic(worker, "echo"), {"arguments": {"text": "x"}}, reply_topic=reply_topic(worker)
+        )
+        assert reply["ok"]

@@ -1,0 +1,167 @@
+"""Local backend: async Python functions registered as tools.
+
+    @tool
+    async def echo(text: str) -> str:
+        "Return the text unchanged."
+        return text
+
+The JSON schema comes from the type hints (through pydantic) unless one is given.
+Other packages contribute tools through the `toolbus.tools` entry-point group:
+each entry point names a `LocalTool` or an iterable of them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, get_type_hints, overload
+
+from pydantic import BaseModel, create_model
+
+from worker.contracts import ToolResult
+from worker.errors import ToolbusError, ToolFailed
+from worker.registry import LOCAL, Tool
+
+log = logging.getLogger("toolbus.local")
+
+ENTRY_POINT_GROUP = "toolbus.tools"
+
+AsyncToolFn = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalTool:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    fn: AsyncToolFn
+    timeout_s: float | None = None
+
+    async def __call__(self, **arguments: Any) -> Any:
+        return await self.fn(**arguments)
+
+    def to_tool(self, *, rename_arguments: bool = False, timeout_s: float | None = None) -> Tool:
+        async def invoke(arguments: dict[str, Any]) -> ToolResult:
+            try:
+                value = await self.fn(**arguments)
+            except ToolbusError:
+                raise
+            except Exception as exc:
+                log.exception("local tool %s raised", self.name)
+                raise ToolFailed(
+                    f"{self.name} failed: {type(exc).__name__}: {exc}", exception=type(exc).__name__
+                ) from exc
+            return to_result(value)
+
+        return Tool(
+            name=self.name,
+            description=self.description,
+            input_schema=self.input_schema,
+            invoke=invoke,
+            origin=LOCAL,
+            rename_arguments=rename_arguments,
+            timeout_s=timeout_s if timeout_s is not None else self.timeout_s,
+        )
+
+
+@overload
+def tool(fn: AsyncToolFn, /) -> LocalTool: ...
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    schema: dict[str, Any] | None = None,
+    timeout_s: float | None = None,
+) -> Callable[[AsyncToolFn], LocalTool]: ...
+def tool(
+    fn: AsyncToolFn | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    schema: dict[str, Any] | None = None,
+    timeout_s: float | None = None,
+) -> LocalTool | Callable[[AsyncToolFn], LocalTool]:
+    """Make an async function a tool; use bare or with keyword options."""
+
+    def wrap(func: AsyncToolFn) -> LocalTool:
+        if not inspect.iscoroutinefunction(func):
+            raise TypeError(f"tool {func.__name__} must be an async function")
+        return LocalTool(
+            name=name or func.__name__,
+            description=description or inspect.getdoc(func) or "",
+            input_schema=schema if schema is not None else schema_from_hints(func),
+            fn=func,
+            timeout_s=timeout_s,
+        )
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def schema_from_hints(func: Callable[..., Any]) -> dict[str, Any]:
+    hints = get_type_hints(func)
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(func).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (annotation, default)
+    model = create_model(f"{func.__name__}_arguments", **fields)
+    schema = model.model_json_schema()
+    _drop_titles(schema)
+    schema["additionalProperties"] = False
+    return schema
+
+
+def _drop_titles(node: Any) -> None:
+    # Generated titles ("Text", "Tz") are noise in a definition a model reads.
+    if isinstance(node, dict):
+        node.pop("title", None)
+        for key, value in node.items():
+            if key != "properties":
+                _drop_titles(value)
+            else:
+                for prop in value.values():
+                    _drop_titles(prop)
+    elif isinstance(node, list):
+        for item in node:
+            _drop_titles(item)
+
+
+def to_result(value: Any) -> ToolResult:
+    """A local function's return value as a wire result."""
+    if isinstance(value, ToolResult):
+        return value
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    if value is None:
+        return ToolResult(text="")
+    if isinstance(value, str):
+        return ToolResult(text=value)
+    if isinstance(value, dict):
+        return ToolResult(text=json.dumps(value, ensure_ascii=False), structured=value)
+    return ToolResult(text=json.dumps(value, ensure_ascii=False), structured={"result": value})
+
+
+def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[LocalTool]:
+    """Tools contributed by installed packages; a broken entry point is logged and skipped."""
+    found: list[LocalTool] = []
+    for point in entry_points(group=group):
+        try:
+            loaded = point.load()
+        except Exception:
+            log.exception("entry point %s (%s) failed to load", point.name, point.value)
+            continue
+        items: Iterable[Any] = [loaded] if isinstance(loaded, LocalTool) else loaded
+        for item in items:
+            if isinstance(item, LocalTool):
+                found.append(item)
+            else:
+                log.warning("entry point %s gave %r, not a LocalTool: skipped", point.name, item)
+    return found

@@ -1,0 +1,206 @@
+"""Command line: toolbus serve | call | tools | schemas | demo-server.
+
+This is the entry point: the only place that reads the environment and files.
+Exit codes of `call`/`tools`: 0 ok, 1 the tool or worker answered with an error,
+2 usage or configuration error, 3 no reply in time, 4 broker unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_REPLY, EXIT_BROKER = 0, 1, 2, 3, 4
+SCHEMAS_DIR = Path("schemas")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="toolbus", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def config_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", type=Path, help="config file (TOML or JSON)")
+        p.add_argument("--broker", help="mqtt://[user:pass@]host:port (env TOOLBUS_BROKER_URL)")
+
+    serve = sub.add_parser("serve", help="run the worker")
+    config_flags(serve)
+    serve.add_argument("--mcp-config", type=Path, help="MCP client config file with mcpServers")
+
+    call = sub.add_parser("call", help="call a tool through a running worker")
+    config_flags(call)
+    call.add_argument("tool")
+    call.add_argument("pairs", nargs="*", metavar="key=value", help="arguments; values as JSON or text")
+    call.add_argument("--json", dest="json_args", help="arguments as a JSON object")
+    call.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
+
+    tools = sub.add_parser("tools", help="list the tools of a running worker")
+    config_flags(tools)
+    tools.add_argument("--timeout", type=float, default=10.0)
+    tools.add_argument("--json", action="store_true", help="print the raw definitions")
+
+    schemas = sub.add_parser("schemas", help="write or check schemas/*.json")
+    mode = schemas.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true")
+    mode.add_argument("--check", action="store_true")
+    schemas.add_argument("--dir", type=Path, default=SCHEMAS_DIR)
+
+    sub.add_parser("demo-server", help="run the demo MCP device server on stdio")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handlers = {
+        "serve": _serve,
+        "call": _call,
+        "tools": _tools,
+        "schemas": _schemas,
+        "demo-server": _demo_server,
+    }
+    try:
+        code: int = handlers[args.command](args)
+    except (ValidationError, ValueError, OSError) as exc:
+        print(f"toolbus: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return code
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from worker.config import load_settings
+
+    return load_settings(
+        getattr(args, "config", None),
+        getattr(args, "mcp_config", None),
+        broker_url=getattr(args, "broker", None),
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from worker.backends.local import load_entry_points
+    from worker.logs import setup_logging
+    from worker.service import Worker, build_registry
+    from worker.tools import BUILTIN_TOOLS
+
+    settings = _settings(args)
+    setup_logging(settings.log_level, settings.log_format)
+    registry = build_registry([*BUILTIN_TOOLS, *load_entry_points()], settings)
+    worker = Worker(settings, registry)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await worker.run(stop)
+
+    asyncio.run(run())
+    return EXIT_OK
+
+
+def parse_pairs(pairs: list[str], json_args: str | None) -> dict[str, Any]:
+    """`key=value` pairs (value parsed as JSON when it is JSON, else text) over `--json`."""
+    arguments: dict[str, Any] = {}
+    if json_args:
+        loaded = json.loads(json_args)
+        if not isinstance(loaded, dict):
+            raise ValueError("--json must be a JSON object")
+        arguments.update(loaded)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"argument {pair!r} is not key=value")
+        try:
+            arguments[key] = json.loads(value)
+        except ValueError:
+            arguments[key] = value
+    return arguments
+
+
+def _request(args: argparse.Namespace, topic_suffix: str, body: dict[str, Any]) -> Any:
+    from worker.client import NoReply, request
+    from worker.transport import TransportError
+
+    settings = _settings(args)
+    try:
+        return asyncio.run(
+            request(
+                settings.broker,
+                f"{settings.topic_prefix}/{topic_suffix}",
+                body,
+                reply_prefix=settings.allowed_reply_prefixes[0],
+                timeout_s=args.timeout,
+            )
+        )
+    except NoReply as exc:
+        print(f"toolbus: {exc} (is a worker running?)", file=sys.stderr)
+        return EXIT_NO_REPLY
+    except TransportError as exc:
+        print(f"toolbus: cannot reach the broker at {settings.broker}: {exc}", file=sys.stderr)
+        return EXIT_BROKER
+
+
+def _call(args: argparse.Namespace) -> int:
+    arguments = parse_pairs(args.pairs, args.json_args)
+    reply = _request(args, "call", {"tool": args.tool, "arguments": arguments, "timeout_s": args.timeout})
+    if isinstance(reply, int):
+        return reply
+    print(reply.model_dump_json(by_alias=True, exclude_none=True, indent=2))
+    return EXIT_OK if reply.ok else EXIT_ERROR
+
+
+def _tools(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    reply = _request(args, "tools", {})
+    if isinstance(reply, int):
+        return reply
+    if not reply.ok or reply.result is None or reply.result.structured is None:
+        print(reply.model_dump_json(indent=2), file=sys.stderr)
+        return EXIT_ERROR
+    definitions: list[dict[str, Any]] = reply.result.structured["tools"]
+    if args.json:
+        print(json.dumps(definitions, indent=2))
+        return EXIT_OK
+    table = Table("tool", "origin", "parameters", "description")
+    for tool in definitions:
+        schema = tool.get("inputSchema", {})
+        required = set(schema.get("required", []))
+        params = ", ".join(
+            f"{name}{'' if name in required else '?'}" for name in schema.get("properties", {})
+        )
+        table.add_row(tool["name"], tool["origin"], params, (tool.get("description") or "")[:80])
+    Console().print(table)
+    return EXIT_OK
+
+
+def _schemas(args: argparse.Namespace) -> int:
+    from worker.contracts import check_schemas, write_schemas
+
+    if args.write:
+        for path in write_schemas(args.dir):
+            print(f"wrote {path}")
+        return EXIT_OK
+    drifted = check_schemas(args.dir)
+    if drifted:
+        print(
+            f"schemas drifted from the code: {', '.join(drifted)}; run `toolbus schemas --write`",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    print(f"schemas in {args.dir} match the code")
+    return EXIT_OK
+
+
+def _demo_server(args: argparse.Namespace) -> int:
+    from worker.demo.server import main as demo_main
+
+    demo_main()
+    return EXIT_OK

@@ -1,0 +1,211 @@
+"""Configuration: one settings model, read once at the entry point.
+
+Sources, strongest first: command-line flags, `TOOLBUS_*` environment variables,
+the config file (TOML or JSON), defaults. MCP servers use the `mcpServers` shape
+that MCP clients such as Claude Desktop use, so their config files load as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Self
+from urllib.parse import unquote, urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+DEFAULT_BROKER_URL = "mqtt://localhost:1883"
+
+# The demo device server speaks camelCase; AI clients tend to send snake_case and
+# their own verbs. This is the shipped default, replaced (not merged) by config.
+DEFAULT_ARGUMENT_MAPS: dict[str, dict[str, str]] = {
+    "control_zwave_device": {
+        "device_name": "deviceName",
+        "command": "action",
+        "brightness": "level",
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerUrl:
+    """`mqtt://[user:pass@]host:port` or `mqtts://...` for TLS."""
+
+    host: str
+    port: int
+    tls: bool = False
+    username: str | None = None
+    password: str | None = None
+
+    @classmethod
+    def from_url(cls, url: str) -> Self:
+        parts = urlsplit(url)
+        if parts.scheme not in ("mqtt", "mqtts"):
+            raise ValueError(f"broker URL must start with mqtt:// or mqtts://, got {parts.scheme!r}")
+        if not parts.hostname:
+            raise ValueError("broker URL has no host")
+        tls = parts.scheme == "mqtts"
+        try:
+            port = parts.port or (8883 if tls else 1883)
+        except ValueError as exc:  # urlsplit raises on a non-numeric port
+            raise ValueError(f"broker URL has a bad port: {exc}") from None
+        return cls(
+            host=parts.hostname,
+            port=port,
+            tls=tls,
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+        )
+
+    def __str__(self) -> str:
+        # Never print the password: this string goes to logs.
+        user = f"{self.username}:***@" if self.username else ""
+        return f"{'mqtts' if self.tls else 'mqtt'}://{user}{self.host}:{self.port}"
+
+    __repr__ = __str__
+
+
+class McpServerConfig(BaseModel):
+    """One entry of `mcpServers`: `command`/`args`/`env` (stdio) or `url` (streamable HTTP)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    type: Literal["stdio", "http", "streamable-http", "streamable_http"] | None = None
+    disabled: bool = False
+    connect_timeout_s: float = Field(default=20.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> Self:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("an MCP server needs exactly one of `command` (stdio) or `url` (HTTP)")
+        return self
+
+    @property
+    def transport(self) -> Literal["stdio", "http"]:
+        return "stdio" if self.command is not None else "http"
+
+
+class ToolSettings(BaseModel):
+    """Per-tool overrides, under `[tools.NAME]`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout_s: float | None = Field(default=None, gt=0)
+    rename_arguments: bool | None = None
+
+
+class Settings(BaseSettings):
+    """Everything the worker can be told. Units are in the names."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TOOLBUS_",
+        env_nested_delimiter="__",
+        populate_by_name=True,
+        extra="forbid",
+    )
+
+    broker_url: str = DEFAULT_BROKER_URL
+    topic_prefix: str = "toolbus"
+    shared_group: str = Field(
+        default="toolbus",
+        description="Shared-subscription group; empty subscribes without `$share` (one worker only).",
+    )
+    worker_id: str | None = Field(default=None, description="MQTT client id; generated when absent.")
+    reply_prefixes: list[str] | None = Field(
+        default=None,
+        description="Topics replies may go to; default `[\"{topic_prefix}/reply/\"]`.",
+    )
+    concurrency: int = Field(default=64, ge=1, le=10_000)
+    max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
+    default_timeout_s: float = Field(default=30.0, gt=0)
+    max_timeout_s: float = Field(default=300.0, gt=0)
+    slow_call_ms: float = Field(default=1000.0, ge=0)
+    shutdown_grace_s: float = Field(default=10.0, ge=0)
+    publish_timeout_s: float = Field(default=10.0, gt=0)
+    reconnect_max_delay_s: float = Field(default=30.0, gt=0)
+    log_level: str = "INFO"
+    log_format: Literal["auto", "json", "text"] = "auto"
+    tools: dict[str, ToolSettings] = Field(default_factory=dict)
+    argument_maps: dict[str, dict[str, str]] = Field(
+        default_factory=lambda: {k: dict(v) for k, v in DEFAULT_ARGUMENT_MAPS.items()},
+        description="Per-tool static renames of argument keys, applied before any heuristic.",
+    )
+    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict, alias="mcpServers")
+
+    @field_validator("broker_url")
+    @classmethod
+    def _parse_broker(cls, value: str) -> str:
+        BrokerUrl.from_url(value)
+        return value
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _plain_prefix(cls, value: str) -> str:
+        if not value or any(c in value for c in "+#") or value.startswith(("$", "/")):
+            raise ValueError("topic_prefix must be a plain topic without wildcards or leading / or $")
+        return value.rstrip("/")
+
+    @property
+    def broker(self) -> BrokerUrl:
+        return BrokerUrl.from_url(self.broker_url)
+
+    @property
+    def allowed_reply_prefixes(self) -> tuple[str, ...]:
+        if self.reply_prefixes is None:
+            return (f"{self.topic_prefix}/reply/",)
+        return tuple(self.reply_prefixes)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A TOML or JSON config file as a dict (JSON when the suffix says so or TOML fails)."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json":
+        data = json.loads(text)
+    else:
+        data = tomllib.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level must be a table/object")
+    return data
+
+
+def load_settings(
+    config_file: Path | None = None,
+    mcp_config_file: Path | None = None,
+    **overrides: Any,
+) -> Settings:
+    """Build the settings: flags (`overrides`) > environment > files > defaults."""
+    file_data: dict[str, Any] = read_config_file(config_file) if config_file else {}
+    if mcp_config_file is not None:
+        servers = read_config_file(mcp_config_file).get("mcpServers", {})
+        merged = dict(file_data.get("mcpServers", {}))
+        merged.update(servers)
+        file_data["mcpServers"] = merged
+
+    class _FromFiles(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, InitSettingsSource(settings_cls, file_data))
+
+    loaded = _FromFiles(**{k: v for k, v in overrides.items() if v is not None})
+    return Settings.model_validate(loaded.model_dump(by_alias=True))

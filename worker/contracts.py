@@ -1,0 +1,183 @@
+"""Wire contracts: every payload that crosses MQTT, as pydantic models.
+
+`schemas/*.json` are rendered from these models by `toolbus schemas --write`;
+`toolbus schemas --check` fails when the files drift from the code.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+SCHEMA_VERSION = 1
+
+
+class ErrorCode(StrEnum):
+    """Stable error codes. Callers branch on these; never rename one."""
+
+    BAD_REQUEST = "bad_request"
+    """The message could not be read as a request (not JSON, not an object, no tool, too big)."""
+    UNKNOWN_TOOL = "unknown_tool"
+    """No tool by that name; `details.candidates` lists the closest names."""
+    INVALID_ARGUMENTS = "invalid_arguments"
+    """The arguments do not satisfy the tool's schema; `details.errors` lists each problem."""
+    FORBIDDEN = "forbidden"
+    """The request asked for something it may not have (e.g. a reply topic outside the allowed prefixes)."""
+    TIMEOUT = "timeout"
+    """The tool did not finish within its deadline; the call was cancelled."""
+    UNAVAILABLE = "unavailable"
+    """The backend serving the tool cannot be reached, or the worker is shutting down."""
+    TOOL_ERROR = "tool_error"
+    """The tool ran and failed; `message` carries its own text."""
+    INTERNAL = "internal"
+    """A bug in the worker. Logged with its context."""
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+
+
+class Request(_Wire):
+    """A tool-call request, as published on `{prefix}/call` or `{prefix}/call/{tool}`."""
+
+    id: str | None = Field(
+        default=None,
+        max_length=200,
+        description="Correlation ID echoed in the reply; generated when absent.",
+    )
+    tool: str | None = Field(
+        default=None,
+        max_length=200,
+        description="Tool name; taken from the topic on `{prefix}/call/{tool}`.",
+    )
+    arguments: dict[str, JsonValue] = Field(default_factory=dict)
+    reply_to: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Reply topic for MQTT 3.1.1 callers; MQTT v5 callers use Response Topic.",
+    )
+    caller: str | None = Field(default=None, max_length=200)
+    timeout_s: float | None = Field(default=None, gt=0, description="Deadline for this call.")
+
+
+class NormalizationEntry(_Wire):
+    """One change normalization made to a request."""
+
+    path: str = Field(description="Where the change happened, e.g. `arguments.device_name`.")
+    from_: str = Field(alias="from")
+    to: str
+    rule: str = Field(description="The rule that made the change, e.g. `static_map`.")
+
+
+class ContentItem(_Wire):
+    """A non-text part of a tool result (image, audio, embedded resource, link)."""
+
+    type: str
+    mime_type: str | None = None
+    data: str | None = Field(default=None, description="Base64 for binary content.")
+    text: str | None = None
+    uri: str | None = None
+
+
+class ToolResult(_Wire):
+    text: str = ""
+    structured: dict[str, JsonValue] | None = None
+    content: list[ContentItem] | None = None
+
+
+class ErrorBody(_Wire):
+    code: ErrorCode
+    message: str
+    details: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class Reply(_Wire):
+    """The answer to one request, published on the caller's reply topic."""
+
+    id: str
+    id_generated: bool = Field(default=False, description="True when the request carried no id.")
+    ok: bool
+    tool: str | None = Field(default=None, description="Canonical name of the tool executed.")
+    result: ToolResult | None = None
+    error: ErrorBody | None = None
+    duration_ms: float
+    normalized: list[NormalizationEntry] = Field(default_factory=list)
+
+
+class ToolDefinition(_Wire):
+    name: str
+    description: str = ""
+    input_schema: dict[str, JsonValue] = Field(alias="inputSchema")
+    origin: str = Field(description="`local` or `mcp:{server}`.")
+
+
+class ToolList(_Wire):
+    """The `structured` result of a request on `{prefix}/tools`."""
+
+    tools: list[ToolDefinition]
+
+
+class DeadLetter(_Wire):
+    """A message that could not be answered, published on `{prefix}/dead`."""
+
+    topic: str
+    error: ErrorBody
+    id: str | None = None
+    payload: str = Field(description="The original payload, UTF-8 text or base64 (see encoding).")
+    encoding: Literal["utf-8", "base64"] = "utf-8"
+    payload_bytes: int
+    truncated: bool = False
+
+
+class WorkerStatus(_Wire):
+    """Retained on `{prefix}/status/workers/{worker_id}`; `offline` is the last will."""
+
+    state: Literal["online", "offline"]
+    worker_id: str
+    servers: dict[str, str] = Field(default_factory=dict)
+
+
+WIRE_MODELS: dict[str, type[BaseModel]] = {
+    "request": Request,
+    "reply": Reply,
+    "tool-list": ToolList,
+    "dead-letter": DeadLetter,
+    "worker-status": WorkerStatus,
+}
+
+
+def render_schemas() -> dict[str, str]:
+    """File name -> JSON text of every wire model's schema."""
+    rendered: dict[str, str] = {}
+    for name, model in WIRE_MODELS.items():
+        schema: dict[str, Any] = {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": f"https://toolbus.dev/schemas/v{SCHEMA_VERSION}/{name}.json",
+            **model.model_json_schema(by_alias=True),
+        }
+        rendered[f"{name}.json"] = json.dumps(schema, indent=2, sort_keys=True) + "\n"
+    return rendered
+
+
+def write_schemas(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for file_name, text in render_schemas().items():
+        path = directory / file_name
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def check_schemas(directory: Path) -> list[str]:
+    """Names of schema files that are missing or differ from the code."""
+    drifted = []
+    for file_name, text in render_schemas().items():
+        path = directory / file_name
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            drifted.append(file_name)
+    return drifted

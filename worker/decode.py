@@ -1,0 +1,168 @@
+"""Decode: an MQTT message becomes a `Call`, or a `Rejected` that says why.
+
+Accepted bodies (JSON objects):
+- the toolbus envelope `{id, tool, arguments, reply_to, caller, timeout_s}`;
+- an Anthropic `tool_use` block `{type: "tool_use", id, name, input}`;
+- an OpenAI/Ollama tool call `{id, type: "function", function: {name, arguments}}`
+  (arguments as an object or a JSON string), or a message holding exactly one
+  of them in `tool_calls`.
+Envelope fields (`reply_to`, `caller`, `timeout_s`) may sit beside either AI shape.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from worker.contracts import Request
+from worker.errors import BadRequest, Forbidden, ToolbusError
+from worker.topics import Topics
+from worker.transport import Inbound
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyAddress:
+    topic: str
+    correlation_data: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    id: str
+    tool: str
+    arguments: dict[str, Any]
+    topic: str
+    reply: ReplyAddress | None = None
+    id_generated: bool = False
+    caller: str | None = None
+    timeout_s: float | None = None
+    list_tools: bool = False
+    user_properties: tuple[tuple[str, str], ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A message that cannot become a call; answered or dead-lettered as it is."""
+
+    error: ToolbusError
+    topic: str
+    payload: bytes
+    id: str
+    reply: ReplyAddress | None = None
+    id_generated: bool = False
+
+
+def decode(message: Inbound, topics: Topics, max_payload_bytes: int) -> Call | Rejected:
+    body: dict[str, Any] | None = None
+    reply = _v5_reply(message)
+    try:
+        if len(message.payload) > max_payload_bytes:
+            raise BadRequest(
+                f"payload of {len(message.payload)} bytes exceeds the limit of {max_payload_bytes}",
+                limit_bytes=max_payload_bytes,
+                size_bytes=len(message.payload),
+            )
+        body = _parse_object(message.payload)
+        if reply is None and isinstance(body.get("reply_to"), str):
+            reply = ReplyAddress(body["reply_to"])
+        if reply is not None and not topics.reply_allowed(reply.topic):
+            bad_topic = reply.topic
+            reply = None
+            raise Forbidden(
+                "reply topic is outside the allowed reply prefixes",
+                allowed_prefixes=list(topics.reply_prefixes),
+                reply_topic=bad_topic[:200],
+            )
+        request = _request(_envelope(body))
+        return _call(message, topics, request, reply)
+    except ToolbusError as error:
+        raw_id = body.get("id") if body is not None else None
+        ident, generated = (raw_id, False) if isinstance(raw_id, str) else (_new_id(), True)
+        return Rejected(error, message.topic, message.payload, ident, reply, generated)
+
+
+def _v5_reply(message: Inbound) -> ReplyAddress | None:
+    if message.response_topic is None:
+        return None
+    return ReplyAddress(message.response_topic, message.correlation_data)
+
+
+def _parse_object(payload: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"payload is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"payload must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _envelope(body: dict[str, Any]) -> dict[str, Any]:
+    """Map the AI-client shapes onto the toolbus envelope."""
+    if "tool_calls" in body:
+        calls = body["tool_calls"]
+        if not isinstance(calls, list) or len(calls) != 1:
+            raise BadRequest("`tool_calls` must hold exactly one call per message")
+        return _envelope({**{k: v for k, v in body.items() if k != "tool_calls"}, **calls[0]})
+    if body.get("type") == "tool_use":
+        return {**body, "tool": body.get("name"), "arguments": body.get("input", {})}
+    function = body.get("function")
+    if isinstance(function, dict):
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError:
+                raise BadRequest("`function.arguments` is not valid JSON") from None
+        return {**body, "tool": function.get("name"), "arguments": arguments}
+    return body
+
+
+def _request(body: dict[str, Any]) -> Request:
+    try:
+        return Request.model_validate(body)
+    except ValidationError as exc:
+        problems = [
+            {"path": ".".join(str(p) for p in err["loc"]), "problem": err["msg"]}
+            for err in exc.errors(include_url=False, include_input=False)
+        ]
+        raise BadRequest("request envelope is invalid", errors=problems) from None  # type: ignore[arg-type]
+
+
+def _call(
+    message: Inbound, topics: Topics, request: Request, reply: ReplyAddress | None
+) -> Call:
+    if topics.is_tools_request(message.topic):
+        tool = ""
+        list_tools = True
+    else:
+        from_topic = topics.tool_from_topic(message.topic)
+        if from_topic is None:
+            raise BadRequest(f"not a request topic: {message.topic}")
+        if from_topic and request.tool and request.tool != from_topic:
+            raise BadRequest("the topic and the body name different tools")
+        tool = from_topic or request.tool or ""
+        if not tool:
+            raise BadRequest("request names no tool: use `{prefix}/call/{tool}` or a `tool` field")
+        list_tools = False
+    ident, generated = (request.id, False) if request.id else (_new_id(), True)
+    return Call(
+        id=ident,
+        id_generated=generated,
+        tool=tool,
+        arguments=dict(request.arguments),
+        topic=message.topic,
+        reply=reply,
+        caller=request.caller,
+        timeout_s=request.timeout_s,
+        list_tools=list_tools,
+        user_properties=message.user_properties,
+    )
+
+
+def _new_id() -> str:
+    return str(uuid.uuid4())

@@ -1,0 +1,66 @@
+"""Encode: an outcome becomes a reply (or a dead letter) ready to publish."""
+
+from __future__ import annotations
+
+import base64
+
+from worker.contracts import DeadLetter, ErrorBody, Reply
+from worker.decode import Call, Rejected, ReplyAddress
+from worker.execute import Outcome
+from worker.transport import Outbound
+
+
+def reply_for_call(call: Call, outcome: Outcome) -> Reply:
+    return Reply(
+        id=call.id,
+        id_generated=call.id_generated,
+        ok=outcome.ok,
+        tool=outcome.tool,
+        result=outcome.result if outcome.ok else None,
+        error=outcome.error.body() if outcome.error is not None else None,
+        duration_ms=round(outcome.duration_ms, 3),
+        normalized=outcome.normalized,
+    )
+
+
+def reply_for_rejected(rejected: Rejected) -> Reply:
+    return Reply(
+        id=rejected.id,
+        id_generated=rejected.id_generated,
+        ok=False,
+        error=rejected.error.body(),
+        duration_ms=0.0,
+    )
+
+
+def outbound_reply(address: ReplyAddress, reply: Reply) -> Outbound:
+    return Outbound(
+        topic=address.topic,
+        payload=reply.model_dump_json(by_alias=True, exclude_none=True).encode(),
+        correlation_data=address.correlation_data,
+    )
+
+
+def dead_letter(
+    dead_topic: str,
+    topic: str,
+    payload: bytes,
+    error: ErrorBody,
+    ident: str | None,
+    max_payload_bytes: int,
+) -> Outbound:
+    kept = payload[:max_payload_bytes]
+    try:
+        text, encoding = kept.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        text, encoding = base64.b64encode(kept).decode(), "base64"
+    letter = DeadLetter(
+        topic=topic,
+        error=error,
+        id=ident,
+        payload=text,
+        encoding=encoding,  # type: ignore[arg-type]
+        payload_bytes=len(payload),
+        truncated=len(kept) < len(payload),
+    )
+    return Outbound(topic=dead_topic, payload=letter.model_dump_json(exclude_none=True).encode())

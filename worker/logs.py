@@ -1,0 +1,41 @@
+"""Logging: one line per event; JSON when not on a terminal, readable text on one."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
+        entry.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def setup_logging(level: str = "INFO", fmt: str = "auto") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    handler.setFormatter(
+        JsonFormatter()
+        if use_json
+        else logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # paho/aiomqtt and the MCP SDK are chatty at INFO; their warnings still show.
+    for noisy in ("mqtt", "mcp", "httpx", "httpx2"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

@@ -1,0 +1,280 @@
+"""Service: the worker pool. Consume, bound, handle, reply, drain, shut down.
+
+One MQTT v5 connection per worker, reconnected with jittered exponential backoff.
+Requests arrive on a shared subscription so replicas split the load; each message
+is handled in its own named task while at most `concurrency` run at once (the
+consumer stops taking messages while every slot is busy). On stop the worker
+unsubscribes, finishes what it already holds within the grace period, answers
+anything still running with `unavailable`, then marks itself offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import uuid
+from collections.abc import Iterable
+
+from worker.backends.local import LocalTool
+from worker.backends.mcp import McpBackend, ServerState
+from worker.config import Settings
+from worker.contracts import ErrorBody, WorkerStatus
+from worker.decode import Call, Rejected, decode
+from worker.encode import dead_letter, outbound_reply, reply_for_call, reply_for_rejected
+from worker.errors import Unavailable
+from worker.execute import Executor, Outcome
+from worker.normalize import Normalizer
+from worker.registry import Registry
+from worker.topics import Topics
+from worker.transport import Inbound, MqttConnection, Outbound, TransportError
+
+log = logging.getLogger("toolbus.service")
+
+RETRY_PUBLISH_DELAY_S = 0.2
+RECONNECT_FIRST_DELAY_S = 0.5
+
+
+def build_registry(local_tools: Iterable[LocalTool], settings: Settings) -> Registry:
+    registry = Registry()
+    for local in local_tools:
+        override = settings.tools.get(local.name)
+        registry.register(
+            local.to_tool(
+                rename_arguments=bool(override and override.rename_arguments),
+                timeout_s=override.timeout_s if override else None,
+            )
+        )
+    return registry
+
+
+class Worker:
+    def __init__(self, settings: Settings, registry: Registry) -> None:
+        self.settings = settings
+        self.worker_id = settings.worker_id or f"toolbus-{uuid.uuid4().hex[:12]}"
+        self.topics = Topics(
+            settings.topic_prefix, settings.shared_group, settings.allowed_reply_prefixes
+        )
+        self.registry = registry
+        self.executor = Executor(
+            registry,
+            Normalizer(settings.argument_maps),
+            default_timeout_s=settings.default_timeout_s,
+            max_timeout_s=settings.max_timeout_s,
+            slow_call_ms=settings.slow_call_ms,
+            tool_settings=settings.tools,
+        )
+        self.mcp = McpBackend(settings.mcp_servers, registry, settings.tools, self._on_server_state)
+        self.subscribed = asyncio.Event()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.handled = 0
+        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._conn: MqttConnection | None = None
+        self._connected = asyncio.Event()
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self._sequence = 0
+
+    # -- lifecycle -------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set, then drain and return."""
+        log.info(
+            "worker %s starting: broker %s, %d local tools, MCP servers: %s",
+            self.worker_id,
+            self.settings.broker,
+            len(self.registry),
+            ", ".join(self.mcp.servers) or "none",
+        )
+        async with self.mcp:
+            await self._serve(stop)
+        log.info("worker %s stopped after %d messages", self.worker_id, self.handled)
+
+    async def _serve(self, stop: asyncio.Event) -> None:
+        delay_s = RECONNECT_FIRST_DELAY_S
+        while not stop.is_set():
+            try:
+                async with MqttConnection(
+                    self.settings.broker,
+                    client_id=self.worker_id,
+                    will=self._status("offline"),
+                    timeout_s=self.settings.publish_timeout_s,
+                ) as conn:
+                    self._conn = conn
+                    self._connected.set()
+                    await conn.publish(self._status("online"))
+                    await conn.subscribe(self.topics.subscriptions())
+                    self.subscribed.set()
+                    log.info("subscribed to %s", ", ".join(self.topics.subscriptions()))
+                    delay_s = RECONNECT_FIRST_DELAY_S
+                    if await self._consume_until(conn, stop):
+                        await self._drain(conn)
+                        return
+            except TransportError as exc:
+                log.warning("broker connection lost or refused (%s); retrying in %.1f s", exc, delay_s)
+            finally:
+                self._connected.clear()
+                self._conn = None
+                self.subscribed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay_s * random.uniform(0.8, 1.2)):  # noqa: S311
+                    await stop.wait()
+            delay_s = min(delay_s * 2, self.settings.reconnect_max_delay_s)
+
+    async def _consume_until(self, conn: MqttConnection, stop: asyncio.Event) -> bool:
+        """Consume until stop (True) or until the connection fails (raises)."""
+        consumer = asyncio.create_task(self._consume(conn), name="consume")
+        stopper = asyncio.create_task(stop.wait(), name="stop-wait")
+        done, _ = await asyncio.wait({consumer, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if consumer in done:
+            stopper.cancel()
+            consumer.result()  # re-raises the TransportError
+            return False
+        consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+        return True
+
+    async def _consume(self, conn: MqttConnection) -> None:
+        async for message in conn.messages():
+            await self._dispatch(message)
+
+    async def _dispatch(self, message: Inbound) -> None:
+        await self._slots.acquire()
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self._sequence += 1
+        task = asyncio.create_task(self._handle(message), name=f"handle:{self._sequence}")
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
+
+    async def _drain(self, conn: MqttConnection) -> None:
+        """Stop taking requests, finish held ones within the grace period, then go offline."""
+        self._stopping = True
+        grace_s = self.settings.shutdown_grace_s
+        log.info("stopping: %d calls in flight, grace %.1f s", len(self._handlers), grace_s)
+        try:
+            async with asyncio.timeout(self.settings.publish_timeout_s):
+                await conn.unsubscribe(self.topics.subscriptions())
+            # Messages the client already acknowledged must not be lost: handle them too.
+            if conn.queued():
+                async for message in conn.messages():
+                    await self._dispatch(message)
+                    if not conn.queued():
+                        break
+        except (TransportError, TimeoutError) as exc:
+            log.warning("could not unsubscribe cleanly: %s", exc)
+        if self._handlers:
+            _, late = await asyncio.wait(set(self._handlers), timeout=grace_s)
+            for task in late:
+                task.cancel()  # each answers `unavailable` before it ends
+            if late:
+                log.warning("%d calls did not finish within the grace period", len(late))
+                await asyncio.wait(late, timeout=self.settings.publish_timeout_s)
+        with contextlib.suppress(TransportError, TimeoutError):
+            await conn.publish(self._status("offline"), timeout_s=self.settings.publish_timeout_s)
+
+    # -- one message -----------------------------------------------------
+
+    async def _handle(self, message: Inbound) -> None:
+        try:
+            decoded = decode(message, self.topics, self.settings.max_payload_bytes)
+            if isinstance(decoded, Rejected):
+                await self._reject(message, decoded)
+            else:
+                await self._call(message, decoded)
+        except Exception:
+            log.exception("failed handling a message on %s", message.topic)
+        finally:
+            self.handled += 1
+            self.in_flight -= 1
+            self._slots.release()
+
+    async def _reject(self, message: Inbound, rejected: Rejected) -> None:
+        log.warning(
+            "rejected message on %s: %s (%s)",
+            message.topic,
+            rejected.error.code.value,
+            rejected.error.message,
+        )
+        if rejected.reply is not None:
+            await self._publish(outbound_reply(rejected.reply, reply_for_rejected(rejected)))
+        else:
+            await self._dead(message, rejected.error.body(), rejected.id)
+
+    async def _call(self, message: Inbound, call: Call) -> None:
+        try:
+            outcome = await self.executor.execute(call)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._stopping or task is None:
+                raise
+            task.uncancel()
+            outcome = Outcome(
+                tool=call.tool,
+                error=Unavailable("the worker shut down before the call finished"),
+            )
+        reply = reply_for_call(call, outcome)
+        if call.reply is not None:
+            await self._publish(outbound_reply(call.reply, reply))
+        elif reply.error is not None:
+            await self._dead(message, reply.error, call.id)
+
+    async def _dead(self, message: Inbound, error: ErrorBody, ident: str | None) -> None:
+        log.warning("dead-lettering message on %s: %s", message.topic, error.code.value)
+        await self._publish(
+            dead_letter(
+                self.topics.dead,
+                message.topic,
+                message.payload,
+                error,
+                ident,
+                self.settings.max_payload_bytes,
+            )
+        )
+
+    async def _publish(self, out: Outbound) -> None:
+        """Publish through the live connection, waiting out a reconnect within the bound."""
+        try:
+            async with asyncio.timeout(self.settings.publish_timeout_s):
+                while True:
+                    await self._connected.wait()
+                    conn = self._conn
+                    if conn is None:
+                        continue
+                    try:
+                        await conn.publish(out)
+                        return
+                    except TransportError as exc:
+                        log.debug("publish to %s failed (%s); retrying", out.topic, exc)
+                        await asyncio.sleep(RETRY_PUBLISH_DELAY_S)
+        except TimeoutError:
+            log.error(  # noqa: TRY400
+                "could not publish to %s within %.1f s: message lost",
+                out.topic,
+                self.settings.publish_timeout_s,
+            )
+
+    # -- status ----------------------------------------------------------
+
+    def _status(self, state: str) -> Outbound:
+        status = WorkerStatus(
+            state=state,  # type: ignore[arg-type]
+            worker_id=self.worker_id,
+            servers=self.mcp.states(),
+        )
+        return Outbound(
+            topic=self.topics.status(self.worker_id),
+            payload=status.model_dump_json().encode(),
+            retain=True,
+        )
+
+    def _on_server_state(self, name: str, state: ServerState) -> None:
+        log.info("MCP server %s is %s", name, state)
+        if self._connected.is_set() and not self._stopping:
+            task = asyncio.create_task(self._publish(self._status("online")), name=f"status:{name}")
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)

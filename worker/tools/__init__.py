@@ -1,0 +1,5 @@
+"""Built-in local tools, useful everywhere."""
+
+from worker.tools.builtin import BUILTIN_TOOLS
+
+__all__ = ["BUILTIN_TOOLS"]
