@@ -36,9 +36,13 @@ def free_port() -> int:
 
 
 def mosquitto_binary() -> str:
-    found = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None)
+    found = shutil.which("mosquitto") or (
+        "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None
+    )
     if found is None:
-        pytest.fail("mosquitto is not installed: run `make test` (it installs it) or apt-get install mosquitto")
+        pytest.fail(
+            "mosquitto is not installed: run `make test` (it installs it) or apt-get install mosquitto"
+        )
     return found
 
 
@@ -91,7 +95,9 @@ class Broker:
         if not ready:
             pytest.fail(f"mosquitto did not start within {START_TIMEOUT_S} s: {''.join(seen)}")
         # Keep draining its log so a full pipe never blocks the broker.
-        threading.Thread(target=self._drain, args=(stderr,), daemon=True, name="mosquitto-log").start()
+        threading.Thread(
+            target=self._drain, args=(stderr,), daemon=True, name="mosquitto-log"
+        ).start()
 
     def _drain(self, stream: Any) -> None:
         with stream, self.log.open("ab") as log:

@@ -86,11 +86,18 @@ async def test_snake_to_camel_heuristic_for_mcp_tools(caller: Caller, demo_worke
     )
     assert reply["ok"], reply
     assert reply["normalized"] == [
-        {"path": "arguments.device_name", "from": "device_name", "to": "deviceName", "rule": "snake_to_camel"}
+        {
+            "path": "arguments.device_name",
+            "from": "device_name",
+            "to": "deviceName",
+            "rule": "snake_to_camel",
+        }
     ]
 
 
-async def test_mcp_server_rejection_reaches_caller_unchanged(caller: Caller, demo_worker: Worker) -> None:
+async def test_mcp_server_rejection_reaches_caller_unchanged(
+    caller: Caller, demo_worker: Worker
+) -> None:
     reply, _ = await caller.call(
         call_topic(demo_worker, "control_zwave_device"),
         {"arguments": {"device_name": "Garage Door", "command": "on"}},
@@ -108,7 +115,13 @@ async def test_tools_listing_over_mqtt(caller: Caller, demo_worker: Worker) -> N
     reply, _ = await caller.call(demo_worker.topics.tools, {}, reply_topic=reply_topic(demo_worker))
     assert reply["ok"]
     tools = {t["name"]: t for t in reply["result"]["structured"]["tools"]}
-    assert {"datetime", "echo", "control_zwave_device", "get_device_sensor_data", "list_devices"} <= set(tools)
+    assert {
+        "datetime",
+        "echo",
+        "control_zwave_device",
+        "get_device_sensor_data",
+        "list_devices",
+    } <= set(tools)
     assert tools["control_zwave_device"]["origin"] == "mcp:devices"
     assert "deviceName" in tools["control_zwave_device"]["inputSchema"]["properties"]
     assert tools["echo"]["origin"] == "local"
@@ -131,7 +144,11 @@ async def test_invalid_arguments_listed_with_paths(caller: Caller, demo_worker: 
     assert reply["error"]["code"] == "invalid_arguments"
     paths = {e["path"] for e in reply["error"]["details"]["errors"]}
     assert paths == {"action", "level"}
-    assert {p["name"] for p in reply["error"]["details"]["signature"]} == {"deviceName", "action", "level"}
+    assert {p["name"] for p in reply["error"]["details"]["signature"]} == {
+        "deviceName",
+        "action",
+        "level",
+    }
 
 
 @pytest.fixture
@@ -185,7 +202,11 @@ async def test_200_concurrent_requests_one_reply_each_within_bound(
         try:
             results = await asyncio.gather(
                 *(
-                    c.call(call_topic(worker, "busy"), {"arguments": {"n": i * 100 + n}}, reply_topic=f"{worker.topics.reply_prefixes[0]}c{i}")
+                    c.call(
+                        call_topic(worker, "busy"),
+                        {"arguments": {"n": i * 100 + n}},
+                        reply_topic=f"{worker.topics.reply_prefixes[0]}c{i}",
+                    )
                     for i, c in enumerate(callers)
                     for n in range(50)
                 )
@@ -194,9 +215,17 @@ async def test_200_concurrent_requests_one_reply_each_within_bound(
             assert numbers == sorted(i * 100 + n for i in range(4) for n in range(50))
             # A sentinel per caller: any duplicate reply would arrive before it.
             for i, c in enumerate(callers):
-                await c.call(call_topic(worker, "echo"), {"arguments": {"text": "end"}}, reply_topic=f"{worker.topics.reply_prefixes[0]}c{i}")
+                await c.call(
+                    call_topic(worker, "echo"),
+                    {"arguments": {"text": "end"}},
+                    reply_topic=f"{worker.topics.reply_prefixes[0]}c{i}",
+                )
             for c in callers:
-                stray = [m for m in list(c.messages._queue) if json.loads(m.payload).get("tool") == "busy"]  # type: ignore[attr-defined]
+                stray = [
+                    m
+                    for m in list(c.messages._queue)
+                    if json.loads(m.payload).get("tool") == "busy"
+                ]  # type: ignore[attr-defined]
                 assert stray == [], "a request was answered twice"
         finally:
             for c in callers:
@@ -216,7 +245,13 @@ async def test_malformed_payloads_answered_or_dead_lettered(
         topic = reply_topic(demo_worker)
 
         # With a reply address (v5 Response Topic): each gets bad_request.
-        for payload in (b"{not json", b"[1, 2]", b'{"arguments": {}}', b"\xff\xfe", b"{" + b" " * 300_000 + b"}"):
+        for payload in (
+            b"{not json",
+            b"[1, 2]",
+            b'{"arguments": {}}',
+            b"\xff\xfe",
+            b"{" + b" " * 300_000 + b"}",
+        ):
             reply, _ = await caller.call(call_topic(demo_worker), payload, reply_topic=topic)
             assert reply["ok"] is False
             assert reply["error"]["code"] == "bad_request", payload[:20]
@@ -238,7 +273,9 @@ async def test_malformed_payloads_answered_or_dead_lettered(
 
         # A valid request right after still succeeds.
         reply, _ = await caller.call(
-            call_topic(demo_worker, "echo"), {"arguments": {"text": "still here"}}, reply_topic=topic
+            call_topic(demo_worker, "echo"),
+            {"arguments": {"text": "still here"}},
+            reply_topic=topic,
         )
         assert reply["ok"] and reply["result"]["structured"]["text"] == "still here"
 
@@ -246,7 +283,10 @@ async def test_malformed_payloads_answered_or_dead_lettered(
 async def test_reply_topic_outside_prefix_is_refused_and_not_executed(
     broker: Broker, caller: Caller, probe: Probe
 ) -> None:
-    async with running_worker(make_settings(broker), probe_tools(probe)) as worker, Caller(broker.url) as watcher:
+    async with (
+        running_worker(make_settings(broker), probe_tools(probe)) as worker,
+        Caller(broker.url) as watcher,
+    ):
         await watcher.subscribe(worker.topics.dead)
         victim = f"{worker.topics.prefix}-victim/lights/set"
         await caller.subscribe(victim)
@@ -274,11 +314,12 @@ async def test_in_flight_calls_finish_on_stop(broker: Broker, caller: Caller, pr
                 await asyncio.sleep(0)  # yields to the worker's tasks; bounded by the timeout
         stop_task = asyncio.current_task()
         assert stop_task is not None
+
         # Stopping happens when the context exits; open the gate from a task that
         # waits until the worker has begun draining.
         async def open_gate() -> None:
             async with asyncio.timeout(10):
-                while not worker._stopping:  # noqa: SLF001
+                while not worker._stopping:
                     await asyncio.sleep(0)
             probe.release.set()
 
@@ -289,12 +330,16 @@ async def test_in_flight_calls_finish_on_stop(broker: Broker, caller: Caller, pr
     assert all(r["ok"] and r["result"]["text"] == "released" for r in replies)
 
 
-async def test_calls_past_grace_get_unavailable(broker: Broker, caller: Caller, probe: Probe) -> None:
+async def test_calls_past_grace_get_unavailable(
+    broker: Broker, caller: Caller, probe: Probe
+) -> None:
     settings = make_settings(broker, shutdown_grace_s=0.2)
     async with running_worker(settings, probe_tools(probe)) as worker:
         topic = reply_topic(worker)
         await caller.subscribe(topic)
-        await caller.publish(call_topic(worker, "gate"), json.dumps({"id": "late"}), response_topic=topic)
+        await caller.publish(
+            call_topic(worker, "gate"), json.dumps({"id": "late"}), response_topic=topic
+        )
         async with asyncio.timeout(10):
             while probe.active < 1:
                 await asyncio.sleep(0)
@@ -320,6 +365,8 @@ async def test_mcp_server_that_cannot_start_leaves_the_rest_serving(
         )
         assert reply["ok"]
         reply, _ = await caller.call(
-            call_topic(worker, "echo"), {"arguments": {"text": "x"}}, reply_topic=reply_topic(worker)
+            call_topic(worker, "echo"),
+            {"arguments": {"text": "x"}},
+            reply_topic=reply_topic(worker),
         )
         assert reply["ok"]

@@ -36,7 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     call = sub.add_parser("call", help="call a tool through a running worker")
     config_flags(call)
     call.add_argument("tool")
-    call.add_argument("pairs", nargs="*", metavar="key=value", help="arguments; values as JSON or text")
+    call.add_argument(
+        "pairs", nargs="*", metavar="key=value", help="arguments; values as JSON or text"
+    )
     call.add_argument("--json", dest="json_args", help="arguments as a JSON object")
     call.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
 
@@ -51,7 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--check", action="store_true")
     schemas.add_argument("--dir", type=Path, default=SCHEMAS_DIR)
 
-    sub.add_parser("demo-server", help="run the demo MCP device server on stdio")
+    demo = sub.add_parser("demo-server", help="run the demo MCP device server on stdio")
+    demo.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP on /mcp instead")
     return parser
 
 
@@ -148,7 +151,9 @@ def _request(args: argparse.Namespace, topic_suffix: str, body: dict[str, Any]) 
 
 def _call(args: argparse.Namespace) -> int:
     arguments = parse_pairs(args.pairs, args.json_args)
-    reply = _request(args, "call", {"tool": args.tool, "arguments": arguments, "timeout_s": args.timeout})
+    reply = _request(
+        args, "call", {"tool": args.tool, "arguments": arguments, "timeout_s": args.timeout}
+    )
     if isinstance(reply, int):
         return reply
     print(reply.model_dump_json(by_alias=True, exclude_none=True, indent=2))
@@ -202,5 +207,5 @@ def _schemas(args: argparse.Namespace) -> int:
 def _demo_server(args: argparse.Namespace) -> int:
     from worker.demo.server import main as demo_main
 
-    demo_main()
+    demo_main(args.http)
     return EXIT_OK

@@ -49,7 +49,9 @@ class BrokerUrl:
     def from_url(cls, url: str) -> Self:
         parts = urlsplit(url)
         if parts.scheme not in ("mqtt", "mqtts"):
-            raise ValueError(f"broker URL must start with mqtt:// or mqtts://, got {parts.scheme!r}")
+            raise ValueError(
+                f"broker URL must start with mqtt:// or mqtts://, got {parts.scheme!r}"
+            )
         if not parts.hostname:
             raise ValueError("broker URL has no host")
         tls = parts.scheme == "mqtts"
@@ -122,12 +124,14 @@ class Settings(BaseSettings):
     topic_prefix: str = "toolbus"
     shared_group: str = Field(
         default="toolbus",
-        description="Shared-subscription group; empty subscribes without `$share` (one worker only).",
+        description="Shared-subscription group; empty subscribes without `$share`.",
     )
-    worker_id: str | None = Field(default=None, description="MQTT client id; generated when absent.")
+    worker_id: str | None = Field(
+        default=None, description="MQTT client id; generated when absent."
+    )
     reply_prefixes: list[str] | None = Field(
         default=None,
-        description="Topics replies may go to; default `[\"{topic_prefix}/reply/\"]`.",
+        description='Topics replies may go to; default `["{topic_prefix}/reply/"]`.',
     )
     concurrency: int = Field(default=64, ge=1, le=10_000)
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
@@ -156,7 +160,9 @@ class Settings(BaseSettings):
     @classmethod
     def _plain_prefix(cls, value: str) -> str:
         if not value or any(c in value for c in "+#") or value.startswith(("$", "/")):
-            raise ValueError("topic_prefix must be a plain topic without wildcards or leading / or $")
+            raise ValueError(
+                "topic_prefix must be a plain topic without wildcards or leading / or $"
+            )
         return value.rstrip("/")
 
     @property
@@ -173,12 +179,9 @@ class Settings(BaseSettings):
 def read_config_file(path: Path) -> dict[str, Any]:
     """A TOML or JSON config file as a dict (JSON when the suffix says so or TOML fails)."""
     text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() == ".json":
-        data = json.loads(text)
-    else:
-        data = tomllib.loads(text)
+    data = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a table/object")
+        raise ValueError(f"{path}: the top level must be a table/object")  # noqa: TRY004  (a config error, reported as one)
     return data
 
 

@@ -26,7 +26,7 @@ class ErrorCode(StrEnum):
     INVALID_ARGUMENTS = "invalid_arguments"
     """The arguments do not satisfy the tool's schema; `details.errors` lists each problem."""
     FORBIDDEN = "forbidden"
-    """The request asked for something it may not have (e.g. a reply topic outside the allowed prefixes)."""
+    """The request asked for what it may not have (e.g. a reply topic outside the allowed ones)."""
     TIMEOUT = "timeout"
     """The tool did not finish within its deadline; the call was cancelled."""
     UNAVAILABLE = "unavailable"

@@ -130,12 +130,10 @@ def _request(body: dict[str, Any]) -> Request:
             {"path": ".".join(str(p) for p in err["loc"]), "problem": err["msg"]}
             for err in exc.errors(include_url=False, include_input=False)
         ]
-        raise BadRequest("request envelope is invalid", errors=problems) from None  # type: ignore[arg-type]
+        raise BadRequest("request envelope is invalid", errors=problems) from None
 
 
-def _call(
-    message: Inbound, topics: Topics, request: Request, reply: ReplyAddress | None
-) -> Call:
+def _call(message: Inbound, topics: Topics, request: Request, reply: ReplyAddress | None) -> Call:
     if topics.is_tools_request(message.topic):
         tool = ""
         list_tools = True

@@ -42,6 +42,7 @@ def outbound_reply(address: ReplyAddress, reply: Reply) -> Outbound:
 
 
 def dead_letter(
+    *,
     dead_topic: str,
     topic: str,
     payload: bytes,
@@ -59,7 +60,7 @@ def dead_letter(
         error=error,
         id=ident,
         payload=text,
-        encoding=encoding,  # type: ignore[arg-type]
+        encoding=encoding,
         payload_bytes=len(payload),
         truncated=len(kept) < len(payload),
     )

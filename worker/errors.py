@@ -16,9 +16,7 @@ wire body. A local tool may raise any of them to choose the code its caller sees
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from pydantic import JsonValue
+from typing import Any, ClassVar
 
 from worker.contracts import ErrorBody, ErrorCode
 
@@ -26,10 +24,11 @@ from worker.contracts import ErrorBody, ErrorCode
 class ToolbusError(Exception):
     code: ClassVar[ErrorCode]
 
-    def __init__(self, message: str, **details: JsonValue) -> None:
+    def __init__(self, message: str, **details: Any) -> None:
+        # Details must be JSON values; `ErrorBody` checks them when the reply is built.
         super().__init__(message)
         self.message = message
-        self.details: dict[str, JsonValue] = details
+        self.details: dict[str, Any] = details
 
     def body(self) -> ErrorBody:
         return ErrorBody(code=self.code, message=self.message, details=self.details)

@@ -50,7 +50,9 @@ class Normalizer:
             out[target] = value
             if rule is not None:
                 entries.append(
-                    NormalizationEntry(path=f"arguments.{key}", **{"from": key}, to=target, rule=rule)
+                    NormalizationEntry(
+                        path=f"arguments.{key}", **{"from": key}, to=target, rule=rule
+                    )
                 )
         if entries:
             log.info(

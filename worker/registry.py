@@ -53,7 +53,7 @@ class Tool:
         return ToolDefinition(
             name=self.name,
             description=self.description,
-            inputSchema=self.input_schema,
+            input_schema=self.input_schema,
             origin=self.origin,
         )
 
@@ -88,7 +88,7 @@ class Registry:
         if tool is None:
             candidates = difflib.get_close_matches(name, list(self._tools), n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(candidates)}?" if candidates else ""
-            raise UnknownTool(f"no tool named {name!r}{hint}", candidates=candidates)  # type: ignore[arg-type]
+            raise UnknownTool(f"no tool named {name!r}{hint}", candidates=candidates)
         return tool
 
     def __contains__(self, name: object) -> bool:

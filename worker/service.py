@@ -114,7 +114,9 @@ class Worker:
                         await self._drain(conn)
                         return
             except TransportError as exc:
-                log.warning("broker connection lost or refused (%s); retrying in %.1f s", exc, delay_s)
+                log.warning(
+                    "broker connection lost or refused (%s); retrying in %.1f s", exc, delay_s
+                )
             finally:
                 self._connected.clear()
                 self._conn = None
@@ -227,12 +229,12 @@ class Worker:
         log.warning("dead-lettering message on %s: %s", message.topic, error.code.value)
         await self._publish(
             dead_letter(
-                self.topics.dead,
-                message.topic,
-                message.payload,
-                error,
-                ident,
-                self.settings.max_payload_bytes,
+                dead_topic=self.topics.dead,
+                topic=message.topic,
+                payload=message.payload,
+                error=error,
+                ident=ident,
+                max_payload_bytes=self.settings.max_payload_bytes,
             )
         )
 
@@ -247,10 +249,11 @@ class Worker:
                         continue
                     try:
                         await conn.publish(out)
-                        return
                     except TransportError as exc:
                         log.debug("publish to %s failed (%s); retrying", out.topic, exc)
                         await asyncio.sleep(RETRY_PUBLISH_DELAY_S)
+                    else:
+                        return
         except TimeoutError:
             log.error(  # noqa: TRY400
                 "could not publish to %s within %.1f s: message lost",
@@ -262,7 +265,7 @@ class Worker:
 
     def _status(self, state: str) -> Outbound:
         status = WorkerStatus(
-            state=state,  # type: ignore[arg-type]
+            state=state,
             worker_id=self.worker_id,
             servers=self.mcp.states(),
         )

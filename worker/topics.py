@@ -1,10 +1,10 @@
 """Topic templates and reply-topic rules, in one place.
 
-    {prefix}/call              request; tool named in the body
-    {prefix}/call/{tool}       request; tool named by the topic
-    {prefix}/tools             list tool definitions (answered like a call)
-    {prefix}/dead              dead letters: requests that could not be answered
-    {prefix}/status/workers/{worker_id}   retained worker status, last will `offline`
+{prefix}/call              request; tool named in the body
+{prefix}/call/{tool}       request; tool named by the topic
+{prefix}/tools             list tool definitions (answered like a call)
+{prefix}/dead              dead letters: requests that could not be answered
+{prefix}/status/workers/{worker_id}   retained worker status, last will `offline`
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Topics:
         return topic == self.tools
 
     def reply_allowed(self, topic: str) -> bool:
-        """May the worker publish a reply here? Refuses wildcards, `$` topics and foreign prefixes."""
+        """May a reply go here? Refuses wildcards, `$` topics and foreign prefixes."""
         if not topic or len(topic.encode()) > MAX_TOPIC_BYTES:
             return False
         if "+" in topic or "#" in topic or "\x00" in topic or topic.startswith("$"):

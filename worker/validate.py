@@ -26,7 +26,9 @@ def compile_validator(tool_name: str, schema: dict[str, Any]) -> Validator | Non
     try:
         cls.check_schema(schema)
     except jsonschema_exceptions.SchemaError as exc:
-        log.warning("tool %s has an invalid input schema, not validating: %s", tool_name, exc.message)
+        log.warning(
+            "tool %s has an invalid input schema, not validating: %s", tool_name, exc.message
+        )
         return None
     return cls(schema)
 

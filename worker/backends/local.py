@@ -158,7 +158,12 @@ def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[LocalTool]:
         except Exception:
             log.exception("entry point %s (%s) failed to load", point.name, point.value)
             continue
-        items: Iterable[Any] = [loaded] if isinstance(loaded, LocalTool) else loaded
+        if isinstance(loaded, LocalTool):
+            items: Iterable[Any] = [loaded]
+        elif isinstance(loaded, Iterable) and not isinstance(loaded, str | bytes):
+            items = loaded
+        else:
+            items = [loaded]
         for item in items:
             if isinstance(item, LocalTool):
                 found.append(item)

@@ -71,11 +71,13 @@ class McpServer:
     async def serve(self, registry: Registry, tool_settings: Mapping[str, ToolSettings]) -> None:
         read_fd, write_fd = os.pipe()
         errlog = os.fdopen(write_fd, "w")
-        stderr_task = asyncio.create_task(self._pump_stderr(read_fd), name=f"mcp-stderr:{self.name}")
+        stderr_task = asyncio.create_task(
+            self._pump_stderr(read_fd), name=f"mcp-stderr:{self.name}"
+        )
         try:
             async with AsyncExitStack() as stack:
                 async with asyncio.timeout(self.config.connect_timeout_s):
-                    read, write = await stack.enter_async_context(self._transport(errlog))
+                    read, write = await self._open_transport(stack, errlog)
                     # The child holds its own copy of the pipe now; closing ours lets
                     # the stderr pump see EOF when the server exits.
                     errlog.close()
@@ -94,7 +96,7 @@ class McpServer:
                 )
                 self._set_state("ready")
                 await self._stop.wait()
-        except Exception as exc:  # noqa: BLE001  (a broken server must not stop the worker)
+        except Exception as exc:
             reason = _describe(exc)
             self._set_state("down", reason)
             log.error(  # noqa: TRY400  (the reason is the useful part, not our traceback)
@@ -115,16 +117,17 @@ class McpServer:
             except TimeoutError:
                 stderr_task.cancel()
 
-    def _transport(self, errlog: Any) -> Any:
+    async def _open_transport(self, stack: AsyncExitStack, errlog: Any) -> Any:
         cfg = self.config
         if cfg.command is not None:
             params = StdioServerParameters(
                 command=cfg.command, args=cfg.args, env=cfg.env or None, cwd=cfg.cwd
             )
-            return stdio_client(params, errlog=errlog)
+            return await stack.enter_async_context(stdio_client(params, errlog=errlog))
         assert cfg.url is not None
-        http = create_mcp_http_client(headers=cfg.headers or None)
-        return streamable_http_client(cfg.url, http_client=http)
+        # The SDK leaves a client it was given open: the stack closes ours.
+        http = await stack.enter_async_context(create_mcp_http_client(headers=cfg.headers or None))
+        return await stack.enter_async_context(streamable_http_client(cfg.url, http_client=http))
 
     async def _list_tools(self, session: ClientSession) -> list[Any]:
         tools: list[Any] = []
@@ -183,7 +186,9 @@ class McpServer:
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, Exception):
-            log.warning("MCP server %s sent something unreadable: %s", self.name, str(message)[:200])
+            log.warning(
+                "MCP server %s sent something unreadable: %s", self.name, str(message)[:200]
+            )
 
     async def _pump_stderr(self, read_fd: int) -> None:
         server_log = logging.getLogger(f"toolbus.mcp.{self.name}")
@@ -255,7 +260,9 @@ class McpBackend:
         on_state: StateListener,
     ) -> None:
         self.servers = {
-            name: McpServer(name, cfg, on_state) for name, cfg in configs.items() if not cfg.disabled
+            name: McpServer(name, cfg, on_state)
+            for name, cfg in configs.items()
+            if not cfg.disabled
         }
         self._registry = registry
         self._tool_settings = tool_settings

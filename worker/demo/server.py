@@ -91,8 +91,14 @@ def build_server() -> Any:
     return server
 
 
-def main() -> None:
+def main(http: str | None = None) -> None:
+    """Serve on stdio, or on streamable HTTP at `host:port` (path `/mcp`) when `http` is given."""
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
-    build_server().run("stdio")
+    server = build_server()
+    if http is None:
+        server.run("stdio")
+        return
+    host, _, port = http.rpartition(":")
+    server.run("streamable-http", host=host or "127.0.0.1", port=int(port))

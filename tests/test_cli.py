@@ -1,0 +1,243 @@
+"""The command line against real processes: `toolbus serve` (bundled config), `call`, `tools`, SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import textwrap
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest_asyncio
+
+from tests.conftest import Broker
+from tests.mqtt import Caller
+from worker.service import Worker
+
+ROOT = Path(__file__).parent.parent
+BIN = Path(sys.executable).parent
+CLI_TIMEOUT_S = 60.0
+
+
+def cli_env(prefix: str, extra_path: Path | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["TOOLBUS_TOPIC_PREFIX"] = prefix
+    env["TOOLBUS_LOG_FORMAT"] = "json"
+    env["PATH"] = (
+        f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # the bundled config runs `toolbus demo-server`
+    )
+    if extra_path is not None:
+        env["PYTHONPATH"] = f"{extra_path}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    return env
+
+
+async def run_cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "worker",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(CLI_TIMEOUT_S):
+        out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_call_prints_the_reply_and_exits_by_outcome(
+    broker: Broker, demo_worker: Worker
+) -> None:
+    env = cli_env(demo_worker.topics.prefix)
+    code, out, _ = await run_cli(
+        "call",
+        "control_zwave_device",
+        "device_name=Living Room Lamp",
+        "command=dim",
+        "brightness=40",
+        "--broker",
+        broker.url,
+        env=env,
+    )
+    reply = json.loads(out)
+    assert code == 0, out
+    assert reply["result"]["structured"]["received"] == {
+        "deviceName": "Living Room Lamp",
+        "action": "dim",
+        "level": 40,
+    }
+
+    code, out, _ = await run_cli(
+        "call",
+        "echo",
+        "--json",
+        '{"text": "t", "data": [1, true]}',
+        "--broker",
+        broker.url,
+        env=env,
+    )
+    assert code == 0 and json.loads(out)["result"]["structured"] == {"text": "t", "data": [1, True]}
+
+    code, out, _ = await run_cli("call", "no_such_tool", "--broker", broker.url, env=env)
+    assert code == 1 and json.loads(out)["error"]["code"] == "unknown_tool"
+
+
+async def test_tools_lists_definitions(broker: Broker, demo_worker: Worker) -> None:
+    code, out, _ = await run_cli(
+        "tools", "--json", "--broker", broker.url, env=cli_env(demo_worker.topics.prefix)
+    )
+    assert code == 0
+    assert {"echo", "datetime", "control_zwave_device"} <= {t["name"] for t in json.loads(out)}
+
+
+async def test_call_without_worker_or_broker(broker: Broker, tmp_path: Path) -> None:
+    env = cli_env(f"nobody{uuid.uuid4().hex[:6]}")
+    code, _, err = await run_cli(
+        "call", "echo", "text=x", "--timeout", "0.5", "--broker", broker.url, env=env
+    )
+    assert code == 3, err
+    closed = f"mqtt://127.0.0.1:{_closed_port()}"
+    code, _, err = await run_cli("call", "echo", "--timeout", "2", "--broker", closed, env=env)
+    assert code == 4, err
+    code, _, _ = await run_cli("call", "echo", "notapair", "--broker", broker.url, env=env)
+    assert code == 2
+
+
+def _closed_port() -> int:
+    from tests.conftest import free_port
+
+    return free_port()
+
+
+SLOW_PLUGIN = textwrap.dedent(
+    """
+    import asyncio, logging
+    from worker import tool
+
+    @tool
+    async def slow(seconds: float) -> str:
+        "Works for a while."
+        logging.getLogger("tb_slow").warning("slow started")
+        await asyncio.sleep(seconds)
+        return "done"
+    """
+)
+
+
+class ServeProcess:
+    """`toolbus serve` with the bundled config, its log lines readable as events."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._reader = asyncio.create_task(self._read(), name="serve-log")
+
+    async def _read(self) -> None:
+        assert self.proc.stderr is not None
+        while line := await self.proc.stderr.readline():
+            try:
+                await self.events.put(json.loads(line))
+            except ValueError:
+                await self.events.put({"event": line.decode(errors="replace")})
+
+    async def wait_event(self, text: str, count: int = 1, timeout_s: float = 30.0) -> None:
+        seen = 0
+        async with asyncio.timeout(timeout_s):
+            while seen < count:
+                if text in (await self.events.get()).get("event", ""):
+                    seen += 1
+
+
+@pytest_asyncio.fixture
+async def serve(broker: Broker, tmp_path: Path) -> AsyncIterator[tuple[ServeProcess, str]]:
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    (plugin / "tb_slow.py").write_text(SLOW_PLUGIN)
+    dist = plugin / "tb_slow-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tb-slow\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[toolbus.tools]\nslow = tb_slow:slow\n")
+    prefix = f"serve{uuid.uuid4().hex[:8]}"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "worker",
+        "serve",
+        "--config",
+        str(ROOT / "config" / "toolbus.toml"),
+        "--broker",
+        broker.url,
+        env=cli_env(prefix, plugin),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    served = ServeProcess(proc)
+    try:
+        yield served, prefix
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        served._reader.cancel()
+
+
+async def wait_ready(caller: Caller, prefix: str) -> None:
+    """Until the worker's retained status says online with the demo server ready."""
+    await caller.subscribe(f"{prefix}/status/workers/+")
+    async with asyncio.timeout(30):
+        while True:
+            status = json.loads((await caller.next_message()).payload)
+            if status["state"] == "online" and status["servers"].get("devices") == "ready":
+                return
+
+
+async def test_serve_bundled_config_and_sigterm_with_calls_in_flight(
+    broker: Broker, caller: Caller, serve: tuple[ServeProcess, str]
+) -> None:
+    served, prefix = serve
+    await wait_ready(caller, prefix)
+
+    # The README's promise: the bundled worker answers the headline call.
+    code, out, err = await run_cli(
+        "call",
+        "control_zwave_device",
+        "device_name=Switch One",
+        "command=on",
+        "--broker",
+        broker.url,
+        env=cli_env(prefix),
+    )
+    assert code == 0, err
+    assert json.loads(out)["result"]["structured"]["device"]["state"] == "on"
+
+    reply_topic = f"{prefix}/reply/sigterm"
+    await caller.subscribe(reply_topic)
+    for n in range(4):
+        await caller.publish(
+            f"{prefix}/call/slow",
+            json.dumps({"id": f"s{n}", "arguments": {"seconds": 1.0}}),
+            response_topic=reply_topic,
+        )
+    await served.wait_event("slow started", count=4)
+    served.proc.send_signal(signal.SIGTERM)
+
+    replies = []
+    offline = False
+    async with asyncio.timeout(30):
+        while len(replies) < 4 or not offline:
+            message = await caller.next_message()
+            body = json.loads(message.payload)
+            if message.topic.value == reply_topic:
+                replies.append(body)
+            elif body.get("state") == "offline":
+                offline = True
+    assert sorted(r["id"] for r in replies) == ["s0", "s1", "s2", "s3"]
+    assert all(r["ok"] and r["result"]["text"] == "done" for r in replies)
+    async with asyncio.timeout(30):
+        assert await served.proc.wait() == 0

@@ -1,0 +1,156 @@
+"""Decode: every accepted request shape, and every way a message is refused."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from worker.contracts import ErrorCode
+from worker.decode import Call, Rejected, decode
+from worker.topics import Topics
+from worker.transport import Inbound
+
+TOPICS = Topics("tb", "grp", ("tb/reply/",))
+LIMIT = 4096
+
+
+def inbound(body: Any, topic: str = "tb/call", **kw: Any) -> Inbound:
+    payload = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return Inbound(topic=topic, payload=payload, **kw)
+
+
+def ok(message: Inbound) -> Call:
+    result = decode(message, TOPICS, LIMIT)
+    assert isinstance(result, Call), result
+    return result
+
+
+def refused(message: Inbound) -> Rejected:
+    result = decode(message, TOPICS, LIMIT)
+    assert isinstance(result, Rejected), result
+    return result
+
+
+def test_envelope_with_tool_in_body() -> None:
+    call = ok(
+        inbound(
+            {
+                "id": "1",
+                "tool": "echo",
+                "arguments": {"text": "x"},
+                "reply_to": "tb/reply/a",
+                "timeout_s": 2,
+            }
+        )
+    )
+    assert (call.id, call.tool, call.arguments, call.timeout_s) == ("1", "echo", {"text": "x"}, 2)
+    assert call.reply is not None and call.reply.topic == "tb/reply/a"
+    assert call.id_generated is False
+
+
+def test_tool_from_topic_and_generated_id() -> None:
+    call = ok(inbound({"arguments": {}}, topic="tb/call/datetime"))
+    assert call.tool == "datetime"
+    assert call.id_generated is True and len(call.id) == 36
+
+
+def test_v5_response_topic_beats_body_reply_to() -> None:
+    call = ok(
+        inbound(
+            {"tool": "echo", "reply_to": "tb/reply/body"},
+            response_topic="tb/reply/v5",
+            correlation_data=b"c",
+        )
+    )
+    assert call.reply is not None
+    assert (call.reply.topic, call.reply.correlation_data) == ("tb/reply/v5", b"c")
+
+
+def test_anthropic_tool_use() -> None:
+    call = ok(
+        inbound({"type": "tool_use", "id": "toolu_1", "name": "echo", "input": {"text": "hi"}})
+    )
+    assert (call.id, call.tool, call.arguments) == ("toolu_1", "echo", {"text": "hi"})
+
+
+def test_openai_tool_call_with_string_arguments() -> None:
+    call = ok(
+        inbound(
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "echo", "arguments": '{"text": "hi"}'},
+            }
+        )
+    )
+    assert (call.id, call.tool, call.arguments) == ("call_1", "echo", {"text": "hi"})
+
+
+def test_ollama_message_with_one_tool_call() -> None:
+    body = {
+        "reply_to": "tb/reply/x",
+        "tool_calls": [{"function": {"name": "echo", "arguments": {"text": "hi"}}}],
+    }
+    call = ok(inbound(body))
+    assert (call.tool, call.arguments) == ("echo", {"text": "hi"})
+    assert call.reply is not None and call.reply.topic == "tb/reply/x"
+
+
+def test_tools_listing_topic() -> None:
+    assert ok(inbound({}, topic="tb/tools")).list_tools
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"not json",
+        b"\xff\xfe\x00",
+        b"[1, 2]",
+        b'"a string"',
+        b"{}",
+        b'{"tool": ""}',
+        b'{"tool": "echo", "arguments": [1]}',
+        b'{"tool": "echo", "timeout_s": -1}',
+        b'{"tool_calls": []}',
+        b'{"tool_calls": [{"function": {"name": "a"}}, {"function": {"name": "b"}}]}',
+        b'{"function": {"name": "echo", "arguments": "{broken"}}',
+        b"{" + b" " * LIMIT + b"}",
+    ],
+)
+def test_bad_requests(payload: bytes) -> None:
+    rejected = refused(inbound(payload, response_topic="tb/reply/r"))
+    assert rejected.error.code is ErrorCode.BAD_REQUEST
+    assert rejected.reply is not None  # the v5 address survives a bad body
+
+
+def test_topic_and_body_disagree() -> None:
+    assert refused(inbound({"tool": "b"}, topic="tb/call/a")).error.code is ErrorCode.BAD_REQUEST
+
+
+def test_rejected_keeps_the_body_id() -> None:
+    rejected = refused(inbound({"id": "keep-me", "reply_to": "tb/reply/x"}))
+    assert (rejected.id, rejected.id_generated) == ("keep-me", False)
+    assert rejected.reply is not None
+
+
+@pytest.mark.parametrize(
+    "reply_topic",
+    [
+        "elsewhere/lights/set",
+        "tb/reply/+",
+        "tb/reply/#",
+        "$SYS/broker",
+        "tb/replyx",
+        "tb/reply/" + "x" * 2000,
+    ],
+)
+def test_reply_topics_outside_the_prefix_are_forbidden(reply_topic: str) -> None:
+    for message in (
+        inbound({"tool": "echo"}, response_topic=reply_topic),
+        inbound({"tool": "echo", "reply_to": reply_topic}),
+    ):
+        rejected = refused(message)
+        assert rejected.error.code is ErrorCode.FORBIDDEN
+        assert rejected.reply is None  # never answered there

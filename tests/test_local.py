@@ -1,0 +1,115 @@
+"""Local tools: the decorator, schemas from type hints, results, and the entry-point group."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from worker.backends.local import ENTRY_POINT_GROUP, LocalTool, load_entry_points, to_result, tool
+from worker.errors import InvalidArguments, ToolFailed
+from worker.tools import BUILTIN_TOOLS
+
+
+def test_schema_from_hints() -> None:
+    @tool
+    async def lamp(room: str, level: int = 50, mode: Literal["warm", "cold"] = "warm") -> str:
+        """Set a lamp."""
+        return room
+
+    assert lamp.name == "lamp" and lamp.description == "Set a lamp."
+    schema = lamp.input_schema
+    assert schema["required"] == ["room"]
+    assert schema["properties"]["level"] == {"type": "integer", "default": 50}
+    assert schema["properties"]["mode"]["enum"] == ["warm", "cold"]
+    assert schema["additionalProperties"] is False
+
+
+def test_given_schema_and_name() -> None:
+    given = {"type": "object", "properties": {"q": {"type": "string"}}}
+
+    @tool(name="search", schema=given, timeout_s=3)
+    async def whatever(q: str) -> str:
+        return q
+
+    assert (whatever.name, whatever.input_schema, whatever.timeout_s) == ("search", given, 3)
+
+
+def test_sync_functions_are_refused() -> None:
+    def sync(x: int) -> int:
+        return x
+
+    with pytest.raises(TypeError):
+        tool(sync)  # type: ignore[arg-type]
+
+
+async def test_exceptions_become_tool_error_and_toolbus_errors_pass_through() -> None:
+    @tool
+    async def bad(kind: str) -> str:
+        if kind == "mine":
+            raise InvalidArguments("nope")
+        raise KeyError(kind)
+
+    invoke = bad.to_tool().invoke
+    with pytest.raises(ToolFailed) as caught:
+        await invoke({"kind": "x"})
+    assert caught.value.details["exception"] == "KeyError"
+    with pytest.raises(InvalidArguments):
+        await invoke({"kind": "mine"})
+
+
+def test_results() -> None:
+    assert to_result("t").text == "t"
+    assert to_result({"a": 1}).structured == {"a": 1}
+    assert to_result([1, 2]).structured == {"result": [1, 2]}
+    assert to_result(None).text == ""
+
+
+async def test_builtin_datetime_and_echo() -> None:
+    by_name = {t.name: t for t in BUILTIN_TOOLS}
+    now = await by_name["datetime"](timezone="Europe/Berlin")
+    assert now["timezone"] == "Europe/Berlin" and now["iso"].endswith(("+01:00", "+02:00"))
+    with pytest.raises(InvalidArguments):
+        await by_name["datetime"](timezone="Mars/Olympus")
+    assert await by_name["echo"](text="x", data={"k": [1]}) == {"text": "x", "data": {"k": [1]}}
+
+
+@pytest.fixture
+def plugin_on_path(tmp_path: Path) -> Iterator[Path]:
+    """An installed-looking distribution that contributes tools through the entry-point group."""
+    (tmp_path / "tb_plugin.py").write_text(
+        textwrap.dedent(
+            """
+            from worker import tool
+
+            @tool
+            async def shout(text: str) -> str:
+                "Upper-cases the text."
+                return text.upper()
+
+            TOOLS = [shout]
+            NOT_A_TOOL = 42
+            """
+        )
+    )
+    dist = tmp_path / "tb_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tb-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        f"[{ENTRY_POINT_GROUP}]\nshout = tb_plugin:TOOLS\nbroken = tb_plugin_missing:X\nodd = tb_plugin:NOT_A_TOOL\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    yield tmp_path
+    sys.path.remove(str(tmp_path))
+    sys.modules.pop("tb_plugin", None)
+
+
+async def test_entry_point_tools_load_and_broken_ones_are_skipped(plugin_on_path: Path) -> None:
+    loaded = load_entry_points()
+    assert [t.name for t in loaded] == ["shout"]
+    assert isinstance(loaded[0], LocalTool)
+    assert (await loaded[0].to_tool().invoke({"text": "hi"})).text == "HI"
