@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 BROKER_PORT ?= 1883
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: run test lint typecheck schemas check broker stop-broker clean mosquitto-binary
+.PHONY: bench run test lint typecheck schemas check broker stop-broker clean mosquitto-binary
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON): apt-get install python3.11 python3.11-venv"; exit 1; }
@@ -46,3 +46,6 @@ check: lint typecheck test
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .run
+
+bench: $(STAMP) mosquitto-binary
+	$(BIN)/toolbus bench

@@ -1,4 +1,4 @@
-"""Command line: toolbus serve | call | tools | schemas | demo-server.
+"""Command line: toolbus serve | call | tools | schemas | bench | demo-server.
 
 This is the entry point: the only place that reads the environment and files.
 Exit codes of `call`/`tools`: 0 ok, 1 the tool or worker answered with an error,
@@ -53,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--check", action="store_true")
     schemas.add_argument("--dir", type=Path, default=SCHEMAS_DIR)
 
+    bench = sub.add_parser("bench", help="measure round trips against a same-run baseline")
+    bench.add_argument("--requests", type=int, default=200)
+    bench.add_argument("--concurrency", type=int, default=64)
+
     demo = sub.add_parser("demo-server", help="run the demo MCP device server on stdio")
     demo.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP on /mcp instead")
     return parser
@@ -66,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         "tools": _tools,
         "schemas": _schemas,
         "demo-server": _demo_server,
+        "bench": _bench,
     }
     try:
         code: int = handlers[args.command](args)
@@ -201,6 +206,13 @@ def _schemas(args: argparse.Namespace) -> int:
         )
         return EXIT_ERROR
     print(f"schemas in {args.dir} match the code")
+    return EXIT_OK
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from worker import bench
+
+    bench.render(bench.run(requests=args.requests, concurrency=args.concurrency))
     return EXIT_OK
 
 

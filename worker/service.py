@@ -50,8 +50,9 @@ def build_registry(local_tools: Iterable[LocalTool], settings: Settings) -> Regi
 
 
 class Worker:
-    def __init__(self, settings: Settings, registry: Registry) -> None:
+    def __init__(self, settings: Settings, registry: Registry, *, tcp_nodelay: bool = True) -> None:
         self.settings = settings
+        self._tcp_nodelay = tcp_nodelay  # off only for the benchmark's baseline
         self.worker_id = settings.worker_id or f"toolbus-{uuid.uuid4().hex[:12]}"
         self.topics = Topics(
             settings.topic_prefix, settings.shared_group, settings.allowed_reply_prefixes
@@ -102,6 +103,7 @@ class Worker:
                     client_id=self.worker_id,
                     will=self._status("offline"),
                     timeout_s=self.settings.publish_timeout_s,
+                    tcp_nodelay=self._tcp_nodelay,
                 ) as conn:
                     self._conn = conn
                     self._connected.set()

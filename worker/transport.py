@@ -91,6 +91,7 @@ class MqttConnection:
         will: `Outbound` published by the broker if the connection dies uncleanly.
         max_inflight: QoS>0 messages in flight each way (paho caps it at 20 by default).
         timeout_s: bound on connect/subscribe/publish acknowledgements.
+        tcp_nodelay: off only for the benchmark's baseline; never in production.
     """
 
     def __init__(
@@ -101,6 +102,7 @@ class MqttConnection:
         will: Outbound | None = None,
         max_inflight: int = 1000,
         timeout_s: float = 10.0,
+        tcp_nodelay: bool = True,
     ) -> None:
         tls = ssl.create_default_context() if broker.tls else None
         self._client = aiomqtt.Client(
@@ -114,7 +116,7 @@ class MqttConnection:
             tls_context=tls,
             timeout=timeout_s,
             max_inflight_messages=max_inflight,
-            socket_options=_NODELAY,
+            socket_options=_NODELAY if tcp_nodelay else (),
         )
         # Replies are published concurrently by design; aiomqtt would warn on each.
         self._client.pending_calls_threshold = max_inflight
