@@ -7,10 +7,10 @@ STAMP  := $(VENV)/.installed
 BROKER_PORT ?= 1883
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: bench run test lint typecheck schemas check broker stop-broker clean mosquitto-binary
+.PHONY: compose-check bench run test lint typecheck schemas check broker stop-broker clean mosquitto-binary
 
 $(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON): apt-get install python3.11 python3.11-venv"; exit 1; }
+	@scripts/ensure-python $(PYTHON)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
@@ -42,7 +42,10 @@ typecheck: $(STAMP)
 schemas: $(STAMP)
 	$(BIN)/toolbus schemas --write
 
-check: lint typecheck test
+compose-check:
+	scripts/check-compose
+
+check: lint typecheck test compose-check
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .run

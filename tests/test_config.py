@@ -101,3 +101,25 @@ def test_bundled_config_loads() -> None:
     s = load_settings(Path(__file__).parent.parent / "config" / "toolbus.toml")
     assert s.mcp_servers["devices"].args == ["demo-server"]
     assert s.argument_maps["control_zwave_device"]["device_name"] == "deviceName"
+
+
+def test_every_shipped_broker_config_disables_nagle() -> None:
+    root = Path(__file__).parent.parent
+    configs = [root / "config" / "mosquitto.conf", root / "compose" / "mosquitto" / "mosquitto.conf"]
+    for conf in configs:
+        lines = [line.strip() for line in conf.read_text().splitlines()]
+        assert "set_tcp_nodelay true" in lines, conf
+
+
+def test_compose_worker_config_loads() -> None:
+    s = load_settings(Path(__file__).parent.parent / "compose" / "toolbus.toml")
+    assert s.broker.host == "mosquitto"
+    assert s.shared_group  # replicas must share the load
+
+
+def test_every_setting_is_documented() -> None:
+    from worker.config import Settings
+
+    doc = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    for name, field in Settings.model_fields.items():
+        assert f"`{field.alias or name}`" in doc, name
