@@ -105,7 +105,10 @@ def test_bundled_config_loads() -> None:
 
 def test_every_shipped_broker_config_disables_nagle() -> None:
     root = Path(__file__).parent.parent
-    configs = [root / "config" / "mosquitto.conf", root / "compose" / "mosquitto" / "mosquitto.conf"]
+    configs = [
+        root / "config" / "mosquitto.conf",
+        root / "compose" / "mosquitto" / "mosquitto.conf",
+    ]
     for conf in configs:
         lines = [line.strip() for line in conf.read_text().splitlines()]
         assert "set_tcp_nodelay true" in lines, conf
