@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections import defaultdict
 from types import TracebackType
 from typing import Any, Self
 
@@ -34,8 +33,9 @@ class Caller:
             max_inflight_messages=1000,
         )
         self.client.pending_calls_threshold = 10_000
-        self._waiters: dict[str, list[asyncio.Future[Any]]] = defaultdict(list)
-        self.received: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        # Replies to `call()` go to the waiting future (by correlation data or body id);
+        # everything else lands in `messages`, so nothing is ever dropped unseen.
+        self._pending: dict[bytes, asyncio.Future[aiomqtt.Message]] = {}
         self.messages: asyncio.Queue[aiomqtt.Message] = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None
         self._subscribed: set[str] = set()
@@ -54,7 +54,20 @@ class Caller:
 
     async def _read(self) -> None:
         async for message in self.client.messages:
-            await self.messages.put(message)
+            future = self._pending.pop(self._key(message) or b"", None)
+            if future is not None and not future.done():
+                future.set_result(message)
+            else:
+                await self.messages.put(message)
+
+    def _key(self, message: aiomqtt.Message) -> bytes | None:
+        if self.v5:
+            return getattr(message.properties, "CorrelationData", None)
+        try:
+            ident = json.loads(message.payload).get("id")
+        except (ValueError, AttributeError):
+            return None
+        return ident.encode() if isinstance(ident, str) else None
 
     async def subscribe(self, topic: str) -> None:
         if topic not in self._subscribed:
@@ -93,6 +106,9 @@ class Caller:
         """One request; returns the parsed reply and the raw message (for its properties)."""
         await self.subscribe(reply_topic)
         correlation = uuid.uuid4().hex.encode()
+        # Registered before publishing: a fast reply must find its waiter.
+        future: asyncio.Future[aiomqtt.Message] = asyncio.get_running_loop().create_future()
+        self._pending[correlation] = future
         if isinstance(body, dict) and not self.v5:
             body = {"reply_to": reply_topic, "id": correlation.decode(), **body}
         payload = json.dumps(body).encode() if isinstance(body, dict) else body
@@ -102,17 +118,13 @@ class Caller:
             response_topic=reply_topic if self.v5 else None,
             correlation=correlation if self.v5 else None,
         )
-        async with asyncio.timeout(timeout_s):
-            while True:
-                message = await self.messages.get()
-                if message.topic.value != reply_topic:
-                    continue
-                reply = json.loads(message.payload)
-                if self.v5:
-                    if getattr(message.properties, "CorrelationData", None) == correlation:
-                        return reply, message
-                elif reply.get("id") == correlation.decode():
-                    return reply, message
+        try:
+            async with asyncio.timeout(timeout_s):
+                message = await future
+        finally:
+            self._pending.pop(correlation, None)
+        assert message.topic.value == reply_topic
+        return json.loads(message.payload), message
 
 
 def correlation_of(message: aiomqtt.Message) -> bytes | None:

@@ -117,6 +117,11 @@ def test_tools_listing_topic() -> None:
         b'{"tool_calls": [{"function": {"name": "a"}}, {"function": {"name": "b"}}]}',
         b'{"function": {"name": "echo", "arguments": "{broken"}}',
         b"{" + b" " * LIMIT + b"}",
+        b"[" * 3000,
+        b'{"tool": "echo", "arguments": {"a": ' + b"[" * 1500 + b"]" * 1500 + b"}}",
+        b'{"tool": "echo", "timeout_s": NaN}',
+        b'{"tool": "echo", "timeout_s": Infinity}',
+        b'{"tool": "echo", "id": 7}',
     ],
 )
 def test_bad_requests(payload: bytes) -> None:
@@ -154,3 +159,10 @@ def test_reply_topics_outside_the_prefix_are_forbidden(reply_topic: str) -> None
         rejected = refused(message)
         assert rejected.error.code is ErrorCode.FORBIDDEN
         assert rejected.reply is None  # never answered there
+
+
+def test_refusals_echo_bounded_details() -> None:
+    deep = b'{"tool": "echo", "arguments": {"a": ' + b"[" * 400 + b"]" * 400 + b"}}"
+    rejected = refused(inbound(deep, response_topic="tb/reply/r"))
+    assert rejected.error.code is ErrorCode.BAD_REQUEST
+    assert all(len(e["path"]) <= 200 for e in rejected.error.details["errors"])

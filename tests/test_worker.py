@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import random
 import uuid
 from typing import Any
 
@@ -370,3 +372,47 @@ async def test_mcp_server_that_cannot_start_leaves_the_rest_serving(
             reply_topic=reply_topic(worker),
         )
         assert reply["ok"]
+
+
+async def test_random_garbage_is_answered_and_the_worker_lives(
+    caller: Caller, demo_worker: Worker
+) -> None:
+    rng = random.Random(2026)
+    topic = reply_topic(demo_worker)
+    payloads = [rng.randbytes(rng.randint(0, 2000)) for _ in range(100)]
+    payloads += [
+        b'{"tool": "echo", "arguments": {"text": ' + bytes([rng.randint(0, 255)]) + b"}}"
+        for _ in range(20)
+    ]
+    replies = await asyncio.gather(
+        *(caller.call(call_topic(demo_worker, "echo"), p, reply_topic=topic) for p in payloads)
+    )
+    assert all(
+        reply["error"]["code"] in {"bad_request", "invalid_arguments"} for reply, _ in replies
+    )
+    reply, _ = await caller.call(
+        call_topic(demo_worker, "echo"), {"arguments": {"text": "alive"}}, reply_topic=topic
+    )
+    assert reply["ok"]
+
+
+async def test_slow_calls_log_a_warning(
+    broker: Broker, caller: Caller, probe: Probe, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = make_settings(broker, slow_call_ms=1)
+    async with running_worker(settings, probe_tools(probe)) as worker:
+        with caplog.at_level(logging.INFO, logger="toolbus.execute"):
+            reply, _ = await caller.call(
+                call_topic(worker, "busy"),
+                {"arguments": {"n": 1, "hold_ms": 20}},
+                reply_topic=reply_topic(worker),
+            )
+            assert reply["ok"]
+            fast, _ = await caller.call(
+                call_topic(worker, "busy"),
+                {"arguments": {"n": 2, "hold_ms": 0}},
+                reply_topic=reply_topic(worker),
+            )
+    levels = {r.call_id: r.levelno for r in caplog.records if hasattr(r, "call_id")}  # type: ignore[attr-defined]
+    assert levels[reply["id"]] == logging.WARNING
+    assert fast["id"] in levels

@@ -23,6 +23,10 @@ from worker.errors import BadRequest, Forbidden, ToolbusError
 from worker.topics import Topics
 from worker.transport import Inbound
 
+# Bounds on what a refusal echoes back: a hostile body must not make a huge reply.
+MAX_PATH_CHARS = 200
+MAX_REPORTED_ERRORS = 20
+
 
 @dataclass(frozen=True, slots=True)
 class ReplyAddress:
@@ -91,11 +95,18 @@ def _v5_reply(message: Inbound) -> ReplyAddress | None:
     return ReplyAddress(message.response_topic, message.correlation_data)
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _parse_object(payload: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(payload)
+        # Strict JSON: Python would otherwise accept NaN and Infinity.
+        body = json.loads(payload, parse_constant=_refuse_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"payload is not JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("payload is nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest(f"payload must be a JSON object, got {type(body).__name__}")
     return body
@@ -125,10 +136,12 @@ def _envelope(body: dict[str, Any]) -> dict[str, Any]:
 def _request(body: dict[str, Any]) -> Request:
     try:
         return Request.model_validate(body)
+    except RecursionError:
+        raise BadRequest("arguments are nested too deeply") from None
     except ValidationError as exc:
         problems = [
-            {"path": ".".join(str(p) for p in err["loc"]), "problem": err["msg"]}
-            for err in exc.errors(include_url=False, include_input=False)
+            {"path": ".".join(str(p) for p in err["loc"])[:MAX_PATH_CHARS], "problem": err["msg"]}
+            for err in exc.errors(include_url=False, include_input=False)[:MAX_REPORTED_ERRORS]
         ]
         raise BadRequest("request envelope is invalid", errors=problems) from None
 
