@@ -11,7 +11,6 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 import pytest_asyncio
 
 from tests.conftest import DEMO_SERVER, Broker, free_port, make_settings, running_worker
@@ -105,11 +104,28 @@ def demo_server_pids(mark: str) -> list[int]:
     return pids
 
 
-async def test_server_stderr_reaches_the_log(
-    broker: Broker, caller: Caller, caplog: pytest.LogCaptureFixture
-) -> None:
-    settings = make_settings(broker, mcpServers={"logged": DEMO_SERVER})
-    with caplog.at_level(logging.INFO, logger="toolbus.mcp.logged"):
+class LineSeen(logging.Handler):
+    """Sets an event when a log record containing `text` arrives."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.seen = asyncio.Event()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+async def test_server_stderr_reaches_the_log(broker: Broker, caller: Caller) -> None:
+    server_log = logging.getLogger("toolbus.mcp.logged")
+    handler = LineSeen("control_zwave_device received")
+    server_log.addHandler(handler)
+    server_log.setLevel(logging.INFO)
+    try:
+        settings = make_settings(broker, mcpServers={"logged": DEMO_SERVER})
         async with running_worker(settings) as worker:
             reply, _ = await caller.call(
                 f"{worker.topics.call}/control_zwave_device",
@@ -117,13 +133,15 @@ async def test_server_stderr_reaches_the_log(
                 reply_topic=reply_topic(worker),
             )
             assert reply["ok"]
-            server = worker.mcp.servers["logged"]
             async with asyncio.timeout(10):
-                while not any(
-                    "control_zwave_device received" in line for line in server.stderr_tail
-                ):
-                    await asyncio.sleep(0)  # the pump task runs; bounded by the timeout
-    assert any(r.name == "toolbus.mcp.logged" for r in caplog.records)
+                await handler.seen.wait()
+            assert any(
+                "control_zwave_device received" in line
+                for line in worker.mcp.servers["logged"].stderr_tail
+            )
+    finally:
+        server_log.removeHandler(handler)
+        server_log.setLevel(logging.NOTSET)
 
 
 async def test_killed_stdio_server_gives_unavailable_not_a_hang(

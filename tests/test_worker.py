@@ -158,6 +158,12 @@ def probe() -> Probe:
     return Probe()
 
 
+async def open_gate_when_draining(worker: Worker, probe: Probe) -> None:
+    async with asyncio.timeout(10):
+        await worker.draining.wait()
+    probe.release.set()
+
+
 async def test_local_tool_errors(broker: Broker, caller: Caller, probe: Probe) -> None:
     settings = make_settings(broker, tools={"sleepy": {"timeout_s": 0.3}})
     async with running_worker(settings, probe_tools(probe)) as worker:
@@ -311,21 +317,9 @@ async def test_in_flight_calls_finish_on_stop(broker: Broker, caller: Caller, pr
             await caller.publish(
                 call_topic(worker, "gate"), json.dumps({"id": f"g{n}"}), response_topic=topic
             )
-        async with asyncio.timeout(10):
-            while probe.active < 3:
-                await asyncio.sleep(0)  # yields to the worker's tasks; bounded by the timeout
-        stop_task = asyncio.current_task()
-        assert stop_task is not None
-
-        # Stopping happens when the context exits; open the gate from a task that
-        # waits until the worker has begun draining.
-        async def open_gate() -> None:
-            async with asyncio.timeout(10):
-                while not worker._stopping:
-                    await asyncio.sleep(0)
-            probe.release.set()
-
-        opener = asyncio.create_task(open_gate(), name="open-gate")
+        await probe.wait_active(3)
+        # Stopping begins when the context exits; the gate opens once draining has begun.
+        opener = asyncio.create_task(open_gate_when_draining(worker, probe), name="open-gate")
     await opener
     replies = [json.loads((await caller.next_message()).payload) for _ in range(3)]
     assert sorted(r["id"] for r in replies) == ["g0", "g1", "g2"]
@@ -342,9 +336,7 @@ async def test_calls_past_grace_get_unavailable(
         await caller.publish(
             call_topic(worker, "gate"), json.dumps({"id": "late"}), response_topic=topic
         )
-        async with asyncio.timeout(10):
-            while probe.active < 1:
-                await asyncio.sleep(0)
+        await probe.wait_active(1)
     reply = json.loads((await caller.next_message()).payload)
     assert reply["id"] == "late" and reply["error"]["code"] == "unavailable"
 
@@ -416,3 +408,28 @@ async def test_slow_calls_log_a_warning(
     levels = {r.call_id: r.levelno for r in caplog.records if hasattr(r, "call_id")}  # type: ignore[attr-defined]
     assert levels[reply["id"]] == logging.WARNING
     assert fast["id"] in levels
+
+
+async def test_requests_already_received_are_answered_at_stop(
+    broker: Broker, caller: Caller, probe: Probe
+) -> None:
+    """Messages the client acknowledged but had no slot for yet must not be lost on stop."""
+    settings = make_settings(broker, concurrency=1, shutdown_grace_s=10.0)
+    async with running_worker(settings, probe_tools(probe)) as worker:
+        topic = reply_topic(worker)
+        await caller.subscribe(topic)
+        for n in range(5):
+            await caller.publish(
+                call_topic(worker, "gate"), json.dumps({"id": f"q{n}"}), response_topic=topic
+            )
+        await probe.wait_active(1)
+        # No event exists for "the MQTT client has queued N messages": poll that one
+        # count, yielding to the loop, under a bound.
+        async with asyncio.timeout(10):
+            while worker._conn is None or worker._conn.queued() < 4:
+                await asyncio.sleep(0)
+        opener = asyncio.create_task(open_gate_when_draining(worker, probe), name="open-gate")
+    await opener
+    replies = [json.loads((await caller.next_message()).payload) for _ in range(5)]
+    assert sorted(r["id"] for r in replies) == [f"q{n}" for n in range(5)]
+    assert all(r["ok"] for r in replies)

@@ -17,19 +17,34 @@ class Probe:
     calls: int = 0
     cancelled: int = 0
     release: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    async def enter(self) -> None:
+        async with self.changed:
+            self.calls += 1
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+            self.changed.notify_all()
+
+    async def leave(self) -> None:
+        async with self.changed:
+            self.active -= 1
+            self.changed.notify_all()
+
+    async def wait_active(self, count: int, timeout_s: float = 10.0) -> None:
+        async with asyncio.timeout(timeout_s), self.changed:
+            await self.changed.wait_for(lambda: self.active >= count)
 
 
 def probe_tools(probe: Probe) -> list[LocalTool]:
     @tool
     async def busy(n: int, hold_ms: float = 5.0) -> dict[str, int]:
         """Holds a concurrency slot for a while and reports its number back."""
-        probe.calls += 1
-        probe.active += 1
-        probe.max_active = max(probe.max_active, probe.active)
+        await probe.enter()
         try:
             await asyncio.sleep(hold_ms / 1000)  # simulated work, not synchronisation
         finally:
-            probe.active -= 1
+            await probe.leave()
         return {"n": n}
 
     @tool
@@ -46,12 +61,11 @@ def probe_tools(probe: Probe) -> list[LocalTool]:
     @tool
     async def gate() -> str:
         """Waits until the test opens the gate (for in-flight work at shutdown)."""
-        probe.calls += 1
-        probe.active += 1
+        await probe.enter()
         try:
             await probe.release.wait()
         finally:
-            probe.active -= 1
+            await probe.leave()
         return "released"
 
     @tool

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_REPLY, EXIT_BROKER = 0, 1, 2, 3, 4
 SCHEMAS_DIR = Path("schemas")
+REPLY_MARGIN_S = 5.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,11 +41,13 @@ def _parser() -> argparse.ArgumentParser:
         "pairs", nargs="*", metavar="key=value", help="arguments; values as JSON or text"
     )
     call.add_argument("--json", dest="json_args", help="arguments as a JSON object")
-    call.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
+    call.add_argument(
+        "--timeout", type=float, help="the call's deadline in seconds (default: the worker's)"
+    )
 
     tools = sub.add_parser("tools", help="list the tools of a running worker")
     config_flags(tools)
-    tools.add_argument("--timeout", type=float, default=10.0)
+    tools.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a worker")
     tools.add_argument("--json", action="store_true", help="print the raw definitions")
 
     schemas = sub.add_parser("schemas", help="write or check schemas/*.json")
@@ -143,7 +146,8 @@ def _request(args: argparse.Namespace, topic_suffix: str, body: dict[str, Any]) 
                 f"{settings.topic_prefix}/{topic_suffix}",
                 body,
                 reply_prefix=settings.allowed_reply_prefixes[0],
-                timeout_s=args.timeout,
+                # Wait a little past the call's own deadline so its `timeout` reply arrives.
+                timeout_s=(args.timeout or settings.default_timeout_s) + REPLY_MARGIN_S,
             )
         )
     except NoReply as exc:
@@ -156,9 +160,10 @@ def _request(args: argparse.Namespace, topic_suffix: str, body: dict[str, Any]) 
 
 def _call(args: argparse.Namespace) -> int:
     arguments = parse_pairs(args.pairs, args.json_args)
-    reply = _request(
-        args, "call", {"tool": args.tool, "arguments": arguments, "timeout_s": args.timeout}
-    )
+    body: dict[str, Any] = {"tool": args.tool, "arguments": arguments}
+    if args.timeout is not None:
+        body["timeout_s"] = args.timeout
+    reply = _request(args, "call", body)
     if isinstance(reply, int):
         return reply
     print(reply.model_dump_json(by_alias=True, exclude_none=True, indent=2))

@@ -68,6 +68,7 @@ class Worker:
         )
         self.mcp = McpBackend(settings.mcp_servers, registry, settings.tools, self._on_server_state)
         self.subscribed = asyncio.Event()
+        self.draining = asyncio.Event()  # set once stopping has begun
         self.in_flight = 0
         self.max_in_flight = 0
         self.handled = 0
@@ -127,6 +128,8 @@ class Worker:
                 async with asyncio.timeout(delay_s * random.uniform(0.8, 1.2)):  # noqa: S311
                     await stop.wait()
             delay_s = min(delay_s * 2, self.settings.reconnect_max_delay_s)
+        # Stopped while disconnected: calls still running get their grace period too.
+        await self._finish_handlers()
 
     async def _consume_until(self, conn: MqttConnection, stop: asyncio.Event) -> bool:
         """Consume until stop (True) or until the connection fails (raises)."""
@@ -142,12 +145,23 @@ class Worker:
             await consumer
         return True
 
-    async def _consume(self, conn: MqttConnection) -> None:
-        async for message in conn.messages():
-            await self._dispatch(message)
+    async def _consume(self, conn: MqttConnection, *, only_queued: bool = False) -> None:
+        """Take messages one free slot at a time.
 
-    async def _dispatch(self, message: Inbound) -> None:
-        await self._slots.acquire()
+        The slot is taken before the message: cancelling this loop at shutdown then
+        never drops a message the client has already acknowledged to the broker.
+        """
+        messages = conn.messages()
+        while not only_queued or conn.queued():
+            await self._slots.acquire()
+            try:
+                message = await anext(messages)
+            except BaseException:
+                self._slots.release()
+                raise
+            self._spawn(message)
+
+    def _spawn(self, message: Inbound) -> None:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         self._sequence += 1
@@ -158,28 +172,37 @@ class Worker:
     async def _drain(self, conn: MqttConnection) -> None:
         """Stop taking requests, finish held ones within the grace period, then go offline."""
         self._stopping = True
+        self.draining.set()
         grace_s = self.settings.shutdown_grace_s
+        deadline = asyncio.get_running_loop().time() + grace_s
         log.info("stopping: %d calls in flight, grace %.1f s", len(self._handlers), grace_s)
         try:
             async with asyncio.timeout(self.settings.publish_timeout_s):
                 await conn.unsubscribe(self.topics.subscriptions())
             # Messages the client already acknowledged must not be lost: handle them too.
-            if conn.queued():
-                async for message in conn.messages():
-                    await self._dispatch(message)
-                    if not conn.queued():
-                        break
+            async with asyncio.timeout_at(deadline):
+                await self._consume(conn, only_queued=True)
         except (TransportError, TimeoutError) as exc:
-            log.warning("could not unsubscribe cleanly: %s", exc)
+            log.warning("could not take every queued message before stopping: %s", exc)
+        await self._finish_handlers(deadline)
+        with contextlib.suppress(TransportError, TimeoutError):
+            await conn.publish(self._status("offline"), timeout_s=self.settings.publish_timeout_s)
+
+    async def _finish_handlers(self, deadline: float | None = None) -> None:
+        """Let running calls finish until the deadline; answer the rest `unavailable`."""
+        self._stopping = True
+        self.draining.set()
+        loop = asyncio.get_running_loop()
+        if deadline is None:
+            deadline = loop.time() + self.settings.shutdown_grace_s
         if self._handlers:
-            _, late = await asyncio.wait(set(self._handlers), timeout=grace_s)
+            remaining_s = max(0.0, deadline - loop.time())
+            _, late = await asyncio.wait(set(self._handlers), timeout=remaining_s)
             for task in late:
                 task.cancel()  # each answers `unavailable` before it ends
             if late:
                 log.warning("%d calls did not finish within the grace period", len(late))
                 await asyncio.wait(late, timeout=self.settings.publish_timeout_s)
-        with contextlib.suppress(TransportError, TimeoutError):
-            await conn.publish(self._status("offline"), timeout_s=self.settings.publish_timeout_s)
 
     # -- one message -----------------------------------------------------
 
