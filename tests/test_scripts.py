@@ -21,41 +21,30 @@ def repo_copy(tmp_path: Path) -> Path:
     return tmp_path
 
 
-async def test_local_broker_script_starts_and_stops(repo_copy: Path) -> None:
-    from tests.mqtt import Caller
-
-    port = free_port()
-    script = str(repo_copy / "scripts" / "local-broker")
-    started = subprocess.run(
-        [script, "start", str(port)],
-        cwd=repo_copy,
+def run_script(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(repo / "scripts" / "local-broker"), *args],
+        cwd=repo,
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
     )
+
+
+async def test_local_broker_script_starts_and_stops(repo_copy: Path) -> None:
+    from tests.mqtt import Caller
+
+    port = str(free_port())
+    started = run_script(repo_copy, "start", port)
     assert started.returncode == 0, started.stderr
     try:
-        again = subprocess.run(
-            [script, "start", str(port)],
-            cwd=repo_copy,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        again = run_script(repo_copy, "start", port)
         assert again.returncode == 0 and "already listens" in again.stdout
         async with Caller(f"mqtt://127.0.0.1:{port}") as caller:
             await caller.subscribe("probe/x")
             await caller.publish("probe/x", b"hello")
             assert (await caller.next_message()).payload == b"hello"
     finally:
-        stopped = subprocess.run(
-            [script, "stop", str(port)],
-            cwd=repo_copy,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        stopped = run_script(repo_copy, "stop", port)
     assert "stopped" in stopped.stdout
