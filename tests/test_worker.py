@@ -7,6 +7,7 @@ import json
 import logging
 import random
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -433,3 +434,35 @@ async def test_requests_already_received_are_answered_at_stop(
     replies = [json.loads((await caller.next_message()).payload) for _ in range(5)]
     assert sorted(r["id"] for r in replies) == [f"q{n}" for n in range(5)]
     assert all(r["ok"] for r in replies)
+
+
+async def test_worker_reconnects_after_the_broker_restarts(tmp_path: Path) -> None:
+    own = Broker(tmp_path)  # a broker of this test's own: it gets killed
+    own.start()
+    try:
+        settings = make_settings(own, reconnect_max_delay_s=1.0)
+        async with running_worker(settings) as worker:
+            status_topic = f"{worker.topics.prefix}/status/workers/+"
+            async with Caller(own.url) as caller:
+                reply, _ = await caller.call(
+                    call_topic(worker, "echo"),
+                    {"arguments": {"text": "1"}},
+                    reply_topic=reply_topic(worker),
+                )
+                assert reply["ok"]
+            own.stop()
+            own.start()  # same port, empty broker: no sessions, no retained messages
+            async with Caller(own.url) as caller:
+                await caller.subscribe(status_topic)
+                async with asyncio.timeout(30):
+                    while json.loads((await caller.messages.get()).payload)["state"] != "online":
+                        pass
+                await worker.subscribed.wait()
+                reply, _ = await caller.call(
+                    call_topic(worker, "echo"),
+                    {"arguments": {"text": "2"}},
+                    reply_topic=reply_topic(worker),
+                )
+                assert reply["ok"] and reply["result"]["structured"]["text"] == "2"
+    finally:
+        own.stop()
