@@ -152,11 +152,21 @@ def test_rejected_keeps_the_body_id() -> None:
     ],
 )
 def test_reply_topics_outside_the_prefix_are_forbidden(reply_topic: str) -> None:
+    _assert_forbidden(reply_topic, TOPICS)
+
+
+@pytest.mark.parametrize("reply_topic", ["tb/call", "tb/call/echo", "tb/tools"])
+def test_replies_never_go_to_request_topics_even_if_allowed(reply_topic: str) -> None:
+    _assert_forbidden(reply_topic, Topics("tb", "grp", ("tb/",)))
+
+
+def _assert_forbidden(reply_topic: str, topics: Topics) -> None:
     for message in (
         inbound({"tool": "echo"}, response_topic=reply_topic),
         inbound({"tool": "echo", "reply_to": reply_topic}),
     ):
-        rejected = refused(message)
+        rejected = decode(message, topics, LIMIT)
+        assert isinstance(rejected, Rejected)
         assert rejected.error.code is ErrorCode.FORBIDDEN
         assert rejected.reply is None  # never answered there
 

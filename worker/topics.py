@@ -60,4 +60,7 @@ class Topics:
             return False
         if "+" in topic or "#" in topic or "\x00" in topic or topic.startswith("$"):
             return False
+        # Whatever the prefixes allow, a reply must never become a request.
+        if self.tool_from_topic(topic) is not None or self.is_tools_request(topic):
+            return False
         return any(topic.startswith(prefix) for prefix in self.reply_prefixes)
