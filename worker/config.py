@@ -8,6 +8,7 @@ that MCP clients such as Claude Desktop use, so their config files load as they 
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +102,63 @@ class McpServerConfig(BaseModel):
         return "stdio" if self.command is not None else "http"
 
 
+# Control characters other than tab, newline and carriage return have no business in
+# tool arguments and are a classic injection vector for downstream shells and logs.
+DEFAULT_FORBIDDEN_PATTERN = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
+
+CoercionName = Literal[
+    "wrap_array",
+    "parse_json",
+    "string_to_integer",
+    "string_to_number",
+    "string_to_boolean",
+    "enum_case",
+    "default",
+    "all",
+]
+
+
+class GuardSettings(BaseModel):
+    """Input guards; `[guards]` globally, `[tools.NAME.guards]` per tool (unset: inherited)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_string_length: int | None = Field(default=None, ge=1)
+    max_array_length: int | None = Field(default=None, ge=0)
+    max_depth: int | None = Field(default=None, ge=1)
+    max_argument_bytes: int | None = Field(default=None, ge=2)
+    forbidden_pattern: str | None = None
+
+    @field_validator("forbidden_pattern")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value:
+            re.compile(value)
+        return value
+
+
+DEFAULT_GUARDS = GuardSettings(
+    max_string_length=2000,
+    max_array_length=100,
+    max_depth=16,
+    max_argument_bytes=64 * 1024,
+    forbidden_pattern=DEFAULT_FORBIDDEN_PATTERN,
+)
+
+
+class ParameterSettings(BaseModel):
+    """One parameter of one tool, under `[tools.NAME.parameters."dotted.path"]`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_string_length: int | None = Field(default=None, ge=1)
+    max_array_length: int | None = Field(default=None, ge=0)
+    forbidden_pattern: str | None = None
+    path: bool = Field(default=False, description="A file path: refuse `..` and foreign roots.")
+    allowed_roots: list[str] = Field(default_factory=list)
+    lenient: bool = Field(default=False, description="Drop array items that fail their schema.")
+
+
 class ToolSettings(BaseModel):
     """Per-tool overrides, under `[tools.NAME]`."""
 
@@ -108,6 +166,18 @@ class ToolSettings(BaseModel):
 
     timeout_s: float | None = Field(default=None, gt=0)
     rename_arguments: bool | None = None
+    skip_coercions: list[CoercionName] = Field(default_factory=list)
+    model_invocable: bool = True
+    guards: GuardSettings = Field(default_factory=GuardSettings)
+    parameters: dict[str, ParameterSettings] = Field(default_factory=dict)
+
+
+class CallerProfile(BaseModel):
+    """`[callers.NAME]`: the tools a caller may use, by any name that resolves."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tools: list[str]
 
 
 class Settings(BaseSettings):
@@ -148,6 +218,14 @@ class Settings(BaseSettings):
         default_factory=lambda: {k: dict(v) for k, v in DEFAULT_ARGUMENT_MAPS.items()},
         description="Per-tool static renames of argument keys, applied before any heuristic.",
     )
+    aliases: dict[str, str] = Field(
+        default_factory=dict, description="Alternative tool names (case-insensitive) -> tool."
+    )
+    guards: GuardSettings = Field(default_factory=lambda: DEFAULT_GUARDS)
+    callers: dict[str, CallerProfile] = Field(
+        default_factory=dict,
+        description="Per-caller tool sets; `*` applies to callers without a profile of their own.",
+    )
     mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict, alias="mcpServers")
 
     @field_validator("broker_url")
@@ -164,6 +242,12 @@ class Settings(BaseSettings):
                 "topic_prefix must be a plain topic without wildcards or leading / or $"
             )
         return value.rstrip("/")
+
+    @field_validator("guards")
+    @classmethod
+    def _complete_guards(cls, value: GuardSettings) -> GuardSettings:
+        # A partial [guards] table keeps the defaults for what it does not set.
+        return DEFAULT_GUARDS.model_copy(update=value.model_dump(exclude_none=True))
 
     @property
     def broker(self) -> BrokerUrl:

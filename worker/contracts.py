@@ -113,6 +113,11 @@ class ToolDefinition(_Wire):
     description: str = ""
     input_schema: dict[str, JsonValue] = Field(alias="inputSchema")
     origin: str = Field(description="`local` or `mcp:{server}`.")
+    original_name: str | None = Field(
+        default=None,
+        alias="originalName",
+        description="The name the MCP server announced, when it had to be sanitized.",
+    )
 
 
 class ToolList(_Wire):

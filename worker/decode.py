@@ -45,6 +45,7 @@ class Call:
     caller: str | None = None
     timeout_s: float | None = None
     list_tools: bool = False
+    topic_path: bool = False  # the tool came from the topic (and may be `caller/tool`)
     user_properties: tuple[tuple[str, str], ...] = field(default=())
 
 
@@ -147,14 +148,25 @@ def _request(body: dict[str, Any]) -> Request:
 
 
 def _call(message: Inbound, topics: Topics, request: Request, reply: ReplyAddress | None) -> Call:
+    caller = request.caller
+    from_topic: str | None = None
     if topics.is_tools_request(message.topic):
         tool = ""
         list_tools = True
+        topic_caller = topics.caller_from_tools_topic(message.topic)
+        if topic_caller and caller and topic_caller != caller:
+            raise BadRequest("the topic and the body name different callers")
+        caller = topic_caller or caller
     else:
         from_topic = topics.tool_from_topic(message.topic)
         if from_topic is None:
             raise BadRequest(f"not a request topic: {message.topic}")
-        if from_topic and request.tool and request.tool != from_topic:
+        if (
+            from_topic
+            and request.tool
+            and from_topic != request.tool
+            and not from_topic.endswith("/" + request.tool)
+        ):
             raise BadRequest("the topic and the body name different tools")
         tool = from_topic or request.tool or ""
         if not tool:
@@ -168,9 +180,10 @@ def _call(message: Inbound, topics: Topics, request: Request, reply: ReplyAddres
         arguments=dict(request.arguments),
         topic=message.topic,
         reply=reply,
-        caller=request.caller,
+        caller=caller,
         timeout_s=request.timeout_s,
         list_tools=list_tools,
+        topic_path=bool(from_topic),
         user_properties=message.user_properties,
     )
 

@@ -1,4 +1,4 @@
-"""Execute: resolve, normalize, validate and run one call under its deadline.
+"""Execute: resolve, check access, guard, normalize, validate and run one call.
 
 This is the one place that classifies outcomes: whatever happens, `execute()`
 returns an `Outcome` and logs exactly one line for it.
@@ -13,12 +13,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry import trace
+
+from worker.access import Access
 from worker.config import ToolSettings
 from worker.contracts import NormalizationEntry, ToolList, ToolResult
 from worker.decode import Call
-from worker.errors import CallTimeout, InternalError, ToolbusError
+from worker.errors import (
+    BadRequest,
+    CallTimeout,
+    Forbidden,
+    InternalError,
+    ToolbusError,
+    UnknownTool,
+)
+from worker.guards import Guards
 from worker.normalize import Normalizer
-from worker.registry import Registry, Tool
+from worker.registry import Registry, Resolved, Tool
+from worker.telemetry import default_tracer, record_normalization
 from worker.validate import check_arguments
 
 log = logging.getLogger("toolbus.execute")
@@ -44,18 +56,30 @@ class Executor:
         self,
         registry: Registry,
         normalizer: Normalizer,
+        guards: Guards,
+        access: Access,
         *,
         default_timeout_s: float,
         max_timeout_s: float,
         slow_call_ms: float,
         tool_settings: Mapping[str, ToolSettings],
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self.registry = registry
-        self._normalizer = normalizer
+        self.normalizer = normalizer
+        self._guards = guards
+        self.access = access
         self._default_timeout_s = default_timeout_s
         self._max_timeout_s = max_timeout_s
         self._slow_call_ms = slow_call_ms
         self._tool_settings = tool_settings
+        self._tracer = tracer or default_tracer()
+        self.access.refresh(registry)
+
+    def registry_changed(self) -> None:
+        """Per-tool tables follow the registry (MCP servers come, go and change tools)."""
+        self._guards.clear()
+        self.access.refresh(self.registry)
 
     def deadline_s(self, call: Call, tool: Tool) -> float:
         """Request beats tool config beats the tool's own default beats the global default."""
@@ -68,28 +92,61 @@ class Executor:
         )
         return min(chosen, self._max_timeout_s)
 
+    def list_tools(self, caller: str | None) -> Outcome:
+        tools = ToolList(tools=self.registry.definitions(lambda t: self.access.allows(caller, t)))
+        text = ", ".join(t.name for t in tools.tools)
+        return Outcome(result=ToolResult(text=text, structured=tools.model_dump(by_alias=True)))
+
     async def execute(self, call: Call) -> Outcome:
         if call.list_tools:
-            tools = ToolList(tools=self.registry.definitions())
-            text = ", ".join(t.name for t in tools.tools)
-            return Outcome(result=ToolResult(text=text, structured=tools.model_dump(by_alias=True)))
+            return self.list_tools(call.caller)
         outcome = Outcome()
         arguments: dict[str, Any] = call.arguments
         started = time.perf_counter()
-        try:
-            tool = self.registry.get(call.tool)
-            outcome.tool = tool.name
-            arguments, outcome.normalized = self._normalizer.arguments(tool, call.arguments)
-            check_arguments(tool.name, tool.validator, tool.input_schema, arguments)
-            outcome.result = await self._run(tool, arguments, self.deadline_s(call, tool))
-        except ToolbusError as error:
-            outcome.error = error
-        except Exception as exc:
-            log.exception("internal error in call %s to %s", call.id, call.tool)
-            outcome.error = InternalError(f"internal error: {type(exc).__name__}")
+        with self._tracer.start_as_current_span(f"execute_tool {call.tool}") as span:
+            try:
+                resolved, caller = self._resolve(call)
+                tool = resolved.tool
+                outcome.tool = resolved.name
+                span.update_name(f"execute_tool {resolved.name}")
+                outcome.normalized.extend(resolved.report)
+                self._check_access(caller, resolved)
+                self._guards.check_envelope(tool, arguments)
+                arguments, renamed = self.normalizer.arguments(tool, arguments)
+                outcome.normalized.extend(renamed)
+                arguments, dropped = self._guards.check_values(tool, arguments)
+                outcome.normalized.extend(dropped)
+                check_arguments(tool.name, tool.validator, tool.input_schema, arguments)
+                outcome.result = await self._run(tool, arguments, self.deadline_s(call, tool))
+            except ToolbusError as error:
+                outcome.error = error
+                span.set_status(trace.StatusCode.ERROR, error.code.value)
+                span.set_attribute("error.type", error.code.value)
+            except Exception as exc:
+                log.exception("internal error in call %s to %s", call.id, call.tool)
+                outcome.error = InternalError(f"internal error: {type(exc).__name__}")
+                span.set_status(trace.StatusCode.ERROR, "internal")
+                span.set_attribute("error.type", "internal")
+            record_normalization(span, outcome.normalized)
         outcome.duration_ms = (time.perf_counter() - started) * 1000
         self._log(call, arguments, outcome)
         return outcome
+
+    def _check_access(self, caller: str | None, resolved: Resolved) -> None:
+        if not self.access.allows(caller, resolved.tool):
+            raise Forbidden(f"caller {caller!r} may not use {resolved.name}", caller=caller)
+
+    def _resolve(self, call: Call) -> tuple[Resolved, str | None]:
+        """The tool and the caller; `{prefix}/call/{caller}/{tool}` names both."""
+        try:
+            return self.registry.resolve(call.tool), call.caller
+        except UnknownTool:
+            if not call.topic_path or "/" not in call.tool:
+                raise
+        topic_caller, _, name = call.tool.partition("/")
+        if call.caller and call.caller != topic_caller:
+            raise BadRequest("the topic and the body name different callers")
+        return self.registry.resolve(name), topic_caller
 
     @staticmethod
     async def _run(tool: Tool, arguments: dict[str, Any], deadline_s: float) -> ToolResult:

@@ -1,23 +1,51 @@
-"""Normalize: rewrite argument keys to the spelling the tool's schema declares.
+"""Normalize: argument keys to the schema's spelling, values to the shapes it asks for.
 
-Seed rules, in order, for tools that allow renaming (MCP tools by default):
-1. `static_map`: the configured per-tool map (`argument_maps.{tool}`) wins;
-2. `snake_to_camel`: a key the schema does not declare whose camelCase form it does;
-3. anything else passes unchanged, for validation to judge.
-Values are never touched. Two keys landing on one property are refused.
+For every key, at every depth the schema describes, in order:
+1. the exact property name: kept;
+2. `static_map`: the configured per-tool map (dotted paths for nested keys);
+3. a spelling-insensitive match (case, `_`, `-`, `.`, spaces ignored) against the
+   properties at that level, reported as `snake_to_camel`, `camel_to_snake` or `spelling`;
+4. `snake_to_camel` for an undeclared key where the object accepts additional
+   properties and its declared names are camelCase;
+5. otherwise kept, for validation to judge.
+Steps 3-4 run only for tools that allow renaming (MCP tools by default). Then each value
+is shaped as its schema asks (`wrap_array`, `parse_json`, `string_to_integer`,
+`string_to_number`, `string_to_boolean`, `enum_case`), nothing lossy, and missing
+optional properties with a non-null `default` are filled (`default`).
+Values are never renamed. Two keys landing on one property are refused.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
-from collections.abc import Mapping
-from typing import Any
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from worker.contracts import NormalizationEntry
 from worker.errors import InvalidArguments
 from worker.registry import Tool
+from worker.shapes import ANY, Shape, json_type, spelling_key
 
 log = logging.getLogger("toolbus.normalize")
+
+Coercion = Literal[
+    "wrap_array",
+    "parse_json",
+    "string_to_integer",
+    "string_to_number",
+    "string_to_boolean",
+    "enum_case",
+    "default",
+]
+ALL_COERCIONS: frozenset[str] = frozenset(Coercion.__args__)  # type: ignore[attr-defined]
+_INTEGER = re.compile(r"-?\d+")
+_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][+-]?\d+)?")
+MAX_REPORTED_VALUE_CHARS = 80
 
 
 def snake_to_camel(key: str) -> str:
@@ -25,51 +53,212 @@ def snake_to_camel(key: str) -> str:
     return head + "".join(part[:1].upper() + part[1:] for part in rest if part)
 
 
+def camel_to_snake(key: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key).lower()
+
+
+@dataclass
+class StaticMap:
+    """One level of a tool's static map; `children` by the canonical property name."""
+
+    renames: dict[str, str] = field(default_factory=dict)
+    children: dict[str, StaticMap] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not self.renames and not self.children
+
+    @classmethod
+    def from_config(cls, mapping: Mapping[str, str]) -> StaticMap:
+        root = cls()
+        for dotted, target in mapping.items():
+            *parents, key = dotted.split(".")
+            level = root
+            for parent in parents:
+                level = level.children.setdefault(parent, cls())
+            level.renames[key] = target
+        return root
+
+
+EMPTY_MAP = StaticMap()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRules:
+    """How one tool's arguments are normalized (from config; built once)."""
+
+    static: StaticMap = field(default_factory=StaticMap)
+    rename: bool | None = None  # None: the tool's own default
+    coercions: frozenset[str] = ALL_COERCIONS
+
+
 class Normalizer:
-    def __init__(self, argument_maps: Mapping[str, Mapping[str, str]]) -> None:
-        self._maps = {tool: dict(mapping) for tool, mapping in argument_maps.items()}
+    def __init__(self, rules: Mapping[str, ToolRules] | None = None) -> None:
+        self._rules = dict(rules or {})
+
+    @classmethod
+    def from_config(
+        cls,
+        argument_maps: Mapping[str, Mapping[str, str]],
+        rename: Mapping[str, bool | None] | None = None,
+        skip_coercions: Mapping[str, Iterable[str]] | None = None,
+    ) -> Normalizer:
+        names = set(argument_maps) | set(rename or {}) | set(skip_coercions or {})
+        rules = {}
+        for name in names:
+            skipped = set((skip_coercions or {}).get(name, ()))
+            rules[name] = ToolRules(
+                static=StaticMap.from_config(argument_maps.get(name, {})),
+                rename=(rename or {}).get(name),
+                coercions=frozenset() if "all" in skipped else ALL_COERCIONS - skipped,
+            )
+        return cls(rules)
+
+    def rules(self, tool: Tool) -> ToolRules:
+        return self._rules.get(tool.name) or self._rules.get(tool.qualified_name) or ToolRules()
 
     def arguments(
         self, tool: Tool, arguments: dict[str, Any]
     ) -> tuple[dict[str, Any], list[NormalizationEntry]]:
-        if not tool.rename_arguments or not arguments:
-            return arguments, []
-        static = self._maps.get(tool.name, {})
-        out: dict[str, Any] = {}
-        sources: dict[str, str] = {}
-        entries: list[NormalizationEntry] = []
-        for key, value in arguments.items():
-            target, rule = self._target(tool, static, key)
-            if target in sources:
-                raise InvalidArguments(
-                    f"arguments {sources[target]!r} and {key!r} both mean {target!r}",
-                    conflict=[sources[target], key],
-                    property=target,
-                )
-            sources[target] = key
-            out[target] = value
-            if rule is not None:
-                entries.append(
-                    NormalizationEntry(
-                        path=f"arguments.{key}", **{"from": key}, to=target, rule=rule
-                    )
-                )
-        if entries:
+        rules = self.rules(tool)
+        rename = tool.rename_arguments if rules.rename is None else rules.rename
+        walk = _Walk(rename, rules.coercions)
+        out = walk.object(arguments, tool.shape, rules.static, "arguments")
+        if walk.report:
+            renames = [e for e in walk.report if e.from_ != e.to and "." not in e.rule]
             log.info(
                 "normalized %s: {%s} -> {%s}",
                 tool.name,
-                ", ".join(f"{e.from_}: ..." for e in entries),
-                ", ".join(f"{e.to}: ..." for e in entries),
+                ", ".join(f"{e.path.removeprefix('arguments.')}: ..." for e in renames),
+                ", ".join(f"{e.to}: ... ({e.rule})" for e in renames),
             )
-        return out, entries
+        return out, walk.report
 
-    @staticmethod
-    def _target(tool: Tool, static: dict[str, str], key: str) -> tuple[str, str | None]:
-        if key in static:
-            return static[key], "static_map"
-        if key in tool.properties or "_" not in key:
+
+class _Walk:
+    __slots__ = ("coercions", "rename", "report")
+
+    def __init__(self, rename: bool, coercions: frozenset[str]) -> None:
+        self.rename = rename
+        self.coercions = coercions
+        self.report: list[NormalizationEntry] = []
+
+    def note(self, path: str, from_: str, to: str, rule: str) -> None:
+        self.report.append(NormalizationEntry(path=path, **{"from": from_}, to=to, rule=rule))
+
+    def value(self, value: Any, shape: Shape, static: StaticMap, path: str) -> Any:
+        if shape is not ANY:
+            value = self.coerce(value, shape, path)
+        if isinstance(value, dict) and (shape.properties or not static.empty):
+            return self.object(value, shape, static, path)
+        if isinstance(value, list) and (shape.items is not None or not static.empty):
+            items = shape.items or ANY
+            return [self.value(v, items, static, f"{path}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    def object(
+        self, value: dict[str, Any], shape: Shape, static: StaticMap, path: str
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for key, item in value.items():
+            target, rule = self.key(key, shape, static)
+            if target in sources:
+                raise InvalidArguments(
+                    f"arguments {sources[target]!r} and {key!r} at {path} both mean {target!r}",
+                    conflict=[sources[target], key],
+                    property=target,
+                    path=path,
+                )
+            sources[target] = key
+            if rule is not None:
+                self.note(f"{path}.{key}", key, target, rule)
+            child = shape.properties.get(target, ANY)
+            out[target] = self.value(
+                item, child, static.children.get(target, EMPTY_MAP), f"{path}.{target}"
+            )
+        if "default" in self.coercions:
+            for name, default in shape.defaults.items():
+                if name not in out:
+                    out[name] = copy.deepcopy(default)
+                    self.note(f"{path}.{name}", "(absent)", _show(default), "default")
+        return out
+
+    def key(  # noqa: PLR0911  (one return per rule, in the documented order)
+        self, key: str, shape: Shape, static: StaticMap
+    ) -> tuple[str, str | None]:
+        if key in shape.properties:
             return key, None
-        camel = snake_to_camel(key)
-        if camel in tool.properties:
-            return camel, "snake_to_camel"
+        if key in static.renames:
+            return static.renames[key], "static_map"
+        if not self.rename:
+            return key, None
+        target = shape.spellings.get(spelling_key(key))
+        if target is not None:
+            if snake_to_camel(key) == target:
+                return target, "snake_to_camel"
+            if camel_to_snake(key) == target:
+                return target, "camel_to_snake"
+            return target, "spelling"
+        if shape.additional and shape.camel_case and "_" in key.strip("_"):
+            camel = snake_to_camel(key)
+            if camel != key and camel not in shape.properties:
+                return camel, "snake_to_camel"
         return key, None
+
+    def coerce(self, value: Any, shape: Shape, path: str) -> Any:
+        kind = json_type(value)
+        if kind == "string" and not shape.accepts("string"):
+            value = self._from_string(value, shape, path)
+            kind = json_type(value)
+        wrap = "wrap_array" in self.coercions and "array" in shape.types
+        if wrap and kind != "array" and not shape.accepts(kind):
+            self.note(path, kind, "array", "wrap_array")
+            return [value]
+        if shape.enum is not None and isinstance(value, str) and value not in shape.enum:
+            declared = shape.enum_folded.get(value.casefold())
+            if declared is not None and "enum_case" in self.coercions:
+                self.note(path, _show(value), _show(declared), "enum_case")
+                return declared
+        return value
+
+    def _from_string(self, text: str, shape: Shape, path: str) -> Any:
+        c = self.coercions
+        structured = "object" in shape.types or "array" in shape.types
+        if structured and "parse_json" in c and text.lstrip()[:1] in ("{", "["):
+            try:
+                parsed = json.loads(text, parse_constant=_no_constant)
+            except (ValueError, RecursionError):
+                parsed = None
+            if parsed is not None and shape.accepts(json_type(parsed)):
+                self.note(path, "string", json_type(parsed), "parse_json")
+                return parsed
+        if "integer" in shape.types and "string_to_integer" in c and _INTEGER.fullmatch(text):
+            self.note(path, "string", "integer", "string_to_integer")
+            return int(text)
+        if "number" in shape.types and "string_to_number" in c and _NUMBER.fullmatch(text):
+            number = float(text)
+            if math.isfinite(number):
+                self.note(path, "string", "number", "string_to_number")
+                return int(text) if _INTEGER.fullmatch(text) else number
+        if (
+            "boolean" in shape.types
+            and "string_to_boolean" in c
+            and text.lower() in ("true", "false")
+        ):
+            self.note(path, "string", "boolean", "string_to_boolean")
+            return text.lower() == "true"
+        return text
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return (
+        text
+        if len(text) <= MAX_REPORTED_VALUE_CHARS
+        else text[: MAX_REPORTED_VALUE_CHARS - 1] + "…"
+    )

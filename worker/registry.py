@@ -1,17 +1,29 @@
-"""Registry: every tool the worker can run, local or MCP, by canonical name."""
+"""Registry: every tool by canonical name, and how any spelling of a name finds it.
+
+A name resolves, in order: the exact canonical name; a server-qualified name
+(`server.tool`, `server__tool`, `server/tool`); the alias table (case-insensitive);
+a spelling-insensitive match (case, `_`, `-`, `.`, spaces ignored). Two candidates
+are never guessed between: the call gets `unknown_tool` listing them.
+
+When two MCP servers expose one name, the bare name belongs to the server listed
+first in the configuration and the other stays reachable by its qualified name.
+"""
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from jsonschema.protocols import Validator
 
-from worker.contracts import ToolDefinition, ToolResult
+from worker.contracts import NormalizationEntry, ToolDefinition, ToolResult
 from worker.errors import UnknownTool
+from worker.shapes import ANY, Shape, build_shape, spelling_key
 from worker.validate import compile_validator
 
 log = logging.getLogger("toolbus.registry")
@@ -19,6 +31,19 @@ log = logging.getLogger("toolbus.registry")
 Invoke = Callable[[dict[str, Any]], Awaitable[ToolResult]]
 
 LOCAL = "local"
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_\-./]{1,64}")
+_QUALIFIER = re.compile(r"^(?P<server>[^./]+?)(?:\.|__|/)(?P<tool>.+)$")
+
+
+def sanitize_name(name: str) -> str:
+    """A name within the allowed characters and length (stable for the same input)."""
+    if NAME_PATTERN.fullmatch(name):
+        return name
+    clean = re.sub(r"[^A-Za-z0-9_\-./]", "_", name).strip("_") or "tool"
+    if len(clean) > 64 or clean != name:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+        clean = f"{clean[:55]}_{digest}"
+    return clean
 
 
 @dataclass(slots=True)
@@ -26,7 +51,8 @@ class Tool:
     """A tool as the pipeline sees it, whatever backend serves it.
 
     `invoke` is the backend's bound entry point; `rename_arguments` says whether
-    argument keys may be rewritten to the schema's spelling (MCP tools yes, local no).
+    argument keys may be respelled to the schema's (MCP tools yes, local no, by default).
+    `shape` and `validator` are built here, once, never per call.
     """
 
     name: str
@@ -34,71 +60,185 @@ class Tool:
     input_schema: dict[str, Any]
     invoke: Invoke
     origin: str = LOCAL
+    server: str | None = None
+    original_name: str | None = None  # as the server announced it, when sanitized
+    rank: int = 0  # configuration order of the server: lower wins a bare-name collision
     rename_arguments: bool = False
     timeout_s: float | None = None
+    model_invocable: bool = True
     validator: Validator | None = field(default=None, repr=False)
-    properties: frozenset[str] = frozenset()
+    shape: Shape = field(default=ANY, repr=False)
 
     def __post_init__(self) -> None:
-        # Precomputed once: calls only look things up.
         self.validator = compile_validator(self.name, self.input_schema)
-        props = self.input_schema.get("properties")
-        self.properties = frozenset(props) if isinstance(props, dict) else frozenset()
+        self.shape = build_shape(self.input_schema)
 
     @property
-    def accepts_additional(self) -> bool:
-        return self.input_schema.get("additionalProperties", True) is not False
+    def qualified_name(self) -> str:
+        return f"{self.server}.{self.name}" if self.server else self.name
 
-    def definition(self) -> ToolDefinition:
+    def definition(self, shown_name: str) -> ToolDefinition:
         return ToolDefinition(
-            name=self.name,
+            name=shown_name,
             description=self.description,
             input_schema=self.input_schema,
             origin=self.origin,
+            original_name=self.original_name,
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    tool: Tool
+    name: str  # the canonical name executed: bare when it owns it, else qualified
+    report: tuple[NormalizationEntry, ...] = ()
+
+
 class Registry:
-    def __init__(self) -> None:
-        self._tools: dict[str, Tool] = {}
+    def __init__(self, aliases: Mapping[str, str] | None = None) -> None:
+        self._tools: dict[str, Tool] = {}  # qualified name -> tool
+        self._bare: dict[str, str] = {}  # bare name -> qualified name of its owner
+        self._aliases = {k.casefold(): v for k, v in (aliases or {}).items()}
+        self._spellings: dict[str, set[str]] = {}
+        self.listeners: list[Callable[[], None]] = []
+
+    # -- changes ------------------------------------------------------------
 
     def register(self, tool: Tool) -> None:
-        previous = self._tools.get(tool.name)
-        if previous is not None:
-            log.warning(
-                "tool %s registered twice (%s, then %s): the later one wins",
-                tool.name,
-                previous.origin,
-                tool.origin,
-            )
-        self._tools[tool.name] = tool
+        self._put(tool)
+        self._changed()
 
     def register_all(self, tools: Iterable[Tool]) -> None:
         for tool in tools:
-            self.register(tool)
+            self._put(tool)
+        self._changed()
+
+    def _put(self, tool: Tool) -> None:
+        key = tool.qualified_name
+        owner_key = self._bare.get(tool.name)
+        owner = self._tools.get(owner_key) if owner_key else None
+        self._tools[key] = tool
+        if owner is None or owner_key == key:
+            if owner is not None and owner.origin != tool.origin:
+                log.warning(
+                    "tool %s registered twice (%s, then %s): the later one wins",
+                    tool.name,
+                    owner.origin,
+                    tool.origin,
+                )
+            self._bare[tool.name] = key
+        elif owner.server and tool.server and owner.server != tool.server:
+            first, second = sorted((owner, tool), key=lambda t: t.rank)
+            self._bare[tool.name] = first.qualified_name
+            log.warning(
+                "MCP servers %s and %s both expose %s: the bare name goes to %s (listed first); "
+                "use %s or %s",
+                first.server,
+                second.server,
+                tool.name,
+                first.server,
+                first.qualified_name,
+                second.qualified_name,
+            )
+        else:
+            log.warning(
+                "tool %s registered twice (%s, then %s): the later one wins",
+                tool.name,
+                owner.origin,
+                tool.origin,
+            )
+            if owner_key != key:
+                del self._tools[owner_key]  # type: ignore[arg-type]
+            self._bare[tool.name] = key
 
     def unregister_origin(self, origin: str) -> list[str]:
-        gone = [name for name, tool in self._tools.items() if tool.origin == origin]
-        for name in gone:
-            del self._tools[name]
+        gone = [key for key, tool in self._tools.items() if tool.origin == origin]
+        for key in gone:
+            del self._tools[key]
+        self._bare = {name: key for name, key in self._bare.items() if key in self._tools}
+        for key, tool in sorted(self._tools.items(), key=lambda kv: kv[1].rank):
+            self._bare.setdefault(tool.name, key)  # a shadowed tool gets its bare name back
+        self._changed()
         return gone
 
-    def get(self, name: str) -> Tool:
-        tool = self._tools.get(name)
-        if tool is None:
-            candidates = difflib.get_close_matches(name, list(self._tools), n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(candidates)}?" if candidates else ""
-            raise UnknownTool(f"no tool named {name!r}{hint}", candidates=candidates)
-        return tool
+    def _changed(self) -> None:
+        self._spellings = {}
+        for name in self.names():
+            self._spellings.setdefault(spelling_key(name), set()).add(name)
+        for listener in self.listeners:
+            listener()
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._tools
+    # -- lookups --------------------------------------------------------------
+
+    def shown_name(self, tool: Tool) -> str:
+        return (
+            tool.name if self._bare.get(tool.name) == tool.qualified_name else tool.qualified_name
+        )
+
+    def names(self) -> list[str]:
+        """Every canonical name: bare names, and qualified ones for shadowed tools."""
+        return sorted(self.shown_name(tool) for tool in self._tools.values())
+
+    def tools(self) -> list[Tool]:
+        return [self._tools[key] for key in sorted(self._tools)]
 
     def __len__(self) -> int:
         return len(self._tools)
 
-    def names(self) -> list[str]:
-        return sorted(self._tools)
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._exact(name) is not None
 
-    def definitions(self) -> list[ToolDefinition]:
-        return [self._tools[name].definition() for name in self.names()]
+    def definitions(self, allowed: Callable[[Tool], bool] | None = None) -> list[ToolDefinition]:
+        return [
+            tool.definition(self.shown_name(tool))
+            for tool in sorted(self._tools.values(), key=self.shown_name)
+            if tool.model_invocable and (allowed is None or allowed(tool))
+        ]
+
+    def alias_targets(self) -> dict[str, str]:
+        return dict(self._aliases)
+
+    def _exact(self, name: str) -> Tool | None:
+        key = self._bare.get(name)
+        if key is not None:
+            return self._tools[key]
+        match = _QUALIFIER.match(name)
+        if match is not None:
+            return self._tools.get(f"{match['server']}.{match['tool']}")
+        return None
+
+    def get(self, name: str) -> Tool:
+        return self.resolve(name).tool
+
+    def resolve(self, name: str) -> Resolved:
+        tool = self._exact(name)
+        if tool is not None:
+            return Resolved(tool, self.shown_name(tool))
+        alias = self._aliases.get(name.casefold())
+        if alias is not None:
+            tool = self._exact(alias)
+            if tool is not None:
+                shown = self.shown_name(tool)
+                return Resolved(tool, shown, (_entry(name, shown, "alias"),))
+        candidates = sorted(self._spellings.get(spelling_key(name), ()))
+        if len(candidates) == 1:
+            tool = self._exact(candidates[0])
+            assert tool is not None
+            return Resolved(tool, candidates[0], (_entry(name, candidates[0], "tool_spelling"),))
+        if len(candidates) > 1:
+            raise UnknownTool(
+                f"{name!r} could mean {', '.join(candidates)}: use one of them",
+                candidates=candidates,
+                ambiguous=True,
+            )
+        close = difflib.get_close_matches(name, self.names(), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise UnknownTool(f"no tool named {name!r}{hint}", candidates=close)
+
+    def unknown_aliases(self) -> dict[str, str]:
+        """Alias entries whose target resolves to no tool (reported at start-up)."""
+        return {a: t for a, t in self._aliases.items() if self._exact(t) is None}
+
+
+def _entry(from_: str, to: str, rule: str) -> NormalizationEntry:
+    return NormalizationEntry(path="tool", **{"from": from_}, to=to, rule=rule)

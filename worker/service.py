@@ -15,8 +15,10 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
+from typing import Any
 
+from worker.access import Access
 from worker.backends.local import LocalTool
 from worker.backends.mcp import McpBackend, ServerState
 from worker.config import Settings
@@ -25,6 +27,7 @@ from worker.decode import Call, Rejected, decode
 from worker.encode import dead_letter, outbound_reply, reply_for_call, reply_for_rejected
 from worker.errors import Unavailable
 from worker.execute import Executor, Outcome
+from worker.guards import Guards
 from worker.normalize import Normalizer
 from worker.registry import Registry
 from worker.topics import Topics
@@ -37,16 +40,35 @@ RECONNECT_FIRST_DELAY_S = 0.5
 
 
 def build_registry(local_tools: Iterable[LocalTool], settings: Settings) -> Registry:
-    registry = Registry()
+    registry = Registry(settings.aliases)
     for local in local_tools:
         override = settings.tools.get(local.name)
         registry.register(
             local.to_tool(
                 rename_arguments=bool(override and override.rename_arguments),
                 timeout_s=override.timeout_s if override else None,
+                model_invocable=override.model_invocable if override else True,
             )
         )
     return registry
+
+
+def build_executor(settings: Settings, registry: Registry) -> Executor:
+    """The pipeline a worker runs, from the settings (tests and `toolbus mappings` use it too)."""
+    return Executor(
+        registry,
+        Normalizer.from_config(
+            settings.argument_maps,
+            rename={name: t.rename_arguments for name, t in settings.tools.items()},
+            skip_coercions={name: t.skip_coercions for name, t in settings.tools.items()},
+        ),
+        Guards(settings.guards, settings.tools),
+        Access(settings.callers),
+        default_timeout_s=settings.default_timeout_s,
+        max_timeout_s=settings.max_timeout_s,
+        slow_call_ms=settings.slow_call_ms,
+        tool_settings=settings.tools,
+    )
 
 
 class Worker:
@@ -58,14 +80,8 @@ class Worker:
             settings.topic_prefix, settings.shared_group, settings.allowed_reply_prefixes
         )
         self.registry = registry
-        self.executor = Executor(
-            registry,
-            Normalizer(settings.argument_maps),
-            default_timeout_s=settings.default_timeout_s,
-            max_timeout_s=settings.max_timeout_s,
-            slow_call_ms=settings.slow_call_ms,
-            tool_settings=settings.tools,
-        )
+        self.executor = build_executor(settings, registry)
+        registry.listeners.append(self._registry_changed)
         self.mcp = McpBackend(settings.mcp_servers, registry, settings.tools, self._on_server_state)
         self.subscribed = asyncio.Event()
         self.draining = asyncio.Event()  # set once stopping has begun
@@ -92,6 +108,7 @@ class Worker:
             ", ".join(self.mcp.servers) or "none",
         )
         async with self.mcp:
+            self._background_task(self._report_configuration(), "report-configuration")
             await self._serve(stop)
         log.info("worker %s stopped after %d messages", self.worker_id, self.handled)
 
@@ -286,6 +303,23 @@ class Worker:
                 self.settings.publish_timeout_s,
             )
 
+    # -- registry and configuration -----------------------------------------
+
+    def _registry_changed(self) -> None:
+        self.executor.registry_changed()
+
+    async def _report_configuration(self) -> None:
+        """Once every MCP server has settled, report names in the config that lead nowhere."""
+        await self.mcp.wait_settled()
+        for alias, target in self.registry.unknown_aliases().items():
+            log.warning("alias %s points at %s, which is no tool", alias, target)
+        self.executor.access.report_unknown()
+
+    def _background_task(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     # -- status ----------------------------------------------------------
 
     def _status(self, state: str) -> Outbound:
@@ -303,6 +337,4 @@ class Worker:
     def _on_server_state(self, name: str, state: ServerState) -> None:
         log.info("MCP server %s is %s", name, state)
         if self._connected.is_set() and not self._stopping:
-            task = asyncio.create_task(self._publish(self._status("online")), name=f"status:{name}")
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._background_task(self._publish(self._status("online")), f"status:{name}")

@@ -2,7 +2,9 @@
 
 {prefix}/call              request; tool named in the body
 {prefix}/call/{tool}       request; tool named by the topic
+{prefix}/call/{caller}/{tool}   request from a named caller (when no tool has that name)
 {prefix}/tools             list tool definitions (answered like a call)
+{prefix}/tools/{caller}    list the tool definitions that caller may use
 {prefix}/dead              dead letters: requests that could not be answered
 {prefix}/status/workers/{worker_id}   retained worker status, last will `offline`
 """
@@ -37,7 +39,7 @@ class Topics:
 
     def subscriptions(self) -> tuple[str, ...]:
         # `call/#` also matches `call` itself (MQTT 3.1.1 §4.7.1.2).
-        filters = (f"{self.call}/#", self.tools)
+        filters = (f"{self.call}/#", f"{self.tools}/#")
         if not self.shared_group:
             return filters
         return tuple(f"$share/{self.shared_group}/{f}" for f in filters)
@@ -52,7 +54,12 @@ class Topics:
         return None
 
     def is_tools_request(self, topic: str) -> bool:
-        return topic == self.tools
+        return topic == self.tools or topic.startswith(self.tools + "/")
+
+    def caller_from_tools_topic(self, topic: str) -> str | None:
+        if topic == self.tools:
+            return None
+        return topic[len(self.tools) + 1 :] or None
 
     def reply_allowed(self, topic: str) -> bool:
         """May a reply go here? Refuses wildcards, `$` topics and foreign prefixes."""

@@ -44,7 +44,13 @@ class LocalTool:
     async def __call__(self, **arguments: Any) -> Any:
         return await self.fn(**arguments)
 
-    def to_tool(self, *, rename_arguments: bool = False, timeout_s: float | None = None) -> Tool:
+    def to_tool(
+        self,
+        *,
+        rename_arguments: bool = False,
+        timeout_s: float | None = None,
+        model_invocable: bool = True,
+    ) -> Tool:
         async def invoke(arguments: dict[str, Any]) -> ToolResult:
             try:
                 value = await self.fn(**arguments)
@@ -65,6 +71,7 @@ class LocalTool:
             origin=LOCAL,
             rename_arguments=rename_arguments,
             timeout_s=timeout_s if timeout_s is not None else self.timeout_s,
+            model_invocable=model_invocable,
         )
 
 

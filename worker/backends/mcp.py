@@ -29,7 +29,7 @@ from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, PaginatedRequestParams
 from worker.config import McpServerConfig, ToolSettings
 from worker.contracts import ContentItem, ToolResult
 from worker.errors import CallTimeout, ToolFailed, Unavailable
-from worker.registry import Registry, Tool
+from worker.registry import Registry, Tool, sanitize_name
 
 log = logging.getLogger("toolbus.mcp")
 
@@ -43,8 +43,11 @@ STOP_DEADLINE_S = 5.0
 class McpServer:
     """One MCP server and its session, owned by the task running `serve()`."""
 
-    def __init__(self, name: str, config: McpServerConfig, on_state: StateListener) -> None:
+    def __init__(
+        self, name: str, config: McpServerConfig, on_state: StateListener, rank: int = 0
+    ) -> None:
         self.name = name
+        self.rank = rank  # configuration order: the first listed owns a shared bare name
         self.origin = f"mcp:{name}"
         self.config = config
         self.state: ServerState = "connecting"
@@ -143,19 +146,28 @@ class McpServer:
 
     def _tool(self, listed: Any, tool_settings: Mapping[str, ToolSettings]) -> Tool:
         remote_name: str = listed.name
-        override = tool_settings.get(remote_name)
+        name = sanitize_name(remote_name)
+        if name != remote_name:
+            log.warning(
+                "MCP server %s announced tool %r: registered as %s", self.name, remote_name, name
+            )
+        override = tool_settings.get(f"{self.name}.{name}") or tool_settings.get(name)
 
         async def invoke(arguments: dict[str, Any]) -> ToolResult:
             return await self.call(remote_name, arguments)
 
         return Tool(
-            name=remote_name,
+            name=name,
             description=listed.description or "",
             input_schema=dict(listed.input_schema or {"type": "object"}),
             invoke=invoke,
             origin=self.origin,
+            server=self.name,
+            original_name=remote_name if name != remote_name else None,
+            rank=self.rank,
             rename_arguments=override.rename_arguments is not False if override else True,
             timeout_s=override.timeout_s if override else None,
+            model_invocable=override.model_invocable if override else True,
         )
 
     async def call(self, remote_name: str, arguments: dict[str, Any]) -> ToolResult:
@@ -260,8 +272,8 @@ class McpBackend:
         on_state: StateListener,
     ) -> None:
         self.servers = {
-            name: McpServer(name, cfg, on_state)
-            for name, cfg in configs.items()
+            name: McpServer(name, cfg, on_state, rank)
+            for rank, (name, cfg) in enumerate(configs.items())
             if not cfg.disabled
         }
         self._registry = registry

@@ -1,0 +1,55 @@
+"""Access: which tools each caller may see and call.
+
+`[callers.NAME] tools = [...]` lists a caller's tools by any name the registry
+resolves (aliases, other spellings). A profile named `*` applies to callers without
+their own; with no matching profile (or none configured) a caller may use every tool.
+Names are resolved whenever the registry changes; names that resolve to nothing are
+reported, never guessed at call time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from worker.config import CallerProfile
+from worker.errors import UnknownTool
+from worker.registry import Registry, Tool
+
+log = logging.getLogger("toolbus.access")
+
+DEFAULT_PROFILE = "*"
+
+
+class Access:
+    def __init__(self, profiles: Mapping[str, CallerProfile]) -> None:
+        self._profiles = dict(profiles)
+        self._allowed: dict[str, frozenset[str]] = {}
+        self.unknown: dict[str, list[str]] = {}
+
+    def refresh(self, registry: Registry) -> None:
+        allowed: dict[str, frozenset[str]] = {}
+        unknown: dict[str, list[str]] = {}
+        for caller, profile in self._profiles.items():
+            names = set()
+            for name in profile.tools:
+                try:
+                    names.add(registry.resolve(name).tool.qualified_name)
+                except UnknownTool:
+                    unknown.setdefault(caller, []).append(name)
+            allowed[caller] = frozenset(names)
+        self._allowed, self.unknown = allowed, unknown
+
+    def report_unknown(self) -> None:
+        for caller, names in self.unknown.items():
+            log.warning(
+                "caller profile %s lists tools that do not exist: %s", caller, ", ".join(names)
+            )
+
+    def allows(self, caller: str | None, tool: Tool) -> bool:
+        if not self._allowed:
+            return True
+        allowed = self._allowed.get(caller or "") if caller else None
+        if allowed is None:
+            allowed = self._allowed.get(DEFAULT_PROFILE)
+        return allowed is None or tool.qualified_name in allowed

@@ -1,0 +1,272 @@
+"""Guards: input limits checked around normalization, before schema validation.
+
+Before normalization (cheap, on whatever arrived): total argument size and nesting
+depth. After it, walking the arguments with the tool's shapes: string length, a
+forbidden-character pattern, path traversal for parameters marked as paths, array
+length, and lenient arrays whose invalid items are dropped and reported. Limits come
+from `[guards]`, `[tools.NAME.guards]` and `[tools.NAME.parameters."dotted.path"]`,
+the most specific winning. Every violation is collected; a refusal is
+`invalid_arguments` with `details.violations`.
+"""
+
+from __future__ import annotations
+
+import json
+import ntpath
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from jsonschema.protocols import Validator
+
+from worker.config import GuardSettings, ParameterSettings, ToolSettings
+from worker.contracts import NormalizationEntry
+from worker.errors import InvalidArguments
+from worker.registry import Tool
+from worker.shapes import ANY, Shape
+
+MAX_VIOLATIONS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_string_length: int
+    max_array_length: int
+    max_depth: int
+    max_argument_bytes: int
+    forbidden: re.Pattern[str] | None
+
+    def narrowed(self, override: GuardSettings | ParameterSettings) -> Limits:
+        pattern = override.forbidden_pattern
+        return Limits(
+            max_string_length=override.max_string_length or self.max_string_length,
+            max_array_length=(
+                self.max_array_length
+                if override.max_array_length is None
+                else override.max_array_length
+            ),
+            max_depth=getattr(override, "max_depth", None) or self.max_depth,
+            max_argument_bytes=getattr(override, "max_argument_bytes", None)
+            or self.max_argument_bytes,
+            forbidden=re.compile(pattern) if pattern else self.forbidden,
+        )
+
+
+@dataclass
+class _Param:
+    settings: ParameterSettings | None = None
+    limits: Limits | None = None
+    children: dict[str, _Param] = field(default_factory=dict)
+
+
+@dataclass
+class _ToolGuards:
+    limits: Limits
+    params: _Param
+    item_validators: dict[int, Validator] = field(default_factory=dict)
+
+
+class Guards:
+    def __init__(self, global_settings: GuardSettings, tools: Mapping[str, ToolSettings]) -> None:
+        self._global = Limits(
+            max_string_length=global_settings.max_string_length or 2000,
+            max_array_length=100
+            if global_settings.max_array_length is None
+            else global_settings.max_array_length,
+            max_depth=global_settings.max_depth or 16,
+            max_argument_bytes=global_settings.max_argument_bytes or 64 * 1024,
+            forbidden=re.compile(global_settings.forbidden_pattern)
+            if global_settings.forbidden_pattern
+            else None,
+        )
+        self._tool_settings = tools
+        self._cache: dict[int, tuple[Tool, _ToolGuards]] = {}
+
+    def clear(self) -> None:
+        """The registry changed: rebuild per-tool tables on next use."""
+        self._cache.clear()
+
+    def _for(self, tool: Tool) -> _ToolGuards:
+        cached = self._cache.get(id(tool))
+        if cached is not None and cached[0] is tool:
+            return cached[1]
+        config = self._tool_settings.get(tool.name) or self._tool_settings.get(tool.qualified_name)
+        limits = self._global.narrowed(config.guards) if config else self._global
+        root = _Param(limits=limits)
+        for dotted, settings in (config.parameters if config else {}).items():
+            node = root
+            for part in dotted.split("."):
+                node = node.children.setdefault(part, _Param())
+            node.settings = settings
+        built = _ToolGuards(limits, root)
+        self._cache[id(tool)] = (tool, built)
+        return built
+
+    def check_envelope(self, tool: Tool, arguments: dict[str, Any]) -> None:
+        """Size and depth of what arrived, before any work is spent on it."""
+        limits = self._for(tool).limits
+        size = len(json.dumps(arguments, ensure_ascii=False).encode())
+        violations = []
+        if size > limits.max_argument_bytes:
+            violations.append(
+                {
+                    "path": "arguments",
+                    "rule": "max_argument_bytes",
+                    "limit": limits.max_argument_bytes,
+                    "actual": size,
+                }
+            )
+        depth = _depth(arguments)
+        if depth > limits.max_depth:
+            violations.append(
+                {
+                    "path": "arguments",
+                    "rule": "max_depth",
+                    "limit": limits.max_depth,
+                    "actual": depth,
+                }
+            )
+        _refuse(tool, violations)
+
+    def check_values(
+        self, tool: Tool, arguments: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[NormalizationEntry]]:
+        guards = self._for(tool)
+        walk = _Walk(guards, tool)
+        checked = walk.value(arguments, tool.shape, guards.params, guards.limits, "arguments")
+        _refuse(tool, walk.violations)
+        return checked, walk.report
+
+
+class _Walk:
+    def __init__(self, guards: _ToolGuards, tool: Tool) -> None:
+        self.guards = guards
+        self.tool = tool
+        self.violations: list[dict[str, Any]] = []
+        self.report: list[NormalizationEntry] = []
+
+    def refuse(self, path: str, rule: str, **facts: Any) -> None:
+        self.violations.append({"path": path, "rule": rule, **facts})
+
+    def value(
+        self, value: Any, shape: Shape, param: _Param | None, limits: Limits, path: str
+    ) -> Any:
+        settings = param.settings if param else None
+        if settings is not None:
+            limits = limits.narrowed(settings)
+        if isinstance(value, str):
+            self.string(value, settings, limits, path)
+        elif isinstance(value, list):
+            value = self.array(value, shape, param, settings, limits, path)
+        elif isinstance(value, dict):
+            children = param.children if param else {}
+            value = {
+                k: self.value(
+                    v, shape.properties.get(k, ANY), children.get(k), limits, f"{path}.{k}"
+                )
+                for k, v in value.items()
+            }
+        return value
+
+    def string(
+        self, text: str, settings: ParameterSettings | None, limits: Limits, path: str
+    ) -> None:
+        if len(text) > limits.max_string_length:
+            self.refuse(path, "max_string_length", limit=limits.max_string_length, actual=len(text))
+        if limits.forbidden is not None:
+            found = limits.forbidden.search(text)
+            if found is not None:
+                self.refuse(
+                    path,
+                    "forbidden_characters",
+                    position=found.start(),
+                    pattern=limits.forbidden.pattern,
+                )
+        if settings is not None and settings.path:
+            self.file_path(text, settings, path)
+
+    def file_path(self, text: str, settings: ParameterSettings, path: str) -> None:
+        segments = re.split(r"[\\/]+", text)
+        if ".." in segments:
+            self.refuse(path, "path_traversal")
+            return
+        if posixpath.isabs(text) or ntpath.isabs(text) or re.match(r"^[A-Za-z]:", text):
+            roots = [posixpath.normpath(r) for r in settings.allowed_roots]
+            normal = posixpath.normpath(text.replace("\\", "/"))
+            if not any(normal == r or normal.startswith(r.rstrip("/") + "/") for r in roots):
+                self.refuse(path, "path_outside_roots", allowed_roots=settings.allowed_roots)
+
+    def array(  # noqa: PLR0917  (the walk's state, passed down as the other methods do)
+        self,
+        items: list[Any],
+        shape: Shape,
+        param: _Param | None,
+        settings: ParameterSettings | None,
+        limits: Limits,
+        path: str,
+    ) -> list[Any]:
+        if len(items) > limits.max_array_length:
+            self.refuse(path, "max_array_length", limit=limits.max_array_length, actual=len(items))
+        if settings is not None and settings.lenient and shape.item_schema is not None:
+            items = self.lenient(items, shape, path)
+        item_shape = shape.items or ANY
+        return [
+            self.value(item, item_shape, param, limits, f"{path}[{i}]")
+            for i, item in enumerate(items)
+        ]
+
+    def lenient(self, items: list[Any], shape: Shape, path: str) -> list[Any]:
+        validator = self._item_validator(shape)
+        if validator is None:
+            return items
+        kept = []
+        for i, item in enumerate(items):
+            error = next(iter(validator.iter_errors(item)), None)
+            if error is None:
+                kept.append(item)
+            else:
+                self.report.append(
+                    # The keyword, not the message: messages quote the (maybe personal) value.
+                    NormalizationEntry(
+                        path=f"{path}[{i}]",
+                        **{"from": f"invalid ({error.validator})"},
+                        to="(dropped)",
+                        rule="lenient_drop",
+                    )
+                )
+        return kept
+
+    def _item_validator(self, shape: Shape) -> Validator | None:
+        cache = self.guards.item_validators
+        if id(shape) not in cache:
+            root = self.tool.validator
+            if root is None or shape.item_schema is None:
+                return None
+            # evolve keeps the root's resolver: $refs in the item schema still resolve.
+            cache[id(shape)] = root.evolve(schema=shape.item_schema)
+        return cache[id(shape)]
+
+
+def _depth(value: Any) -> int:
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in node)
+    return deepest
+
+
+def _refuse(tool: Tool, violations: list[dict[str, Any]]) -> None:
+    if violations:
+        raise InvalidArguments(
+            f"arguments for {tool.name} break {len(violations)} input guard(s): "
+            + "; ".join(f"{v['path']}: {v['rule']}" for v in violations[:3]),
+            violations=violations[:MAX_VIOLATIONS],
+        )
