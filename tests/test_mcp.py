@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest_asyncio
 
 from tests.conftest import DEMO_SERVER, Broker, free_port, make_settings, running_worker
+from tests.logwait import watching
 from tests.mqtt import Caller
 from worker.service import Worker
 
@@ -104,28 +104,9 @@ def demo_server_pids(mark: str) -> list[int]:
     return pids
 
 
-class LineSeen(logging.Handler):
-    """Sets an event when a log record containing `text` arrives."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-        self.seen = asyncio.Event()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-        if self.text in record.getMessage():
-            self.seen.set()
-
-
 async def test_server_stderr_reaches_the_log(broker: Broker, caller: Caller) -> None:
-    server_log = logging.getLogger("toolbus.mcp.logged")
-    handler = LineSeen("control_zwave_device received")
-    server_log.addHandler(handler)
-    server_log.setLevel(logging.INFO)
-    try:
-        settings = make_settings(broker, mcpServers={"logged": DEMO_SERVER})
+    settings = make_settings(broker, mcpServers={"logged": DEMO_SERVER})
+    with watching("toolbus.mcp.logged", "control_zwave_device received") as server_log:
         async with running_worker(settings) as worker:
             reply, _ = await caller.call(
                 f"{worker.topics.call}/control_zwave_device",
@@ -134,14 +115,9 @@ async def test_server_stderr_reaches_the_log(broker: Broker, caller: Caller) -> 
             )
             assert reply["ok"]
             async with asyncio.timeout(10):
-                await handler.seen.wait()
-            assert any(
-                "control_zwave_device received" in line
-                for line in worker.mcp.servers["logged"].stderr_tail
-            )
-    finally:
-        server_log.removeHandler(handler)
-        server_log.setLevel(logging.NOTSET)
+                await server_log.seen.wait()
+            tail = worker.mcp.servers["logged"].stderr_tail
+            assert any("control_zwave_device received" in line for line in tail)
 
 
 async def test_killed_stdio_server_gives_unavailable_not_a_hang(
