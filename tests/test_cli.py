@@ -241,3 +241,18 @@ async def test_serve_bundled_config_and_sigterm_with_calls_in_flight(
     assert all(r["ok"] and r["result"]["text"] == "done" for r in replies)
     async with asyncio.timeout(30):
         assert await served.proc.wait() == 0
+
+
+async def test_mappings_with_the_bundled_config() -> None:
+    code, out, err = await run_cli(
+        "mappings",
+        "ControlZwaveDevice",
+        "--config",
+        str(ROOT / "config" / "toolbus.toml"),
+        env=cli_env("unused"),
+    )
+    assert code == 0, err
+    assert out.startswith("## control_zwave_device")
+    assert "`device_name` (static map)" in out and "(enum_case)" in out
+    code, _, _ = await run_cli("mappings", "no_such_tool", env=cli_env("unused"))
+    assert code == 1

@@ -567,3 +567,20 @@ def test_hidden_tools_appear_in_no_list() -> None:
     registry = registry_with(hidden, mcp_tool())
     assert [d.name for d in registry.definitions()] == ["control_zwave_device"]
     assert registry.resolve("reboot").tool is hidden  # still callable by automation
+
+
+def test_mappings_document_the_analysis_example() -> None:
+    from worker.mappings import render
+
+    registry = registry_with(
+        mcp_tool("analyze_code", ANALYSIS_SCHEMA), aliases={"analyze": "analyze_code"}
+    )
+    text = render(registry, build_executor(ANALYSIS_SETTINGS, registry).normalizer, "Analyze")
+    assert text.startswith("## analyze_code")
+    assert "`analyze` (alias)" in text
+    assert (
+        "| `analysisContext.stuckPoints` | array | `stuckPoints`, `stuck_description` (static map)"
+        in text
+    )
+    assert "| `analysisContext.partialFindings[].confidence` | number |" in text
+    assert "(wrap_array)" in text

@@ -1,4 +1,4 @@
-"""Command line: toolbus serve | call | tools | schemas | bench | demo-server.
+"""Command line: toolbus serve | call | tools | mappings | schemas | bench | demo-server.
 
 This is the entry point: the only place that reads the environment and files.
 Exit codes of `call`/`tools`: 0 ok, 1 the tool or worker answered with an error,
@@ -56,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--check", action="store_true")
     schemas.add_argument("--dir", type=Path, default=SCHEMAS_DIR)
 
+    mappings = sub.add_parser("mappings", help="print every accepted spelling per tool (Markdown)")
+    mappings.add_argument("tool", nargs="?", help="one tool (any name that resolves)")
+    mappings.add_argument("--config", type=Path, help="config file (TOML or JSON)")
+    mappings.add_argument("--mcp-config", type=Path, help="MCP client config file with mcpServers")
+
     bench = sub.add_parser("bench", help="measure round trips against a same-run baseline")
     bench.add_argument("--requests", type=int, default=200)
     bench.add_argument("--concurrency", type=int, default=64)
@@ -74,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         "schemas": _schemas,
         "demo-server": _demo_server,
         "bench": _bench,
+        "mappings": _mappings,
     }
     try:
         code: int = handlers[args.command](args)
@@ -211,6 +217,36 @@ def _schemas(args: argparse.Namespace) -> int:
         )
         return EXIT_ERROR
     print(f"schemas in {args.dir} match the code")
+    return EXIT_OK
+
+
+def _mappings(args: argparse.Namespace) -> int:
+    """Starts the configured MCP servers (no broker needed) and prints what they accept."""
+    from worker.backends.local import load_entry_points
+    from worker.backends.mcp import McpBackend
+    from worker.errors import UnknownTool
+    from worker.logs import setup_logging
+    from worker.mappings import render
+    from worker.service import build_executor, build_registry
+    from worker.tools import BUILTIN_TOOLS
+
+    settings = _settings(args)
+    setup_logging("WARNING", settings.log_format)
+    registry = build_registry([*BUILTIN_TOOLS, *load_entry_points()], settings)
+    executor = build_executor(settings, registry)
+
+    async def discover() -> None:
+        backend = McpBackend(settings.mcp_servers, registry, settings.tools, lambda *_: None)
+        budget_s = max((c.connect_timeout_s for c in settings.mcp_servers.values()), default=0) + 5
+        async with backend, asyncio.timeout(budget_s):
+            await backend.wait_settled()
+
+    asyncio.run(discover())
+    try:
+        print(render(registry, executor.normalizer, args.tool))
+    except UnknownTool as exc:
+        print(f"toolbus: {exc.message}", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK
 
 
