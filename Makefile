@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 BROKER_PORT ?= 1883
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: compose-check bench run test lint typecheck schemas check broker stop-broker clean mosquitto-binary
+.PHONY: bench-normalize compose-check bench run test lint typecheck schemas check broker stop-broker clean mosquitto-binary
 
 $(STAMP): pyproject.toml
 	@scripts/ensure-python $(PYTHON)
@@ -52,3 +52,6 @@ clean:
 
 bench: $(STAMP) mosquitto-binary
 	$(BIN)/toolbus bench
+
+bench-normalize: $(STAMP)
+	$(BIN)/python bench/normalize.py

@@ -46,6 +46,7 @@ class Call:
     timeout_s: float | None = None
     list_tools: bool = False
     topic_path: bool = False  # the tool came from the topic (and may be `caller/tool`)
+    payload_bytes: int = 0  # size of the message that carried the call
     user_properties: tuple[tuple[str, str], ...] = field(default=())
 
 
@@ -184,6 +185,7 @@ def _call(message: Inbound, topics: Topics, request: Request, reply: ReplyAddres
         timeout_s=request.timeout_s,
         list_tools=list_tools,
         topic_path=bool(from_topic),
+        payload_bytes=len(message.payload),
         user_properties=message.user_properties,
     )
 

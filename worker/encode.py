@@ -7,6 +7,7 @@ import base64
 from worker.contracts import DeadLetter, ErrorBody, Reply
 from worker.decode import Call, Rejected, ReplyAddress
 from worker.execute import Outcome
+from worker.report import to_wire
 from worker.transport import Outbound
 
 
@@ -19,7 +20,7 @@ def reply_for_call(call: Call, outcome: Outcome) -> Reply:
         result=outcome.result if outcome.ok else None,
         error=outcome.error.body() if outcome.error is not None else None,
         duration_ms=round(outcome.duration_ms, 3),
-        normalized=outcome.normalized,
+        normalized=to_wire(outcome.normalized),
     )
 
 

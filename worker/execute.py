@@ -17,7 +17,7 @@ from opentelemetry import trace
 
 from worker.access import Access
 from worker.config import ToolSettings
-from worker.contracts import NormalizationEntry, ToolList, ToolResult
+from worker.contracts import ToolList, ToolResult
 from worker.decode import Call
 from worker.errors import (
     BadRequest,
@@ -30,6 +30,7 @@ from worker.errors import (
 from worker.guards import Guards
 from worker.normalize import Normalizer
 from worker.registry import Registry, Resolved, Tool
+from worker.report import Change
 from worker.telemetry import default_tracer, record_normalization
 from worker.validate import check_arguments
 
@@ -43,7 +44,7 @@ class Outcome:
     tool: str | None = None
     result: ToolResult | None = None
     error: ToolbusError | None = None
-    normalized: list[NormalizationEntry] = field(default_factory=list)
+    normalized: list[Change] = field(default_factory=list)
     duration_ms: float = 0.0
 
     @property
@@ -105,18 +106,8 @@ class Executor:
         started = time.perf_counter()
         with self._tracer.start_as_current_span(f"execute_tool {call.tool}") as span:
             try:
-                resolved, caller = self._resolve(call)
-                tool = resolved.tool
-                outcome.tool = resolved.name
-                span.update_name(f"execute_tool {resolved.name}")
-                outcome.normalized.extend(resolved.report)
-                self._check_access(caller, resolved)
-                self._guards.check_envelope(tool, arguments)
-                arguments, renamed = self.normalizer.arguments(tool, arguments)
-                outcome.normalized.extend(renamed)
-                arguments, dropped = self._guards.check_values(tool, arguments)
-                outcome.normalized.extend(dropped)
-                check_arguments(tool.name, tool.validator, tool.input_schema, arguments)
+                tool, arguments = self.prepare(call, outcome)
+                span.update_name(f"execute_tool {outcome.tool}")
                 outcome.result = await self._run(tool, arguments, self.deadline_s(call, tool))
             except ToolbusError as error:
                 outcome.error = error
@@ -131,6 +122,25 @@ class Executor:
         outcome.duration_ms = (time.perf_counter() - started) * 1000
         self._log(call, arguments, outcome)
         return outcome
+
+    def prepare(self, call: Call, outcome: Outcome) -> tuple[Tool, dict[str, Any]]:
+        """Everything before the tool runs: resolve, access, guards, normalize, validate.
+
+        Fills `outcome.tool` and `outcome.normalized` as it goes, so a refusal still
+        reports what was changed before it.
+        """
+        resolved, caller = self._resolve(call)
+        tool = resolved.tool
+        outcome.tool = resolved.name
+        outcome.normalized.extend(resolved.report)
+        self._check_access(caller, resolved)
+        self._guards.check_envelope(tool, call.arguments, call.payload_bytes)
+        arguments, renamed = self.normalizer.arguments(tool, call.arguments)
+        outcome.normalized.extend(renamed)
+        arguments, dropped = self._guards.check_values(tool, arguments)
+        outcome.normalized.extend(dropped)
+        check_arguments(tool.name, tool.validator, arguments)
+        return tool, arguments
 
     def _check_access(self, caller: str | None, resolved: Resolved) -> None:
         if not self.access.allows(caller, resolved.tool):

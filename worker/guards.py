@@ -22,9 +22,9 @@ from typing import Any
 from jsonschema.protocols import Validator
 
 from worker.config import GuardSettings, ParameterSettings, ToolSettings
-from worker.contracts import NormalizationEntry
 from worker.errors import InvalidArguments
 from worker.registry import Tool
+from worker.report import Change
 from worker.shapes import ANY, Shape
 
 MAX_VIOLATIONS = 20
@@ -104,10 +104,17 @@ class Guards:
         self._cache[id(tool)] = (tool, built)
         return built
 
-    def check_envelope(self, tool: Tool, arguments: dict[str, Any]) -> None:
-        """Size and depth of what arrived, before any work is spent on it."""
+    def check_envelope(self, tool: Tool, arguments: dict[str, Any], payload_bytes: int = 0) -> None:
+        """Size and depth of what arrived, before any work is spent on it.
+
+        The arguments are part of the message, so a message within the limit needs
+        no measuring of its own.
+        """
         limits = self._for(tool).limits
-        size = len(json.dumps(arguments, ensure_ascii=False).encode())
+        if 0 < payload_bytes <= limits.max_argument_bytes:
+            size = payload_bytes
+        else:
+            size = len(json.dumps(arguments, ensure_ascii=False).encode())
         violations = []
         if size > limits.max_argument_bytes:
             violations.append(
@@ -132,7 +139,7 @@ class Guards:
 
     def check_values(
         self, tool: Tool, arguments: dict[str, Any]
-    ) -> tuple[dict[str, Any], list[NormalizationEntry]]:
+    ) -> tuple[dict[str, Any], list[Change]]:
         guards = self._for(tool)
         walk = _Walk(guards, tool)
         checked = walk.value(arguments, tool.shape, guards.params, guards.limits, "arguments")
@@ -145,7 +152,7 @@ class _Walk:
         self.guards = guards
         self.tool = tool
         self.violations: list[dict[str, Any]] = []
-        self.report: list[NormalizationEntry] = []
+        self.report: list[Change] = []
 
     def refuse(self, path: str, rule: str, **facts: Any) -> None:
         self.violations.append({"path": path, "rule": rule, **facts})
@@ -229,11 +236,8 @@ class _Walk:
             else:
                 self.report.append(
                     # The keyword, not the message: messages quote the (maybe personal) value.
-                    NormalizationEntry(
-                        path=f"{path}[{i}]",
-                        **{"from": f"invalid ({error.validator})"},
-                        to="(dropped)",
-                        rule="lenient_drop",
+                    Change(
+                        f"{path}[{i}]", f"invalid ({error.validator})", "(dropped)", "lenient_drop"
                     )
                 )
         return kept
@@ -241,7 +245,7 @@ class _Walk:
     def _item_validator(self, shape: Shape) -> Validator | None:
         cache = self.guards.item_validators
         if id(shape) not in cache:
-            root = self.tool.validator
+            root = self.tool.validator.reference
             if root is None or shape.item_schema is None:
                 return None
             # evolve keeps the root's resolver: $refs in the item schema still resolve.

@@ -26,9 +26,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from worker.contracts import NormalizationEntry
 from worker.errors import InvalidArguments
 from worker.registry import Tool
+from worker.report import Change, describe
 from worker.shapes import ANY, Shape, json_type, spelling_key
 
 log = logging.getLogger("toolbus.normalize")
@@ -119,19 +119,13 @@ class Normalizer:
 
     def arguments(
         self, tool: Tool, arguments: dict[str, Any]
-    ) -> tuple[dict[str, Any], list[NormalizationEntry]]:
+    ) -> tuple[dict[str, Any], list[Change]]:
         rules = self.rules(tool)
         rename = tool.rename_arguments if rules.rename is None else rules.rename
         walk = _Walk(rename, rules.coercions)
         out = walk.object(arguments, tool.shape, rules.static, "arguments")
-        if walk.report:
-            renames = [e for e in walk.report if e.from_ != e.to and "." not in e.rule]
-            log.info(
-                "normalized %s: {%s} -> {%s}",
-                tool.name,
-                ", ".join(f"{e.path.removeprefix('arguments.')}: ..." for e in renames),
-                ", ".join(f"{e.to}: ... ({e.rule})" for e in renames),
-            )
+        if walk.report and log.isEnabledFor(logging.INFO):
+            log.info("normalized %s: %s", tool.name, describe(walk.report))
         return out, walk.report
 
 
@@ -141,10 +135,10 @@ class _Walk:
     def __init__(self, rename: bool, coercions: frozenset[str]) -> None:
         self.rename = rename
         self.coercions = coercions
-        self.report: list[NormalizationEntry] = []
+        self.report: list[Change] = []
 
     def note(self, path: str, from_: str, to: str, rule: str) -> None:
-        self.report.append(NormalizationEntry(path=path, **{"from": from_}, to=to, rule=rule))
+        self.report.append(Change(path, from_, to, rule))
 
     def value(self, value: Any, shape: Shape, static: StaticMap, path: str) -> Any:
         if shape is not ANY:

@@ -19,12 +19,11 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonschema.protocols import Validator
-
-from worker.contracts import NormalizationEntry, ToolDefinition, ToolResult
+from worker.contracts import ToolDefinition, ToolResult
 from worker.errors import UnknownTool
+from worker.report import Change
 from worker.shapes import ANY, Shape, build_shape, spelling_key
-from worker.validate import compile_validator
+from worker.validate import CompiledSchema
 
 log = logging.getLogger("toolbus.registry")
 
@@ -66,11 +65,11 @@ class Tool:
     rename_arguments: bool = False
     timeout_s: float | None = None
     model_invocable: bool = True
-    validator: Validator | None = field(default=None, repr=False)
+    validator: CompiledSchema = field(init=False, repr=False)
     shape: Shape = field(default=ANY, repr=False)
 
     def __post_init__(self) -> None:
-        self.validator = compile_validator(self.name, self.input_schema)
+        self.validator = CompiledSchema(self.name, self.input_schema)
         self.shape = build_shape(self.input_schema)
 
     @property
@@ -91,7 +90,7 @@ class Tool:
 class Resolved:
     tool: Tool
     name: str  # the canonical name executed: bare when it owns it, else qualified
-    report: tuple[NormalizationEntry, ...] = ()
+    report: tuple[Change, ...] = ()
 
 
 class Registry:
@@ -240,5 +239,5 @@ class Registry:
         return {a: t for a, t in self._aliases.items() if self._exact(t) is None}
 
 
-def _entry(from_: str, to: str, rule: str) -> NormalizationEntry:
-    return NormalizationEntry(path="tool", **{"from": from_}, to=to, rule=rule)
+def _entry(from_: str, to: str, rule: str) -> Change:
+    return Change("tool", from_, to, rule)

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from opentelemetry import trace
 
-from worker.contracts import NormalizationEntry
+from worker.report import Change
 
 TRACER_NAME = "toolbus"
 
@@ -19,7 +19,7 @@ def default_tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME)
 
 
-def record_normalization(span: trace.Span, entries: Iterable[NormalizationEntry]) -> None:
+def record_normalization(span: trace.Span, entries: Iterable[Change]) -> None:
     """One span event per report entry; values never appear, only keys, types and rules."""
     count = 0
     for entry in entries:

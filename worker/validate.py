@@ -1,10 +1,18 @@
-"""Validate: arguments against the tool's JSON schema, with validators compiled once."""
+"""Validate: arguments against the tool's JSON schema, compiled once per tool.
+
+Calls are checked with jsonschema-rs (compiled, ~100x faster than pure Python here);
+the `jsonschema` package checks the schema itself at registration, serves schemas
+jsonschema-rs cannot compile, and backs the lenient-array item checks. Draft 2020-12
+unless the schema's `$schema` says otherwise.
+"""
 
 from __future__ import annotations
 
 import logging
+from itertools import islice
 from typing import Any
 
+import jsonschema_rs
 from jsonschema import exceptions as jsonschema_exceptions
 from jsonschema import validators
 from jsonschema.protocols import Validator
@@ -16,12 +24,54 @@ log = logging.getLogger("toolbus.validate")
 MAX_REPORTED_ERRORS = 20
 
 
-def compile_validator(tool_name: str, schema: dict[str, Any]) -> Validator | None:
-    """The validator for a schema (Draft 2020-12 unless `$schema` says otherwise).
+class CompiledSchema:
+    """A tool's input schema, ready to check arguments; `None` parts mean not enforced."""
 
-    A schema that is itself invalid is reported once and not enforced: the tool's
-    own backend then remains the judge, as it would be without toolbus.
-    """
+    __slots__ = ("_fast", "reference", "schema")
+
+    def __init__(self, tool_name: str, schema: dict[str, Any]) -> None:
+        self.schema = schema
+        self.reference: Validator | None = _reference(tool_name, schema)
+        self._fast: Any = None
+        if self.reference is not None:
+            try:
+                self._fast = jsonschema_rs.validator_for(schema)
+            except Exception as exc:
+                log.info("tool %s: schema served by the reference validator (%s)", tool_name, exc)
+
+    @property
+    def enforced(self) -> bool:
+        return self.reference is not None
+
+    def problems(self, instance: Any) -> list[dict[str, Any]]:
+        """Every way the instance breaks the schema (at most 20), with paths; empty if valid."""
+        if self._fast is not None:
+            if self._fast.is_valid(instance):
+                return []
+            return [
+                {
+                    "path": _path(error.instance_path),
+                    "problem": error.message,
+                    "expected": _expected(self.schema, list(error.schema_path)),
+                }
+                for error in islice(self._fast.iter_errors(instance), MAX_REPORTED_ERRORS)
+            ]
+        if self.reference is None:
+            return []
+        errors = sorted(self.reference.iter_errors(instance), key=lambda e: list(e.absolute_path))
+        return [
+            {
+                "path": _path(error.absolute_path),
+                "problem": error.message,
+                "expected": {str(error.validator): error.validator_value},
+            }
+            for error in errors[:MAX_REPORTED_ERRORS]
+        ]
+
+
+def _reference(tool_name: str, schema: dict[str, Any]) -> Validator | None:
+    """A schema that is itself invalid is reported once and not enforced: the tool's own
+    backend then remains the judge, as it would be without toolbus."""
     cls = validators.validator_for(schema, default=validators.Draft202012Validator)
     try:
         cls.check_schema(schema)
@@ -33,27 +83,32 @@ def compile_validator(tool_name: str, schema: dict[str, Any]) -> Validator | Non
     return cls(schema)
 
 
-def check_arguments(
-    tool_name: str, validator: Validator | None, schema: dict[str, Any], arguments: dict[str, Any]
-) -> None:
-    if validator is None:
+def _path(parts: Any) -> str:
+    return "/".join(str(p) for p in parts) or "(root)"
+
+
+def _expected(schema: dict[str, Any], schema_path: list[Any]) -> dict[str, Any]:
+    """The keyword that failed and its value in the schema (e.g. `{"enum": [...]}`)."""
+    node: Any = schema
+    for part in schema_path:
+        if (isinstance(node, dict) and part in node) or (
+            isinstance(node, list) and isinstance(part, int) and part < len(node)
+        ):
+            node = node[part]
+        else:
+            return {str(schema_path[-1]) if schema_path else "schema": None}
+    return {str(schema_path[-1]) if schema_path else "schema": node}
+
+
+def check_arguments(tool_name: str, compiled: CompiledSchema, arguments: dict[str, Any]) -> None:
+    problems = compiled.problems(arguments)
+    if not problems:
         return
-    errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
-    if not errors:
-        return
-    problems: list[dict[str, Any]] = [
-        {
-            "path": "/".join(str(p) for p in error.absolute_path) or "(root)",
-            "problem": error.message,
-            "expected": {str(error.validator): error.validator_value},
-        }
-        for error in errors[:MAX_REPORTED_ERRORS]
-    ]
     raise InvalidArguments(
         f"arguments for {tool_name} do not match its schema: "
         + "; ".join(f"{p['path']}: {p['problem']}" for p in problems[:3]),
         errors=problems,
-        signature=signature(schema),
+        signature=signature(compiled.schema),
     )
 
 
