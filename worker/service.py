@@ -18,6 +18,8 @@ import uuid
 from collections.abc import Coroutine, Iterable
 from typing import Any
 
+from opentelemetry import trace
+
 from worker.access import Access
 from worker.backends.local import LocalTool
 from worker.backends.mcp import McpBackend, ServerState
@@ -53,7 +55,9 @@ def build_registry(local_tools: Iterable[LocalTool], settings: Settings) -> Regi
     return registry
 
 
-def build_executor(settings: Settings, registry: Registry) -> Executor:
+def build_executor(
+    settings: Settings, registry: Registry, tracer: trace.Tracer | None = None
+) -> Executor:
     """The pipeline a worker runs, from the settings (tests and `toolbus mappings` use it too)."""
     return Executor(
         registry,
@@ -68,6 +72,7 @@ def build_executor(settings: Settings, registry: Registry) -> Executor:
         max_timeout_s=settings.max_timeout_s,
         slow_call_ms=settings.slow_call_ms,
         tool_settings=settings.tools,
+        tracer=tracer,
     )
 
 
