@@ -106,7 +106,7 @@ class McpServerConfig(BaseModel):
 # tool arguments and are a classic injection vector for downstream shells and logs.
 DEFAULT_FORBIDDEN_PATTERN = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
 
-CoercionName = Literal[
+Coercion = Literal[
     "wrap_array",
     "parse_json",
     "string_to_integer",
@@ -114,8 +114,9 @@ CoercionName = Literal[
     "string_to_boolean",
     "enum_case",
     "default",
-    "all",
 ]
+ALL_COERCIONS: frozenset[str] = frozenset(Coercion.__args__)  # type: ignore[attr-defined]
+CoercionName = Coercion | Literal["all"]  # what `skip_coercions` accepts
 
 
 class GuardSettings(BaseModel):

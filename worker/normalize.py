@@ -24,8 +24,9 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from worker.config import ALL_COERCIONS
 from worker.errors import InvalidArguments
 from worker.registry import Tool
 from worker.report import Change, describe
@@ -33,16 +34,6 @@ from worker.shapes import ANY, Shape, json_type, spelling_key
 
 log = logging.getLogger("toolbus.normalize")
 
-Coercion = Literal[
-    "wrap_array",
-    "parse_json",
-    "string_to_integer",
-    "string_to_number",
-    "string_to_boolean",
-    "enum_case",
-    "default",
-]
-ALL_COERCIONS: frozenset[str] = frozenset(Coercion.__args__)  # type: ignore[attr-defined]
 _INTEGER = re.compile(r"-?\d+")
 _NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][+-]?\d+)?")
 MAX_REPORTED_VALUE_CHARS = 80
