@@ -127,6 +127,8 @@ def make_settings(broker: Broker, **overrides: Any) -> Settings:
         "broker_url": broker.url,
         "topic_prefix": unique_prefix(),
         "shutdown_grace_s": 5.0,
+        # Real attempts and real failures, without the production pauses between them.
+        "mcp": {"startup_base_delay_s": 0.05, "recovery_max_delay_s": 0.5},
     }
     values.update(overrides)
     return Settings.model_validate(values)

@@ -90,6 +90,9 @@ class McpServerConfig(BaseModel):
     type: Literal["stdio", "http", "streamable-http", "streamable_http"] | None = None
     disabled: bool = False
     connect_timeout_s: float = Field(default=20.0, gt=0)
+    max_in_flight: int | None = Field(
+        default=None, ge=1, description="Default: [mcp].max_in_flight."
+    )
 
     @model_validator(mode="after")
     def _one_transport(self) -> Self:
@@ -160,12 +163,31 @@ class ParameterSettings(BaseModel):
     lenient: bool = Field(default=False, description="Drop array items that fail their schema.")
 
 
+class McpPolicy(BaseModel):
+    """How MCP sessions are started, recovered and loaded, under `[mcp]` (all servers)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    startup_attempts: int = Field(default=3, ge=1)
+    startup_base_delay_s: float = Field(
+        default=2.0, ge=0, description="Delay before the 2nd attempt; it doubles after each."
+    )
+    recovery_max_delay_s: float = Field(
+        default=60.0, gt=0, description="Cap of the jittered backoff once start-up has failed."
+    )
+    health_interval_s: float = Field(
+        default=15.0, gt=0, description="How often an HTTP session is pinged to notice loss."
+    )
+    max_in_flight: int = Field(default=32, ge=1, description="Calls in flight per server.")
+
+
 class ToolSettings(BaseModel):
     """Per-tool overrides, under `[tools.NAME]`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     timeout_s: float | None = Field(default=None, gt=0)
+    max_in_flight: int | None = Field(default=None, ge=1, description="MCP tools: own limit.")
     rename_arguments: bool | None = None
     skip_coercions: list[CoercionName] = Field(default_factory=list)
     model_invocable: bool = True
@@ -227,6 +249,7 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="Per-caller tool sets; `*` applies to callers without a profile of their own.",
     )
+    mcp: McpPolicy = Field(default_factory=McpPolicy)
     mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict, alias="mcpServers")
 
     @field_validator("broker_url")

@@ -138,6 +138,17 @@ class DeadLetter(_Wire):
     truncated: bool = False
 
 
+class ServerStatus(_Wire):
+    """Retained on `{prefix}/status/servers/{name}` by each worker that serves it."""
+
+    server: str
+    state: Literal["connecting", "ready", "degraded", "down", "stopped"]
+    worker_id: str
+    last_error: str | None = None
+    tools: list[str] = Field(default_factory=list)
+    bad_stdout_lines: int = Field(default=0, description="Non-JSON lines the server printed.")
+
+
 class WorkerStatus(_Wire):
     """Retained on `{prefix}/status/workers/{worker_id}`; `offline` is the last will."""
 
@@ -152,6 +163,7 @@ WIRE_MODELS: dict[str, type[BaseModel]] = {
     "tool-list": ToolList,
     "dead-letter": DeadLetter,
     "worker-status": WorkerStatus,
+    "server-status": ServerStatus,
 }
 
 

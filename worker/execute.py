@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry import trace
 
@@ -25,6 +25,7 @@ from worker.errors import (
     Forbidden,
     InternalError,
     ToolbusError,
+    Unavailable,
     UnknownTool,
 )
 from worker.guards import Guards
@@ -37,6 +38,16 @@ from worker.validate import check_arguments
 log = logging.getLogger("toolbus.execute")
 
 LOGGED_ARGUMENTS_CHARS = 500
+
+
+class Startup(Protocol):
+    """Backends that may still be registering tools (the MCP servers at start-up)."""
+
+    def unsettled(self) -> list[str]: ...
+
+    def states(self) -> dict[str, str]: ...
+
+    async def wait_settled(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -75,6 +86,7 @@ class Executor:
         self._slow_call_ms = slow_call_ms
         self._tool_settings = tool_settings
         self._tracer = tracer or default_tracer()
+        self.startup: Startup | None = None  # MCP servers still starting, set by the worker
         self.access.refresh(registry)
 
     def registry_changed(self) -> None:
@@ -106,6 +118,7 @@ class Executor:
         started = time.perf_counter()
         with self._tracer.start_as_current_span(f"execute_tool {call.tool}") as span:
             try:
+                await self._await_startup(call)
                 tool, arguments = self.prepare(call, outcome)
                 span.update_name(f"execute_tool {outcome.tool}")
                 outcome.result = await self._run(tool, arguments, self.deadline_s(call, tool))
@@ -122,6 +135,36 @@ class Executor:
         outcome.duration_ms = (time.perf_counter() - started) * 1000
         self._log(call, arguments, outcome)
         return outcome
+
+    async def _await_startup(self, call: Call) -> None:
+        """A tool not known yet may belong to a server still starting: wait for it, within
+        the call's deadline, before calling the name unknown."""
+        startup = self.startup
+        if startup is None or not startup.unsettled():
+            return
+        try:
+            self._resolve(call)
+        except UnknownTool:
+            pending = startup.unsettled()
+        else:
+            return
+        deadline_s = min(call.timeout_s or self._default_timeout_s, self._max_timeout_s)
+        try:
+            async with asyncio.timeout(deadline_s):
+                await startup.wait_settled()
+        except TimeoutError:
+            raise Unavailable(
+                f"MCP servers still starting: {', '.join(pending)}", servers=pending
+            ) from None
+        try:
+            self._resolve(call)
+        except UnknownTool:
+            down = [name for name, state in startup.states().items() if state != "ready"]
+            if down:
+                raise Unavailable(
+                    f"{call.tool!r} is unknown; MCP servers unavailable: {', '.join(down)}",
+                    servers=down,
+                ) from None
 
     def prepare(self, call: Call, outcome: Outcome) -> tuple[Tool, dict[str, Any]]:
         """Everything before the tool runs: resolve, access, guards, normalize, validate.

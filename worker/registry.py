@@ -151,13 +151,31 @@ class Registry:
             self._bare[tool.name] = key
 
     def unregister_origin(self, origin: str) -> list[str]:
+        gone = self._drop_origin(origin)
+        self._changed()
+        return gone
+
+    def replace_origin(self, origin: str, tools: Iterable[Tool]) -> tuple[list[str], list[str]]:
+        """Swap every tool of one origin at once (a reconnect or `tools/list_changed`).
+
+        Calls in flight keep the `Tool` they resolved; new calls see the new set.
+        Returns the names added and removed.
+        """
+        before = {t.qualified_name for t in self._tools.values() if t.origin == origin}
+        self._drop_origin(origin)
+        for tool in tools:
+            self._put(tool)
+        self._changed()
+        after = {t.qualified_name for t in self._tools.values() if t.origin == origin}
+        return sorted(after - before), sorted(before - after)
+
+    def _drop_origin(self, origin: str) -> list[str]:
         gone = [key for key, tool in self._tools.items() if tool.origin == origin]
         for key in gone:
             del self._tools[key]
         self._bare = {name: key for name, key in self._bare.items() if key in self._tools}
         for key, tool in sorted(self._tools.items(), key=lambda kv: kv[1].rank):
             self._bare.setdefault(tool.name, key)  # a shadowed tool gets its bare name back
-        self._changed()
         return gone
 
     def _changed(self) -> None:

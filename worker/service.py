@@ -22,9 +22,9 @@ from opentelemetry import trace
 
 from worker.access import Access
 from worker.backends.local import LocalTool
-from worker.backends.mcp import McpBackend, ServerState
+from worker.backends.mcp import McpBackend, McpServer
 from worker.config import Settings
-from worker.contracts import ErrorBody, WorkerStatus
+from worker.contracts import ErrorBody, ServerStatus, WorkerStatus
 from worker.decode import Call, Rejected, decode
 from worker.encode import dead_letter, outbound_reply, reply_for_call, reply_for_rejected
 from worker.errors import Unavailable
@@ -87,7 +87,10 @@ class Worker:
         self.registry = registry
         self.executor = build_executor(settings, registry)
         registry.listeners.append(self._registry_changed)
-        self.mcp = McpBackend(settings.mcp_servers, registry, settings.tools, self._on_server_state)
+        self.mcp = McpBackend(
+            settings.mcp_servers, registry, settings.tools, self._on_server_state, settings.mcp
+        )
+        self.executor.startup = self.mcp
         self.subscribed = asyncio.Event()
         self.draining = asyncio.Event()  # set once stopping has begun
         self.in_flight = 0
@@ -339,7 +342,25 @@ class Worker:
             retain=True,
         )
 
-    def _on_server_state(self, name: str, state: ServerState) -> None:
-        log.info("MCP server %s is %s", name, state)
+    def _on_server_state(self, server: McpServer) -> None:
+        log.info("MCP server %s is %s", server.name, server.state)
         if self._connected.is_set() and not self._stopping:
-            self._background_task(self._publish(self._status("online")), f"status:{name}")
+            self._background_task(self._publish_states(server), f"status:{server.name}")
+
+    async def _publish_states(self, server: McpServer) -> None:
+        status = ServerStatus(
+            server=server.name,
+            state=server.state,
+            worker_id=self.worker_id,
+            last_error=server.last_error,
+            tools=server.tool_names,
+            bad_stdout_lines=server.bad_stdout_lines,
+        )
+        await self._publish(
+            Outbound(
+                topic=self.topics.server_status(server.name),
+                payload=status.model_dump_json().encode(),
+                retain=True,
+            )
+        )
+        await self._publish(self._status("online"))

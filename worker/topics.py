@@ -7,6 +7,7 @@
 {prefix}/tools/{caller}    list the tool definitions that caller may use
 {prefix}/dead              dead letters: requests that could not be answered
 {prefix}/status/workers/{worker_id}   retained worker status, last will `offline`
+{prefix}/status/servers/{name}        retained state of one MCP server
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ class Topics:
 
     def status(self, worker_id: str) -> str:
         return f"{self.prefix}/status/workers/{worker_id}"
+
+    def server_status(self, server: str) -> str:
+        return f"{self.prefix}/status/servers/{server}"
 
     def subscriptions(self) -> tuple[str, ...]:
         # `call/#` also matches `call` itself (MQTT 3.1.1 §4.7.1.2).
