@@ -177,3 +177,18 @@ async def caller(broker: Broker) -> AsyncIterator[Caller]:
 async def caller311(broker: Broker) -> AsyncIterator[Caller]:
     async with Caller(broker.url, v5=False) as c:
         yield c
+
+
+MEASUREMENTS: list[str] = []
+
+
+def measured(line: str) -> None:
+    """Figures printed after the run (timings are reported, never asserted)."""
+    MEASUREMENTS.append(line)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if MEASUREMENTS:
+        terminalreporter.section("measured (not asserted)")
+        for line in MEASUREMENTS:
+            terminalreporter.write_line(line)

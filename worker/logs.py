@@ -39,3 +39,6 @@ def setup_logging(level: str = "INFO", fmt: str = "auto") -> None:
     # paho/aiomqtt and the MCP SDK are chatty at INFO; their warnings still show.
     for noisy in ("mqtt", "mcp", "httpx", "httpx2"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    # The SDK logs each unparseable stdout line with a traceback; the MCP backend logs
+    # and counts them itself, once per line.
+    logging.getLogger("mcp.client.stdio").setLevel(logging.CRITICAL)

@@ -143,22 +143,22 @@ class McpServer:
         try:
             while not self._stop.is_set():
                 try:
-                    current = await self._connect(startup)
+                    lifetime = await self._connect(startup)
                 except _Stopping:
                     break
-                except Exception as exc:
+                except Exception as exc:  # start-up exhausted: degrade, keep trying
                     self._report_startup_failure(exc)
                     startup = False
                     continue
                 startup = False
-                await self._hold(current)
+                why = await self._until_over(lifetime)
                 if not self._stop.is_set():
-                    log.warning("MCP server %s: %s; reconnecting", self.name, current.why)
-                    self._set_state("degraded", current.why)
+                    log.warning("MCP server %s: %s; reconnecting", self.name, why)
+                    self._set_state("degraded", why)
         finally:
             self._set_state("stopped", self.last_error)
 
-    async def _connect(self, startup: bool) -> _Session:
+    async def _connect(self, startup: bool) -> asyncio.Task[str]:
         policy = self.policy
         wait = (
             wait_exponential(multiplier=policy.startup_base_delay_s, exp_base=2)
@@ -182,13 +182,68 @@ class McpServer:
                 if self._stop.is_set():
                     raise _Stopping
                 number = attempt.retry_state.attempt_number
-                current = await self._open()
+                lifetime = await self._open_in_own_task()
                 if number > 1:
                     log.info(
                         "MCP connection succeeded on attempt %d (server %s)", number, self.name
                     )
-                return current
+                return lifetime
         raise _Stopping  # unreachable: reraise=True re-raises the last failure
+
+    async def _open_in_own_task(self) -> asyncio.Task[str]:
+        """Start a session's task; return it once the session is open, or raise why not."""
+        opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        lifetime = asyncio.create_task(self._lifetime(opened), name=f"mcp-session:{self.name}")
+        racing: list[asyncio.Future[Any]] = [opened, lifetime]
+        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+        if opened.done() and opened.exception() is None:
+            return lifetime
+        await asyncio.wait({lifetime})  # the open failed; the task is finishing
+        failure = opened.exception() if opened.done() else None
+        raise failure or ConnectionError("the session ended while opening")
+
+    async def _lifetime(self, opened: asyncio.Future[None]) -> str:
+        """One session, start to end, in a task of its own.
+
+        The transport's anyio task groups are entered here, so when a connection dies
+        and anyio cancels their scope, it is this task that is cancelled, never the
+        server's task with its retry loop.
+        """
+        try:
+            current = await self._open()
+        except BaseException as exc:
+            if not opened.done():
+                opened.set_exception(
+                    exc if isinstance(exc, Exception) else ConnectionError(_describe(exc))
+                )
+            return "the session never opened"
+        opened.set_result(None)
+        try:
+            await self._hold(current)
+        except asyncio.CancelledError:
+            if self._stop.is_set():
+                raise
+            self._end(current, "the connection was lost")
+        finally:
+            self._current = None
+            await self._close(current.stack)
+        return current.why
+
+    async def _until_over(self, lifetime: asyncio.Task[str]) -> str:
+        """Wait for a session's task to end; on stop, give it its deadline."""
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({lifetime, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        done, _ = await asyncio.wait({lifetime}, timeout=CLOSE_DEADLINE_S * 2)
+        if not done:
+            lifetime.cancel()
+            await asyncio.wait({lifetime}, timeout=CLOSE_DEADLINE_S)
+        if not lifetime.done() or lifetime.cancelled():
+            return "the session was cancelled"
+        failure = lifetime.exception()
+        return f"the session failed: {_describe(failure)}" if failure else lifetime.result()
 
     async def _sleep_unless_stopped(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -270,32 +325,28 @@ class McpServer:
     async def _hold(self, current: _Session) -> None:
         """Serve through this session until it ends or the worker stops."""
         self._current = current
-        try:
-            self._sync_tools(current.tools)
-            self._set_state("ready")
-            while not self._stop.is_set() and not current.ended.is_set():
-                waits = {
-                    asyncio.ensure_future(self._stop.wait()),
-                    asyncio.ensure_future(current.ended.wait()),
-                    asyncio.ensure_future(self._tools_changed.wait()),
-                }
-                try:
-                    await asyncio.wait(
-                        waits,
-                        timeout=self.policy.health_interval_s if self.config.url else None,
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                finally:
-                    for waiter in waits:
-                        waiter.cancel()
-                if self._tools_changed.is_set():
-                    self._tools_changed.clear()
-                    await self._relist(current)
-                elif self.config.url and not current.ended.is_set() and not self._stop.is_set():
-                    await self._ping(current)
-        finally:
-            self._current = None
-            await self._close(current.stack)
+        self._sync_tools(current.tools)
+        self._set_state("ready")
+        while not self._stop.is_set() and not current.ended.is_set():
+            waits = {
+                asyncio.ensure_future(self._stop.wait()),
+                asyncio.ensure_future(current.ended.wait()),
+                asyncio.ensure_future(self._tools_changed.wait()),
+            }
+            try:
+                await asyncio.wait(
+                    waits,
+                    timeout=self.policy.health_interval_s if self.config.url else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                for waiter in waits:
+                    waiter.cancel()
+            if self._tools_changed.is_set():
+                self._tools_changed.clear()
+                await self._relist(current)
+            elif self.config.url and not current.ended.is_set() and not self._stop.is_set():
+                await self._ping(current)
 
     async def _relist(self, current: _Session) -> None:
         try:

@@ -1,0 +1,179 @@
+"""An MCP test server that misbehaves on request, over stdio.
+
+Modes, from the environment:
+  TB_SLOW_START_S    sleep this long before serving (a slow start)
+  TB_FAIL_STARTS     fail this many starts first (counted in TB_STATE_DIR), then serve
+  TB_CRASH_ON_CALL   exit abruptly on the Nth call to `work`
+  TB_GARBAGE         print non-JSON lines to stdout before serving
+  TB_STATE_DIR       where it writes its pid and counts (for the tests to read)
+Tools: `work` (answers), `exit_now` (dies mid-call), `hang` (never answers),
+`stubborn` (ignores cancellation, answers late), `noisy` (garbage on stdout, then
+answers), `add_tool`/`remove_tool` (changes its tool list and notifies), `picture`
+(non-text content).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import ImageContent, TextContent
+
+STATE = Path(os.environ.get("TB_STATE_DIR", "."))
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 16).decode()
+
+server = MCPServer("toolbus-test-misbehaving")
+calls = 0
+
+
+def bump(name: str) -> int:
+    path = STATE / name
+    count = int(path.read_text()) + 1 if path.exists() else 1
+    path.write_text(str(count))
+    return count
+
+
+WIRE_INODE = os.fstat(1).st_ino  # the stdout pipe the client reads, as we were started
+
+
+def wire_fd() -> int:
+    """The descriptor the protocol is written to right now.
+
+    While serving, the mcp SDK moves the wire to a private duplicate and points fd 1
+    at stderr, so a print() from an SDK server cannot corrupt the stream. Servers
+    built otherwise (a Node console.log, a wrapper script) can: to act like one,
+    find the duplicate by the pipe it shares with the original stdout.
+    """
+    for name in sorted(os.listdir("/proc/self/fd"), key=int, reverse=True):
+        fd = int(name)
+        with contextlib.suppress(OSError):
+            if fd > 2 and os.fstat(fd).st_ino == WIRE_INODE:
+                return fd
+    return 1
+
+
+def garbage(text: str) -> None:
+    os.write(wire_fd(), f"{text}\n".encode())
+
+
+@server.tool()
+def work(value: str) -> str:
+    """Answers with its argument."""
+    global calls  # noqa: PLW0603  (a test server's whole state)
+    calls += 1
+    crash_on = int(os.environ.get("TB_CRASH_ON_CALL", "0"))
+    if crash_on and calls == crash_on:
+        os._exit(3)
+    return f"did {value}"
+
+
+@server.tool()
+def exit_now() -> str:
+    """Dies in the middle of the call."""
+    bump("exit_calls")
+    os._exit(4)
+
+
+@server.tool()
+async def hang() -> str:
+    """Never answers (honours cancellation)."""
+    await asyncio.Event().wait()
+    return "never"
+
+
+@server.tool()
+async def stubborn(seconds: float) -> str:
+    """Ignores cancellation: keeps working, then answers (too late)."""
+    end = time.monotonic() + seconds
+    try:
+        await anyio.sleep(seconds)
+    except anyio.get_cancelled_exc_class():
+        bump("stubborn_cancelled")
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(max(0.0, end - time.monotonic()))
+    return "late"
+
+
+@server.tool()
+def noisy(value: str) -> str:
+    """Prints garbage to stdout, then answers normally."""
+    garbage("DEBUG: about to answer")
+    garbage('{"this is": "json but not json-rpc"}')
+    return f"clean {value}"
+
+
+@server.tool()
+async def add_tool(name: str, ctx: Context) -> str:
+    """Adds a tool called `name` and tells the client."""
+
+    def extra(text: str) -> str:
+        return f"{name}: {text}"
+
+    server.add_tool(extra, name=name, description=f"added at run time as {name}")
+    await ctx.session.send_tool_list_changed()
+    return f"added {name}"
+
+
+@server.tool()
+async def remove_tool(name: str, ctx: Context) -> str:
+    """Removes the tool called `name` and tells the client."""
+    server.remove_tool(name)
+    await ctx.session.send_tool_list_changed()
+    return f"removed {name}"
+
+
+active = 0
+most = 0
+
+
+@server.tool()
+async def overlap(hold_s: float) -> int:
+    """Holds for a while; answers the most calls it ever saw at once."""
+    global active, most  # noqa: PLW0603  (a test server's whole state)
+    active += 1
+    most = max(most, active)
+    try:
+        await asyncio.sleep(hold_s)
+    finally:
+        active -= 1
+    return most
+
+
+@server.tool()
+async def cancellations() -> int:
+    """How many cancellations `stubborn` has ignored (async: read on the loop that writes)."""
+    path = STATE / "stubborn_cancelled"
+    return int(path.read_text()) if path.exists() else 0
+
+
+@server.tool()
+def picture() -> list[Any]:
+    """Returns an image and a caption."""
+    return [
+        ImageContent(type="image", data=PNG, mime_type="image/png"),
+        TextContent(type="text", text="a tiny png"),
+    ]
+
+
+def main() -> None:
+    (STATE / "pid").write_text(str(os.getpid()))
+    starts = bump("starts")
+    if starts <= int(os.environ.get("TB_FAIL_STARTS", "0")):
+        print(f"failing start {starts} on purpose", file=sys.stderr)
+        sys.exit(2)
+    time.sleep(float(os.environ.get("TB_SLOW_START_S", "0")))
+    if os.environ.get("TB_GARBAGE"):
+        garbage("Welcome to the misbehaving server v0.0 (a banner on stdout)")
+    server.run("stdio")
+
+
+if __name__ == "__main__":
+    main()
