@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import pytest_asyncio
 
 from tests.conftest import Broker, make_settings, measured, running_worker
@@ -184,17 +185,19 @@ async def test_hung_calls_time_out_and_the_server_is_told(
         assert (await call(caller_for_faults, worker, "work", {"value": "after"}))["ok"]
 
 
-async def test_per_server_concurrency_limit(
-    broker: Broker, caller_for_faults: Caller, tmp_path: Path
+@pytest.mark.parametrize(("limits", "most"), [({"server": 2}, 2), ({"server": 4, "tool": 1}, 1)])
+async def test_concurrency_limits_per_server_and_per_tool(
+    broker: Broker, caller_for_faults: Caller, tmp_path: Path, limits: dict[str, int], most: int
 ) -> None:
-    server = {**misbehaving(tmp_path), "max_in_flight": 2}
-    settings = make_settings(broker, mcpServers={"narrow": server})
+    server = {**misbehaving(tmp_path), "max_in_flight": limits["server"]}
+    tools = {"overlap": {"max_in_flight": limits["tool"]}} if "tool" in limits else {}
+    settings = make_settings(broker, mcpServers={"narrow": server}, tools=tools)
     async with running_worker(settings) as worker:
         replies = await asyncio.gather(
             *(call(caller_for_faults, worker, "overlap", {"hold_s": 0.2}) for _ in range(8))
         )
         assert all(r["ok"] for r in replies)  # the rest waited, within their deadline
-        assert max(int(r["result"]["text"]) for r in replies) == 2
+        assert max(int(r["result"]["text"]) for r in replies) == most
 
 
 async def test_garbage_on_stdout_does_not_break_the_session(
