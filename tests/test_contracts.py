@@ -51,3 +51,21 @@ def test_every_error_code_is_documented() -> None:
     doc = (ROOT / "docs" / "error-codes.md").read_text()
     for code in ErrorCode:
         assert f"`{code.value}`" in doc, code
+
+
+def test_asyncapi_document_refers_to_every_schema_it_needs() -> None:
+    import re
+
+    import yaml
+
+    text = (ROOT / "docs" / "asyncapi.yaml").read_text()
+    document = yaml.safe_load(text)
+    assert document["asyncapi"].startswith("3.")
+    referenced = set(re.findall(r"\.\./schemas/([\w-]+\.json)", text))
+    on_disk = {p.name for p in (ROOT / "schemas").glob("*.json")}
+    assert referenced <= on_disk
+    assert on_disk - referenced <= {"tool-list.json"}  # carried inside a reply's result
+    for channel in document["channels"].values():
+        for message in channel["messages"].values():
+            name = message["$ref"].rsplit("/", 1)[1]
+            assert name in document["components"]["messages"]
