@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest_asyncio
 
 from tests.conftest import DEMO_SERVER, Broker, free_port, make_settings, running_worker
+from tests.httpdemo import start_http_demo, stop_process
 from tests.logwait import watching
 from tests.mqtt import Caller
 from worker.service import Worker
@@ -24,36 +24,12 @@ def reply_topic(worker: Worker) -> str:
 
 @pytest_asyncio.fixture
 async def http_demo_server() -> AsyncIterator[str]:
-    """The demo server on streamable HTTP; ready when uvicorn says it runs."""
     port = free_port()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "worker",
-        "demo-server",
-        "--http",
-        f"127.0.0.1:{port}",
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert proc.stderr is not None
-    seen = []
-    async with asyncio.timeout(30):
-        while b"Uvicorn running" not in (line := await proc.stderr.readline()):
-            seen.append(line)
-            assert line, f"demo server exited: {b''.join(seen)!r}"
-    drain = asyncio.create_task(_drain(proc.stderr), name="http-demo-stderr")
+    proc = await start_http_demo(port)
     try:
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
-        proc.terminate()
-        async with asyncio.timeout(10):
-            await proc.wait()
-        drain.cancel()
-
-
-async def _drain(stream: asyncio.StreamReader) -> None:
-    while await stream.readline():
-        pass
+        await stop_process(proc)
 
 
 async def test_streamable_http_server(

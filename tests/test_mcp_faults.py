@@ -23,6 +23,7 @@ import pytest
 import pytest_asyncio
 
 from tests.conftest import Broker, make_settings, measured, running_worker
+from tests.httpdemo import start_http_demo, stop_process
 from tests.logwait import watching
 from tests.mqtt import Caller
 from worker.service import Worker
@@ -296,30 +297,6 @@ async def test_1000_hung_calls_all_time_out_and_leak_nothing(
         assert [r["error"]["code"] for r in replies] == ["timeout"] * 1000
         assert children() == kids
         assert open_fds() == fds
-
-
-async def start_http_demo(port: int) -> asyncio.subprocess.Process:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "worker",
-        "demo-server",
-        "--http",
-        f"127.0.0.1:{port}",
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert proc.stderr is not None
-    async with asyncio.timeout(30):
-        while b"Uvicorn running" not in (line := await proc.stderr.readline()):
-            assert line, "the HTTP demo server exited"
-    return proc
-
-
-async def stop_process(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.kill()
-    async with asyncio.timeout(10):
-        await proc.communicate()
 
 
 async def test_http_server_restart_reinitializes_the_session(
