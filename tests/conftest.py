@@ -192,3 +192,21 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("measured (not asserted)")
         for line in MEASUREMENTS:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def spans() -> Any:
+    """Every span of the session, in memory (the global provider can be set only once).
+
+    Tests find their own spans by trace id.
+    """
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return exporter

@@ -103,10 +103,12 @@ def _serve(args: argparse.Namespace) -> int:
     from worker.backends.local import load_entry_points
     from worker.logs import setup_logging
     from worker.service import Worker, build_registry
+    from worker.telemetry import configure_tracing
     from worker.tools import BUILTIN_TOOLS
 
     settings = _settings(args)
     setup_logging(settings.log_level, settings.log_format)
+    provider = configure_tracing()
     registry = build_registry([*BUILTIN_TOOLS, *load_entry_points()], settings)
     worker = Worker(settings, registry)
 
@@ -117,7 +119,11 @@ def _serve(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         await worker.run(stop)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    finally:
+        if provider is not None:
+            provider.shutdown()  # flushes the spans still batched
     return EXIT_OK
 
 

@@ -62,6 +62,10 @@ class Request(_Wire):
     )
     caller: str | None = Field(default=None, max_length=200)
     timeout_s: float | None = Field(default=None, gt=0, description="Deadline for this call.")
+    traceparent: str | None = Field(
+        default=None, max_length=512, description="W3C trace context, for MQTT 3.1.1 callers."
+    )
+    tracestate: str | None = Field(default=None, max_length=512)
 
 
 class NormalizationEntry(_Wire):
@@ -106,6 +110,10 @@ class Reply(_Wire):
     error: ErrorBody | None = None
     duration_ms: float
     normalized: list[NormalizationEntry] = Field(default_factory=list)
+    trace_id: str | None = Field(default=None, description="The trace this call belongs to.")
+    traceparent: str | None = Field(
+        default=None, description="W3C context of the reply, for MQTT 3.1.1 callers."
+    )
 
 
 class ToolDefinition(_Wire):

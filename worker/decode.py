@@ -47,6 +47,7 @@ class Call:
     list_tools: bool = False
     topic_path: bool = False  # the tool came from the topic (and may be `caller/tool`)
     payload_bytes: int = 0  # size of the message that carried the call
+    trace_fields: dict[str, str] = field(default_factory=dict)  # body traceparent/tracestate
     user_properties: tuple[tuple[str, str], ...] = field(default=())
 
 
@@ -186,6 +187,11 @@ def _call(message: Inbound, topics: Topics, request: Request, reply: ReplyAddres
         list_tools=list_tools,
         topic_path=bool(from_topic),
         payload_bytes=len(message.payload),
+        trace_fields={
+            k: v
+            for k, v in (("traceparent", request.traceparent), ("tracestate", request.tracestate))
+            if v
+        },
         user_properties=message.user_properties,
     )
 

@@ -34,11 +34,18 @@ def reply_for_rejected(rejected: Rejected) -> Reply:
     )
 
 
-def outbound_reply(address: ReplyAddress, reply: Reply) -> Outbound:
+def outbound_reply(
+    address: ReplyAddress, reply: Reply, trace_headers: tuple[tuple[str, str], ...] = ()
+) -> Outbound:
+    """The reply as a publish; an MQTT 3.1.1 caller (no correlation data) gets the
+    trace context in the body too, since it cannot read user properties."""
+    if trace_headers and address.correlation_data is None:
+        reply = reply.model_copy(update={"traceparent": dict(trace_headers).get("traceparent")})
     return Outbound(
         topic=address.topic,
         payload=reply.model_dump_json(by_alias=True, exclude_none=True).encode(),
         correlation_data=address.correlation_data,
+        user_properties=trace_headers,
     )
 
 

@@ -116,11 +116,15 @@ class Executor:
         outcome = Outcome()
         arguments: dict[str, Any] = call.arguments
         started = time.perf_counter()
-        with self._tracer.start_as_current_span(f"execute_tool {call.tool}") as span:
+        with self._tracer.start_as_current_span(
+            f"execute_tool {call.tool}",
+            attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.id": call.id},
+        ) as span:
             try:
                 await self._await_startup(call)
                 tool, arguments = self.prepare(call, outcome)
                 span.update_name(f"execute_tool {outcome.tool}")
+                span.set_attribute("gen_ai.tool.name", outcome.tool or call.tool)
                 outcome.result = await self._run(tool, arguments, self.deadline_s(call, tool))
             except ToolbusError as error:
                 outcome.error = error
@@ -177,12 +181,14 @@ class Executor:
         outcome.tool = resolved.name
         outcome.normalized.extend(resolved.report)
         self._check_access(caller, resolved)
-        self._guards.check_envelope(tool, call.arguments, call.payload_bytes)
-        arguments, renamed = self.normalizer.arguments(tool, call.arguments)
-        outcome.normalized.extend(renamed)
-        arguments, dropped = self._guards.check_values(tool, arguments)
-        outcome.normalized.extend(dropped)
-        check_arguments(tool.name, tool.validator, arguments)
+        with self._tracer.start_as_current_span("normalize"):
+            self._guards.check_envelope(tool, call.arguments, call.payload_bytes)
+            arguments, renamed = self.normalizer.arguments(tool, call.arguments)
+            outcome.normalized.extend(renamed)
+        with self._tracer.start_as_current_span("validate"):
+            arguments, dropped = self._guards.check_values(tool, arguments)
+            outcome.normalized.extend(dropped)
+            check_arguments(tool.name, tool.validator, arguments)
         return tool, arguments
 
     def _check_access(self, caller: str | None, resolved: Resolved) -> None:

@@ -24,14 +24,15 @@ from worker.access import Access
 from worker.backends.local import LocalTool
 from worker.backends.mcp import McpBackend, McpServer
 from worker.config import Settings
-from worker.contracts import ErrorBody, ServerStatus, WorkerStatus
-from worker.decode import Call, Rejected, decode
+from worker.contracts import ErrorBody, Reply, ServerStatus, WorkerStatus
+from worker.decode import Call, Rejected, ReplyAddress, decode
 from worker.encode import dead_letter, outbound_reply, reply_for_call, reply_for_rejected
 from worker.errors import Unavailable
 from worker.execute import Executor, Outcome
 from worker.guards import Guards
 from worker.normalize import Normalizer
 from worker.registry import Registry
+from worker.telemetry import default_tracer, extract_context, inject_headers, trace_id_of
 from worker.topics import Topics
 from worker.transport import Inbound, MqttConnection, Outbound, TransportError
 
@@ -77,15 +78,23 @@ def build_executor(
 
 
 class Worker:
-    def __init__(self, settings: Settings, registry: Registry, *, tcp_nodelay: bool = True) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Registry,
+        *,
+        tcp_nodelay: bool = True,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
         self.settings = settings
+        self._tracer = tracer or default_tracer()
         self._tcp_nodelay = tcp_nodelay  # off only for the benchmark's baseline
         self.worker_id = settings.worker_id or f"toolbus-{uuid.uuid4().hex[:12]}"
         self.topics = Topics(
             settings.topic_prefix, settings.shared_group, settings.allowed_reply_prefixes
         )
         self.registry = registry
-        self.executor = build_executor(settings, registry)
+        self.executor = build_executor(settings, registry, self._tracer)
         registry.listeners.append(self._registry_changed)
         self.mcp = McpBackend(
             settings.mcp_servers, registry, settings.tools, self._on_server_state, settings.mcp
@@ -234,10 +243,26 @@ class Worker:
     async def _handle(self, message: Inbound) -> None:
         try:
             decoded = decode(message, self.topics, self.settings.max_payload_bytes)
-            if isinstance(decoded, Rejected):
-                await self._reject(message, decoded)
-            else:
-                await self._call(message, decoded)
+            fields = decoded.trace_fields if isinstance(decoded, Call) else None
+            with self._tracer.start_as_current_span(
+                f"process {message.topic}",
+                context=extract_context(message.user_properties, fields),
+                kind=trace.SpanKind.CONSUMER,
+                attributes={
+                    "messaging.system": "mqtt",
+                    "messaging.destination.name": message.topic,
+                    "messaging.operation.type": "process",
+                    "messaging.message.conversation_id": decoded.id,
+                    "messaging.message.body.size": len(message.payload),
+                    "messaging.client.id": self.worker_id,
+                },
+            ) as span:
+                if isinstance(decoded, Rejected):
+                    span.set_status(trace.StatusCode.ERROR, decoded.error.code.value)
+                    span.set_attribute("error.type", decoded.error.code.value)
+                    await self._reject(message, decoded)
+                else:
+                    await self._call(message, decoded)
         except Exception:
             log.exception("failed handling a message on %s", message.topic)
         finally:
@@ -253,7 +278,7 @@ class Worker:
             rejected.error.message,
         )
         if rejected.reply is not None:
-            await self._publish(outbound_reply(rejected.reply, reply_for_rejected(rejected)))
+            await self._reply(rejected.reply, reply_for_rejected(rejected))
         else:
             await self._dead(message, rejected.error.body(), rejected.id)
 
@@ -270,10 +295,30 @@ class Worker:
                 error=Unavailable("the worker shut down before the call finished"),
             )
         reply = reply_for_call(call, outcome)
+        if outcome.error is not None:
+            span = trace.get_current_span()
+            span.set_status(trace.StatusCode.ERROR, outcome.error.code.value)
+            span.set_attribute("error.type", outcome.error.code.value)
         if call.reply is not None:
-            await self._publish(outbound_reply(call.reply, reply))
+            await self._reply(call.reply, reply)
         elif reply.error is not None:
             await self._dead(message, reply.error, call.id)
+
+    async def _reply(self, address: ReplyAddress, reply: Reply) -> None:
+        """Publish a reply in a PRODUCER span whose context travels with it."""
+        reply = reply.model_copy(update={"trace_id": trace_id_of(trace.get_current_span())})
+        with self._tracer.start_as_current_span(
+            f"send {address.topic}",
+            kind=trace.SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": "mqtt",
+                "messaging.destination.name": address.topic,
+                "messaging.operation.type": "send",
+                "messaging.message.conversation_id": reply.id,
+                "messaging.client.id": self.worker_id,
+            },
+        ):
+            await self._publish(outbound_reply(address, reply, inject_headers()))
 
     async def _dead(self, message: Inbound, error: ErrorBody, ident: str | None) -> None:
         log.warning("dead-lettering message on %s: %s", message.topic, error.code.value)

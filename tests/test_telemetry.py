@@ -1,0 +1,157 @@
+"""Tracing: the caller's trace continues through MQTT, the worker and the MCP client."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from opentelemetry.trace import SpanKind, StatusCode
+
+from tests.conftest import DEMO_SERVER, Broker, make_settings, running_worker
+from tests.mqtt import Caller
+from worker.service import Worker
+from worker.telemetry import configure_tracing, extract_context, trace_id_of
+
+CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+
+
+def test_extract_from_user_properties_or_body() -> None:
+    from opentelemetry import trace
+
+    for carrier in ([("traceparent", TRACEPARENT)], []):
+        context = extract_context(carrier, {"traceparent": TRACEPARENT})
+        assert context is not None
+        assert trace_id_of(trace.get_current_span(context)) == CALLER_TRACE
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "00-zz-yy-01", "garbage", "00-" + "0" * 32 + "-" + "0" * 16 + "-01", "x" * 600]
+)
+def test_bad_trace_headers_are_ignored(bad: str) -> None:
+    assert extract_context([("traceparent", bad)], None) is None
+    assert extract_context([], {"traceparent": bad}) is None
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {},
+        {"OTEL_TRACES_EXPORTER": "none"},
+        {"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "console"},
+    ],
+)
+def test_nothing_is_exported_when_disabled(environ: dict[str, str]) -> None:
+    assert configure_tracing(environ) is None
+
+
+def test_unknown_exporter_is_refused() -> None:
+    with pytest.raises(ValueError, match="OTEL_TRACES_EXPORTER"):
+        configure_tracing({"OTEL_TRACES_EXPORTER": "carrier-pigeon"})
+
+
+@pytest_asyncio.fixture(scope="module")
+async def traced_worker(broker: Broker, spans: Any) -> AsyncIterator[Worker]:
+    async with running_worker(make_settings(broker, mcpServers={"devices": DEMO_SERVER})) as worker:
+        yield worker
+
+
+def by_trace(spans: Any, trace_id: str) -> list[Any]:
+    return [s for s in spans.get_finished_spans() if format(s.context.trace_id, "032x") == trace_id]
+
+
+async def test_a_v5_callers_trace_continues_through_the_mcp_call(
+    broker: Broker, traced_worker: Worker, spans: Any
+) -> None:
+    import aiomqtt
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    worker = traced_worker
+    reply_topic = f"{worker.topics.reply_prefixes[0]}{uuid.uuid4().hex[:8]}"
+    async with Caller(broker.url) as caller:
+        await caller.subscribe(reply_topic)
+        props = Properties(PacketTypes.PUBLISH)
+        props.ResponseTopic = reply_topic
+        props.CorrelationData = b"c1"
+        props.UserProperty = ("traceparent", TRACEPARENT)
+        topic = f"{worker.topics.call}/control_zwave_device"
+        body = {"id": "traced-1", "arguments": {"device_name": "Switch Two", "command": "off"}}
+        await caller.client.publish(topic, json.dumps(body), qos=1, properties=props)
+        message: aiomqtt.Message = await caller.next_message()
+    reply = json.loads(message.payload)
+    assert reply["ok"] and reply["trace_id"] == CALLER_TRACE
+    user = dict(getattr(message.properties, "UserProperty", []))
+    assert user["traceparent"].split("-")[1] == CALLER_TRACE
+    assert "traceparent" not in reply  # v5 callers read it from the properties
+
+    found = {s.name: s for s in by_trace(spans, CALLER_TRACE)}
+    consumer = found[f"process {topic}"]
+    assert consumer.kind is SpanKind.CONSUMER
+    assert format(consumer.parent.span_id, "016x") == CALLER_SPAN
+    assert consumer.attributes["messaging.system"] == "mqtt"
+    assert consumer.attributes["messaging.operation.type"] == "process"
+    assert consumer.attributes["messaging.message.conversation_id"] == "traced-1"
+    assert consumer.attributes["messaging.destination.name"] == topic
+    execute = found["execute_tool control_zwave_device"]
+    assert execute.parent.span_id == consumer.context.span_id
+    assert execute.attributes["gen_ai.tool.name"] == "control_zwave_device"
+    assert execute.attributes["gen_ai.tool.call.id"] == "traced-1"
+    assert execute.attributes["toolbus.normalized.count"] == 2
+    assert found["normalize"].parent.span_id == execute.context.span_id
+    assert found["validate"].parent.span_id == execute.context.span_id
+    client = next(
+        s for name, s in found.items() if name.endswith("tools/call control_zwave_device")
+    )
+    assert client.kind is SpanKind.CLIENT and client.parent.span_id == execute.context.span_id
+    assert client.attributes["mcp.method.name"] == "tools/call"
+    producer = found[f"send {reply_topic}"]
+    assert (
+        producer.kind is SpanKind.PRODUCER and producer.parent.span_id == consumer.context.span_id
+    )
+    assert user["traceparent"].split("-")[2] == format(producer.context.span_id, "016x")
+
+
+async def test_a_311_caller_sends_and_gets_the_context_in_the_body(
+    broker: Broker, traced_worker: Worker, spans: Any
+) -> None:
+    async with Caller(broker.url, v5=False) as caller:
+        reply, _ = await caller.call(
+            f"{traced_worker.topics.call}/echo",
+            {
+                "arguments": {"text": "x"},
+                "traceparent": TRACEPARENT.replace(CALLER_TRACE, "a" * 32),
+            },
+            reply_topic=f"{traced_worker.topics.reply_prefixes[0]}v3",
+        )
+    assert reply["ok"] and reply["trace_id"] == "a" * 32
+    assert reply["traceparent"].split("-")[1] == "a" * 32
+    assert {s.name for s in by_trace(spans, "a" * 32)} >= {
+        "execute_tool echo",
+        "normalize",
+        "validate",
+    }
+
+
+async def test_bad_headers_start_a_new_trace_and_errors_mark_the_spans(
+    broker: Broker, traced_worker: Worker, spans: Any
+) -> None:
+    async with Caller(broker.url) as caller:
+        reply, _ = await caller.call(
+            f"{traced_worker.topics.call}/no_such_tool",
+            {"traceparent": "00-not-a-trace-01"},
+            reply_topic=f"{traced_worker.topics.reply_prefixes[0]}bad",
+        )
+    assert reply["error"]["code"] == "unknown_tool"
+    assert reply["trace_id"] and reply["trace_id"] != CALLER_TRACE
+    found = {s.name: s for s in by_trace(spans, reply["trace_id"])}
+    consumer = found[f"process {traced_worker.topics.call}/no_such_tool"]
+    assert consumer.parent is None
+    assert consumer.status.status_code is StatusCode.ERROR
+    assert consumer.attributes["error.type"] == "unknown_tool"
+    assert found["execute_tool no_such_tool"].attributes["error.type"] == "unknown_tool"
