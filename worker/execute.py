@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -181,15 +182,22 @@ class Executor:
         outcome.tool = resolved.name
         outcome.normalized.extend(resolved.report)
         self._check_access(caller, resolved)
-        with self._tracer.start_as_current_span("normalize"):
+        with self._step("normalize"):
             self._guards.check_envelope(tool, call.arguments, call.payload_bytes)
             arguments, renamed = self.normalizer.arguments(tool, call.arguments)
             outcome.normalized.extend(renamed)
-        with self._tracer.start_as_current_span("validate"):
+        with self._step("validate"):
             arguments, dropped = self._guards.check_values(tool, arguments)
             outcome.normalized.extend(dropped)
             check_arguments(tool.name, tool.validator, arguments)
         return tool, arguments
+
+    def _step(self, name: str) -> AbstractContextManager[object]:
+        """A child span for a pipeline step, only when the call is being recorded: even a
+        no-op span costs more than the step it would describe (~15 µs of a ~30 µs call)."""
+        if trace.get_current_span().is_recording():
+            return self._tracer.start_as_current_span(name)
+        return nullcontext()
 
     def _check_access(self, caller: str | None, resolved: Resolved) -> None:
         if not self.access.allows(caller, resolved.tool):
