@@ -8,6 +8,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from opentelemetry import trace
+
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
@@ -25,14 +27,34 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
+class TraceIds(logging.Filter):
+    """Adds the current span's `trace_id` and `span_id` to every record, so logs join traces."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = trace.get_current_span().get_span_context()
+        if context.is_valid:
+            record.trace_id = format(context.trace_id, "032x")
+            record.span_id = format(context.span_id, "016x")
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    """Readable lines for a terminal, with the trace id when there is one."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        trace_id = getattr(record, "trace_id", None)
+        return f"{text} [trace {trace_id}]" if trace_id else text
+
+
 def setup_logging(level: str = "INFO", fmt: str = "auto") -> None:
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(TraceIds())
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
-    handler.setFormatter(
-        JsonFormatter()
-        if use_json
-        else logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-    )
+    handler.setFormatter(JsonFormatter() if use_json else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
