@@ -205,8 +205,11 @@ def spans() -> Any:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+    from worker.telemetry import COLLECTOR
+
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
+    provider.add_span_processor(COLLECTOR)  # as configure_tracing does
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return exporter

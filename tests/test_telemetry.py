@@ -174,3 +174,48 @@ def test_log_lines_carry_the_trace_and_call_ids(spans: Any) -> None:
     assert line["trace_id"] == trace_id_of(span)
     assert line["span_id"] == format(span.get_span_context().span_id, "016x")
     assert line["call_id"] == "c-1" and line["event"] == "call c-1"
+
+
+async def test_spans_published_back_as_otlp_json(
+    broker: Broker, traced_worker: Worker, spans: Any
+) -> None:
+    reply_topic = f"{traced_worker.topics.reply_prefixes[0]}{uuid.uuid4().hex[:8]}"
+    async with Caller(broker.url) as caller:
+        await caller.subscribe(f"{reply_topic}/trace")
+        reply, message = await caller.call(
+            f"{traced_worker.topics.call}/get_device_sensor_data",
+            {"id": "pb-1", "arguments": {"device_name": "Hallway Sensor"}, "publish_trace": True},
+            reply_topic=reply_topic,
+        )
+        published = await caller.next_message()
+    assert reply["ok"]
+    assert published.topic.value == f"{reply_topic}/trace"
+    assert getattr(published.properties, "CorrelationData", None) == getattr(
+        message.properties, "CorrelationData", None
+    )
+    assert dict(getattr(published.properties, "UserProperty", []))["toolbus-id"] == "pb-1"
+    document = json.loads(published.payload)
+    sent = [s for rs in document["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    names = {s["name"] for s in sent}
+    assert {
+        f"process {traced_worker.topics.call}/get_device_sensor_data",
+        "execute_tool get_device_sensor_data",
+        f"send {reply_topic}",
+        "normalize",
+        "validate",
+    } <= names
+    assert any(n.endswith("tools/call get_device_sensor_data") for n in names)
+    assert {s["traceId"] for s in sent} == {reply["trace_id"]}  # hex, as OTLP/JSON wants
+    assert all(len(s["spanId"]) == 16 and isinstance(s["kind"], int) for s in sent)
+    # The standard decoder reads it back (after turning hex ids into the proto's bytes).
+    import base64
+
+    from google.protobuf.json_format import ParseDict
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    for span in sent:
+        for key in ("traceId", "spanId", "parentSpanId"):
+            if key in span:
+                span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
+    parsed = ParseDict(document, ExportTraceServiceRequest())
+    assert len(parsed.resource_spans[0].scope_spans) >= 1

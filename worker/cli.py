@@ -108,7 +108,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     setup_logging(settings.log_level, settings.log_format)
-    provider = configure_tracing()
+    provider = configure_tracing(record_for_callers=settings.publish_traces)
     registry = build_registry([*BUILTIN_TOOLS, *load_entry_points()], settings)
     worker = Worker(settings, registry)
 

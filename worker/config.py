@@ -234,6 +234,10 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     publish_timeout_s: float = Field(default=10.0, gt=0)
     reconnect_max_delay_s: float = Field(default=30.0, gt=0)
+    publish_traces: bool = Field(
+        default=False,
+        description="Publish every call's spans back on `{reply_topic}/trace` (records spans).",
+    )
     log_level: str = "INFO"
     log_format: Literal["auto", "json", "text"] = "auto"
     tools: dict[str, ToolSettings] = Field(default_factory=dict)

@@ -66,6 +66,10 @@ class Request(_Wire):
         default=None, max_length=512, description="W3C trace context, for MQTT 3.1.1 callers."
     )
     tracestate: str | None = Field(default=None, max_length=512)
+    publish_trace: bool = Field(
+        default=False,
+        description="Publish this call's spans as OTLP JSON on `{reply_topic}/trace`.",
+    )
 
 
 class NormalizationEntry(_Wire):

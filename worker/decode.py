@@ -23,6 +23,8 @@ from worker.errors import BadRequest, Forbidden, ToolbusError
 from worker.topics import Topics
 from worker.transport import Inbound
 
+PUBLISH_TRACE_PROPERTY = "toolbus-publish-trace"
+
 # Bounds on what a refusal echoes back: a hostile body must not make a huge reply.
 MAX_PATH_CHARS = 200
 MAX_REPORTED_ERRORS = 20
@@ -48,6 +50,7 @@ class Call:
     topic_path: bool = False  # the tool came from the topic (and may be `caller/tool`)
     payload_bytes: int = 0  # size of the message that carried the call
     trace_fields: dict[str, str] = field(default_factory=dict)  # body traceparent/tracestate
+    publish_trace: bool = False
     user_properties: tuple[tuple[str, str], ...] = field(default=())
 
 
@@ -187,6 +190,11 @@ def _call(message: Inbound, topics: Topics, request: Request, reply: ReplyAddres
         list_tools=list_tools,
         topic_path=bool(from_topic),
         payload_bytes=len(message.payload),
+        publish_trace=request.publish_trace
+        or any(
+            k == PUBLISH_TRACE_PROPERTY and v.lower() in ("1", "true")
+            for k, v in message.user_properties
+        ),
         trace_fields={
             k: v
             for k, v in (("traceparent", request.traceparent), ("tracestate", request.tracestate))

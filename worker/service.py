@@ -32,7 +32,16 @@ from worker.execute import Executor, Outcome
 from worker.guards import Guards
 from worker.normalize import Normalizer
 from worker.registry import Registry
-from worker.telemetry import default_tracer, extract_context, inject_headers, trace_id_of
+from worker.telemetry import (
+    COLLECTOR,
+    TraceCollector,
+    default_tracer,
+    descendants,
+    extract_context,
+    inject_headers,
+    otlp_json,
+    trace_id_of,
+)
 from worker.topics import Topics
 from worker.transport import Inbound, MqttConnection, Outbound, TransportError
 
@@ -85,9 +94,11 @@ class Worker:
         *,
         tcp_nodelay: bool = True,
         tracer: trace.Tracer | None = None,
+        collector: TraceCollector | None = None,
     ) -> None:
         self.settings = settings
         self._tracer = tracer or default_tracer()
+        self._collector = collector or COLLECTOR
         self._tcp_nodelay = tcp_nodelay  # off only for the benchmark's baseline
         self.worker_id = settings.worker_id or f"toolbus-{uuid.uuid4().hex[:12]}"
         self.topics = Topics(
@@ -257,12 +268,21 @@ class Worker:
                     "messaging.client.id": self.worker_id,
                 },
             ) as span:
+                publish_trace = (
+                    isinstance(decoded, Call)
+                    and decoded.reply is not None
+                    and (decoded.publish_trace or self.settings.publish_traces)
+                )
+                if publish_trace:
+                    self._collector.watch(span.get_span_context().trace_id)
                 if isinstance(decoded, Rejected):
                     span.set_status(trace.StatusCode.ERROR, decoded.error.code.value)
                     span.set_attribute("error.type", decoded.error.code.value)
                     await self._reject(message, decoded)
                 else:
                     await self._call(message, decoded)
+            if publish_trace and isinstance(decoded, Call) and decoded.reply is not None:
+                await self._publish_trace(decoded, decoded.reply, span)
         except Exception:
             log.exception("failed handling a message on %s", message.topic)
         finally:
@@ -303,6 +323,22 @@ class Worker:
             await self._reply(call.reply, reply)
         elif reply.error is not None:
             await self._dead(message, reply.error, call.id)
+
+    async def _publish_trace(self, call: Call, address: ReplyAddress, span: trace.Span) -> None:
+        """This call's finished spans, as OTLP JSON, after its reply (on `{reply}/trace`)."""
+        context = span.get_span_context()
+        taken = self._collector.take(context.trace_id)
+        mine = descendants(taken, context.span_id)
+        if not mine:
+            return
+        await self._publish(
+            Outbound(
+                topic=f"{address.topic}/trace",
+                payload=otlp_json(mine),
+                correlation_data=address.correlation_data,
+                user_properties=(("toolbus-id", call.id),),
+            )
+        )
 
     async def _reply(self, address: ReplyAddress, reply: Reply) -> None:
         """Publish a reply in a PRODUCER span whose context travels with it."""

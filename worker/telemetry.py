@@ -14,17 +14,21 @@ headers start a new trace; they never fail a call.
 
 from __future__ import annotations
 
+import base64
 import importlib
+import json
 import logging
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from google.protobuf.json_format import MessageToDict
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.propagate import extract, inject
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
 from worker.report import Change
@@ -40,8 +44,14 @@ def default_tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME)
 
 
-def configure_tracing(environ: Mapping[str, str] | None = None) -> TracerProvider | None:
-    """Install the global tracer provider the environment asks for; None when disabled."""
+def configure_tracing(
+    environ: Mapping[str, str] | None = None, *, record_for_callers: bool = False
+) -> TracerProvider | None:
+    """Install the global tracer provider the environment asks for; None when disabled.
+
+    `record_for_callers` records spans even with no exporter, so that calls asking for
+    their spans back (`publish_trace`) get them.
+    """
     env = os.environ if environ is None else environ
     if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return None
@@ -51,14 +61,15 @@ def configure_tracing(environ: Mapping[str, str] | None = None) -> TracerProvide
             "OTEL_EXPORTER_OTLP_ENDPOINT" in env or "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in env
         )
         choice = "otlp" if has_endpoint else "none"
-    if choice == "none":
+    if choice == "none" and not record_for_callers:
         return None
-    exporter = _exporter(choice, env)
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", "toolbus")})
     provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    provider.add_span_processor(COLLECTOR)
+    if choice != "none":
+        provider.add_span_processor(BatchSpanProcessor(_exporter(choice, env)))
     trace.set_tracer_provider(provider)
-    log.info("tracing: exporting spans with %s", choice)
+    log.info("tracing: spans exported with %s", choice)
     return provider
 
 
@@ -133,3 +144,80 @@ def record_normalization(span: trace.Span, entries: Iterable[Change]) -> None:
             },
         )
     span.set_attribute("toolbus.normalized.count", count)
+
+
+class TraceCollector(SpanProcessor):
+    """Keeps the finished spans of the traces someone asked to see, until they are taken.
+
+    Added to the tracer provider next to the exporter; only watched traces are kept,
+    each until the call that watched it takes them (or at most `MAX_SPANS_PER_TRACE`).
+    """
+
+    MAX_SPANS_PER_TRACE = 512
+
+    def __init__(self) -> None:
+        self._watched: dict[int, list[ReadableSpan]] = {}
+
+    def watch(self, trace_id: int) -> None:
+        self._watched.setdefault(trace_id, [])
+
+    def take(self, trace_id: int) -> list[ReadableSpan]:
+        return self._watched.pop(trace_id, [])
+
+    def on_start(self, span: Any, parent_context: Context | None = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.context is None:
+            return
+        kept = self._watched.get(span.context.trace_id)
+        if kept is not None and len(kept) < self.MAX_SPANS_PER_TRACE:
+            kept.append(span)
+
+    def shutdown(self) -> None:
+        self._watched.clear()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def otlp_json(spans: list[ReadableSpan]) -> bytes:
+    """Spans as OTLP/JSON (an `ExportTraceServiceRequest`): hex ids, integer enums."""
+    document = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+    for resource_spans in document.get("resourceSpans", []):
+        for scope_spans in resource_spans.get("scopeSpans", []):
+            for span in scope_spans.get("spans", []):
+                _hex_ids(span)
+                for link in span.get("links", []):
+                    _hex_ids(link)
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def _hex_ids(node: dict[str, Any]) -> None:
+    # Protobuf's JSON mapping writes bytes as base64; OTLP/JSON wants hex ids.
+    for key in ("traceId", "spanId", "parentSpanId"):
+        if key in node:
+            node[key] = base64.b64decode(node[key]).hex()
+
+
+def descendants(spans: list[ReadableSpan], root_span_id: int) -> list[ReadableSpan]:
+    """The root span and every span below it (a trace may hold other calls too)."""
+    children: dict[int, list[ReadableSpan]] = {}
+    by_id: dict[int, ReadableSpan] = {}
+    for span in spans:
+        if span.context is None:
+            continue
+        by_id[span.context.span_id] = span
+        if span.parent is not None:
+            children.setdefault(span.parent.span_id, []).append(span)
+    found = [by_id[root_span_id]] if root_span_id in by_id else []
+    queue = [root_span_id]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            assert child.context is not None
+            found.append(child)
+            queue.append(child.context.span_id)
+    return found
+
+
+COLLECTOR = TraceCollector()
