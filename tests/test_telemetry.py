@@ -105,11 +105,13 @@ async def test_a_v5_callers_trace_continues_through_the_mcp_call(
     assert execute.attributes["toolbus.normalized.count"] == 2
     assert found["normalize"].parent.span_id == execute.context.span_id
     assert found["validate"].parent.span_id == execute.context.span_id
-    client = next(
-        s for name, s in found.items() if name.endswith("tools/call control_zwave_device")
-    )
+    client = found["tools/call control_zwave_device"]
     assert client.kind is SpanKind.CLIENT and client.parent.span_id == execute.context.span_id
     assert client.attributes["mcp.method.name"] == "tools/call"
+    assert client.attributes["toolbus.mcp.server"] == "devices"
+    sdk = found["MCP send tools/call control_zwave_device"]  # the SDK's own: it injects _meta
+    assert sdk.parent.span_id == client.context.span_id
+    assert "gen_ai.tool.call.arguments" not in execute.attributes  # values stay out by default
     producer = found[f"send {reply_topic}"]
     assert (
         producer.kind is SpanKind.PRODUCER and producer.parent.span_id == consumer.context.span_id
@@ -154,7 +156,9 @@ async def test_bad_headers_start_a_new_trace_and_errors_mark_the_spans(
     assert consumer.parent is None
     assert consumer.status.status_code is StatusCode.ERROR
     assert consumer.attributes["error.type"] == "unknown_tool"
-    assert found["execute_tool no_such_tool"].attributes["error.type"] == "unknown_tool"
+    execute = found["execute_tool no_such_tool"]
+    assert execute.attributes["error.type"] == "unknown_tool"
+    assert [e.name for e in execute.events] == ["exception"]
 
 
 def test_log_lines_carry_the_trace_and_call_ids(spans: Any) -> None:
@@ -219,3 +223,27 @@ async def test_spans_published_back_as_otlp_json(
                 span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
     parsed = ParseDict(document, ExportTraceServiceRequest())
     assert len(parsed.resource_spans[0].scope_spans) >= 1
+
+
+async def test_argument_values_are_recorded_only_when_switched_on() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from worker.config import Settings
+    from worker.decode import Call
+    from worker.service import build_executor, build_registry
+    from worker.tools import BUILTIN_TOOLS
+
+    for switch in (False, True):
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        settings = Settings(trace_arguments=switch)
+        executor = build_executor(
+            settings, build_registry(BUILTIN_TOOLS, settings), provider.get_tracer("t")
+        )
+        await executor.execute(Call(id="a", tool="echo", arguments={"text": "secret"}, topic="t"))
+        [span] = [s for s in exporter.get_finished_spans() if s.name == "execute_tool echo"]
+        recorded = span.attributes.get("gen_ai.tool.call.arguments")
+        assert (recorded == '{"text": "secret"}') if switch else (recorded is None)

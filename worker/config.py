@@ -238,6 +238,9 @@ class Settings(BaseSettings):
         default=False,
         description="Publish every call's spans back on `{reply_topic}/trace` (records spans).",
     )
+    trace_arguments: bool = Field(
+        default=False, description="Record argument values on spans (they may be personal data)."
+    )
     log_level: str = "INFO"
     log_format: Literal["auto", "json", "text"] = "auto"
     tools: dict[str, ToolSettings] = Field(default_factory=dict)

@@ -7,6 +7,7 @@ returns an `Outcome` and logs exactly one line for it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -77,6 +78,7 @@ class Executor:
         slow_call_ms: float,
         tool_settings: Mapping[str, ToolSettings],
         tracer: trace.Tracer | None = None,
+        trace_arguments: bool = False,
     ) -> None:
         self.registry = registry
         self.normalizer = normalizer
@@ -87,6 +89,7 @@ class Executor:
         self._slow_call_ms = slow_call_ms
         self._tool_settings = tool_settings
         self._tracer = tracer or default_tracer()
+        self._trace_arguments = trace_arguments  # values may be personal data: off by default
         self.startup: Startup | None = None  # MCP servers still starting, set by the worker
         self.access.refresh(registry)
 
@@ -126,11 +129,16 @@ class Executor:
                 tool, arguments = self.prepare(call, outcome)
                 span.update_name(f"execute_tool {outcome.tool}")
                 span.set_attribute("gen_ai.tool.name", outcome.tool or call.tool)
+                if self._trace_arguments and span.is_recording():
+                    span.set_attribute(
+                        "gen_ai.tool.call.arguments", json.dumps(arguments, default=str)
+                    )
                 outcome.result = await self._run(tool, arguments, self.deadline_s(call, tool))
             except ToolbusError as error:
                 outcome.error = error
                 span.set_status(trace.StatusCode.ERROR, error.code.value)
                 span.set_attribute("error.type", error.code.value)
+                span.record_exception(error)
             except Exception as exc:
                 log.exception("internal error in call %s to %s", call.id, call.tool)
                 outcome.error = InternalError(f"internal error: {type(exc).__name__}")

@@ -83,6 +83,7 @@ def build_executor(
         slow_call_ms=settings.slow_call_ms,
         tool_settings=settings.tools,
         tracer=tracer,
+        trace_arguments=settings.trace_arguments,
     )
 
 

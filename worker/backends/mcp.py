@@ -38,6 +38,7 @@ from mcp_types import (
     PaginatedRequestParams,
     ToolListChangedNotification,
 )
+from opentelemetry import trace
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -54,6 +55,7 @@ from worker.errors import CallTimeout, ToolFailed, Unavailable
 from worker.registry import Registry, Tool, sanitize_name
 
 log = logging.getLogger("toolbus.mcp")
+_tracer = trace.get_tracer("toolbus.mcp")
 
 ServerState = Literal["connecting", "ready", "degraded", "down", "stopped"]
 StateListener = Callable[["McpServer"], None]
@@ -443,7 +445,18 @@ class McpServer:
                     server=self.name,
                 )
             try:
-                result = await current.session.call_tool(remote_name, arguments)
+                with _tracer.start_as_current_span(
+                    f"tools/call {remote_name}",
+                    kind=trace.SpanKind.CLIENT,
+                    attributes={
+                        "mcp.method.name": "tools/call",
+                        "gen_ai.tool.name": remote_name,
+                        "gen_ai.operation.name": "execute_tool",
+                        "server.address": self.config.url or self.config.command or "",
+                        "toolbus.mcp.server": self.name,
+                    },
+                ):
+                    result = await current.session.call_tool(remote_name, arguments)
             except MCPError as exc:
                 if exc.code == CONNECTION_CLOSED:
                     self._end(current, "the connection closed")
