@@ -102,6 +102,7 @@ def _settings(args: argparse.Namespace) -> Any:
 def _serve(args: argparse.Namespace) -> int:
     from worker.backends.local import load_entry_points
     from worker.logs import setup_logging
+    from worker.metrics import configure_metrics
     from worker.service import Worker, build_registry
     from worker.telemetry import configure_tracing
     from worker.tools import BUILTIN_TOOLS
@@ -109,6 +110,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     setup_logging(settings.log_level, settings.log_format)
     provider = configure_tracing(record_for_callers=settings.publish_traces)
+    meters = configure_metrics(prometheus_port=settings.metrics_port)
     registry = build_registry([*BUILTIN_TOOLS, *load_entry_points()], settings)
     worker = Worker(settings, registry)
 
@@ -124,6 +126,8 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         if provider is not None:
             provider.shutdown()  # flushes the spans still batched
+        if meters is not None:
+            meters.shutdown()
     return EXIT_OK
 
 

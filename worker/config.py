@@ -238,6 +238,9 @@ class Settings(BaseSettings):
         default=False,
         description="Publish every call's spans back on `{reply_topic}/trace` (records spans).",
     )
+    metrics_port: int | None = Field(
+        default=None, ge=1, le=65535, description="Serve metrics for Prometheus on this port."
+    )
     trace_arguments: bool = Field(
         default=False, description="Record argument values on spans (they may be personal data)."
     )

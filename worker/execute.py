@@ -31,6 +31,7 @@ from worker.errors import (
     UnknownTool,
 )
 from worker.guards import Guards
+from worker.metrics import Metrics
 from worker.normalize import Normalizer
 from worker.registry import Registry, Resolved, Tool
 from worker.report import Change
@@ -79,6 +80,7 @@ class Executor:
         tool_settings: Mapping[str, ToolSettings],
         tracer: trace.Tracer | None = None,
         trace_arguments: bool = False,
+        metrics: Metrics | None = None,
     ) -> None:
         self.registry = registry
         self.normalizer = normalizer
@@ -90,6 +92,7 @@ class Executor:
         self._tool_settings = tool_settings
         self._tracer = tracer or default_tracer()
         self._trace_arguments = trace_arguments  # values may be personal data: off by default
+        self.metrics = metrics or Metrics()
         self.startup: Startup | None = None  # MCP servers still starting, set by the worker
         self.access.refresh(registry)
 
@@ -147,6 +150,13 @@ class Executor:
             record_normalization(span, outcome.normalized)
         outcome.duration_ms = (time.perf_counter() - started) * 1000
         self._log(call, arguments, outcome)
+        # Only resolved names become labels: a caller must not be able to grow them.
+        self.metrics.call_done(
+            outcome.tool or "(unknown)",
+            "ok" if outcome.error is None else outcome.error.code.value,
+            outcome.duration_ms / 1000,
+            outcome.normalized,
+        )
         return outcome
 
     async def _await_startup(self, call: Call) -> None:

@@ -30,6 +30,7 @@ from worker.encode import dead_letter, outbound_reply, reply_for_call, reply_for
 from worker.errors import Unavailable
 from worker.execute import Executor, Outcome
 from worker.guards import Guards
+from worker.metrics import Metrics
 from worker.normalize import Normalizer
 from worker.registry import Registry
 from worker.telemetry import (
@@ -66,7 +67,10 @@ def build_registry(local_tools: Iterable[LocalTool], settings: Settings) -> Regi
 
 
 def build_executor(
-    settings: Settings, registry: Registry, tracer: trace.Tracer | None = None
+    settings: Settings,
+    registry: Registry,
+    tracer: trace.Tracer | None = None,
+    metrics: Metrics | None = None,
 ) -> Executor:
     """The pipeline a worker runs, from the settings (tests and `toolbus mappings` use it too)."""
     return Executor(
@@ -84,6 +88,7 @@ def build_executor(
         tool_settings=settings.tools,
         tracer=tracer,
         trace_arguments=settings.trace_arguments,
+        metrics=metrics,
     )
 
 
@@ -96,22 +101,25 @@ class Worker:
         tcp_nodelay: bool = True,
         tracer: trace.Tracer | None = None,
         collector: TraceCollector | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
         self._tracer = tracer or default_tracer()
         self._collector = collector or COLLECTOR
+        self.metrics = metrics or Metrics()
         self._tcp_nodelay = tcp_nodelay  # off only for the benchmark's baseline
         self.worker_id = settings.worker_id or f"toolbus-{uuid.uuid4().hex[:12]}"
         self.topics = Topics(
             settings.topic_prefix, settings.shared_group, settings.allowed_reply_prefixes
         )
         self.registry = registry
-        self.executor = build_executor(settings, registry, self._tracer)
+        self.executor = build_executor(settings, registry, self._tracer, self.metrics)
         registry.listeners.append(self._registry_changed)
         self.mcp = McpBackend(
             settings.mcp_servers, registry, settings.tools, self._on_server_state, settings.mcp
         )
         self.executor.startup = self.mcp
+        self.metrics.watch_servers(self.mcp.states)
         self.subscribed = asyncio.Event()
         self.draining = asyncio.Event()  # set once stopping has begun
         self.in_flight = 0
@@ -209,6 +217,7 @@ class Worker:
 
     def _spawn(self, message: Inbound) -> None:
         self.in_flight += 1
+        self.metrics.message_started()
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         self._sequence += 1
         task = asyncio.create_task(self._handle(message), name=f"handle:{self._sequence}")
@@ -289,6 +298,7 @@ class Worker:
         finally:
             self.handled += 1
             self.in_flight -= 1
+            self.metrics.message_done()
             self._slots.release()
 
     async def _reject(self, message: Inbound, rejected: Rejected) -> None:
@@ -359,6 +369,7 @@ class Worker:
 
     async def _dead(self, message: Inbound, error: ErrorBody, ident: str | None) -> None:
         log.warning("dead-lettering message on %s: %s", message.topic, error.code.value)
+        self.metrics.dead_lettered(error.code.value)
         await self._publish(
             dead_letter(
                 dead_topic=self.topics.dead,

@@ -1,0 +1,134 @@
+"""Metrics: what a worker counts, as OpenTelemetry instruments.
+
+    toolbus.calls                 counter    {tool, outcome}   outcome: ok or the error code
+    toolbus.call.duration         histogram  {tool}            seconds
+    toolbus.calls.in_flight       up-down    {}                messages being handled
+    toolbus.normalize.rewrites    counter    {rule}            normalization report entries
+    toolbus.dead_letters          counter    {code}
+    toolbus.mcp.server.up         gauge      {server}          1 ready, 0 otherwise
+
+Exported over OTLP (`OTEL_METRICS_EXPORTER`, default `otlp` when an OTLP endpoint is
+set), to the console, and, with `metrics_port`, served for Prometheus to scrape
+(extra `toolbus[prometheus]`). No-ops until configured.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+
+from worker.report import Change
+
+log = logging.getLogger("toolbus.metrics")
+
+METER_NAME = "toolbus"
+
+
+class Metrics:
+    def __init__(self, meter: Meter | None = None) -> None:
+        meter = meter or metrics.get_meter(METER_NAME)
+        self._calls = meter.create_counter(
+            "toolbus.calls", unit="{call}", description="Calls by tool and outcome"
+        )
+        self._duration = meter.create_histogram(
+            "toolbus.call.duration", unit="s", description="Call duration"
+        )
+        self._in_flight = meter.create_up_down_counter(
+            "toolbus.calls.in_flight", unit="{message}", description="Messages being handled"
+        )
+        self._rewrites = meter.create_counter(
+            "toolbus.normalize.rewrites",
+            unit="{rewrite}",
+            description="Normalization changes by rule",
+        )
+        self._dead = meter.create_counter(
+            "toolbus.dead_letters", unit="{message}", description="Messages dead-lettered"
+        )
+        self._servers: Callable[[], Mapping[str, str]] = dict
+        meter.create_observable_gauge(
+            "toolbus.mcp.server.up", callbacks=[self._observe_servers], description="1 when ready"
+        )
+
+    def watch_servers(self, states: Callable[[], Mapping[str, str]]) -> None:
+        self._servers = states
+
+    def _observe_servers(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(int(state == "ready"), {"server": name})
+            for name, state in self._servers().items()
+        ]
+
+    def call_done(
+        self, tool: str, outcome: str, duration_s: float, changes: Iterable[Change]
+    ) -> None:
+        self._calls.add(1, {"tool": tool, "outcome": outcome})
+        self._duration.record(duration_s, {"tool": tool})
+        for change in changes:
+            self._rewrites.add(1, {"rule": change.rule})
+
+    def message_started(self) -> None:
+        self._in_flight.add(1)
+
+    def message_done(self) -> None:
+        self._in_flight.add(-1)
+
+    def dead_lettered(self, code: str) -> None:
+        self._dead.add(1, {"code": code})
+
+
+def configure_metrics(
+    environ: Mapping[str, str] | None = None, *, prometheus_port: int | None = None
+) -> MeterProvider | None:
+    """Install the global meter provider the environment (and `metrics_port`) ask for."""
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return None
+    choice = env.get("OTEL_METRICS_EXPORTER", "").strip().lower()
+    if not choice:
+        has_endpoint = (
+            "OTEL_EXPORTER_OTLP_ENDPOINT" in env or "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT" in env
+        )
+        choice = "otlp" if has_endpoint else "none"
+    readers: list[MetricReader] = []
+    if choice == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter  # noqa: PLC0415
+
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    elif choice == "console":
+        readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter()))
+    elif choice != "none":
+        raise ValueError(f"OTEL_METRICS_EXPORTER={choice!r}: use otlp, console or none")
+    if prometheus_port is not None:
+        readers.append(_prometheus(prometheus_port))
+    if not readers:
+        return None
+    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", "toolbus")})
+    provider = MeterProvider(resource=resource, metric_readers=readers)
+    metrics.set_meter_provider(provider)
+    return provider
+
+
+def _prometheus(port: int) -> MetricReader:
+    try:
+        exporter = importlib.import_module("opentelemetry.exporter.prometheus")
+        client = importlib.import_module("prometheus_client")
+    except ImportError:
+        raise ValueError(
+            "metrics_port needs the extra: pip install 'toolbus[prometheus]'"
+        ) from None
+    client.start_http_server(port)
+    log.info("metrics served for Prometheus on port %d", port)
+    reader: MetricReader = exporter.PrometheusMetricReader()
+    return reader
