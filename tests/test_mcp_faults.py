@@ -336,3 +336,42 @@ async def test_http_server_restart_reinitializes_the_session(
             assert worker.mcp.servers["web"].connects == 2
     finally:
         await stop_process(server)
+
+
+async def test_stdio_servers_inherit_the_otel_settings(
+    broker: Broker, caller_for_faults: Caller, tmp_path: Path
+) -> None:
+    from tests.conftest import START_TIMEOUT_S
+    from worker.service import Worker, build_registry
+    from worker.telemetry import child_environment
+    from worker.tools import BUILTIN_TOOLS
+
+    inherited = child_environment(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_SERVICE_NAME": "w", "HOME": "/"}
+    )
+    assert inherited == {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318"}
+    server = misbehaving(tmp_path)
+    server["env"]["OTEL_TRACES_SAMPLER"] = "always_off"  # the server's own env wins
+    settings = make_settings(broker, mcpServers={"child": server})
+    worker = Worker(
+        settings,
+        build_registry(BUILTIN_TOOLS, settings),
+        child_env={**inherited, "OTEL_TRACES_SAMPLER": "always_on"},
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop), name="child-env-worker")
+    try:
+        async with asyncio.timeout(START_TIMEOUT_S * 2):
+            await asyncio.gather(worker.subscribed.wait(), worker.mcp.wait_settled())
+        endpoint = await call(
+            caller_for_faults, worker, "env_value", {"name": "OTEL_EXPORTER_OTLP_ENDPOINT"}
+        )
+        sampler = await call(
+            caller_for_faults, worker, "env_value", {"name": "OTEL_TRACES_SAMPLER"}
+        )
+        assert endpoint["result"]["text"] == "http://x:4318"
+        assert sampler["result"]["text"] == "always_off"
+    finally:
+        stop.set()
+        async with asyncio.timeout(30):
+            await task

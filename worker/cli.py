@@ -104,7 +104,7 @@ def _serve(args: argparse.Namespace) -> int:
     from worker.logs import setup_logging
     from worker.metrics import configure_metrics
     from worker.service import Worker, build_registry
-    from worker.telemetry import configure_tracing
+    from worker.telemetry import child_environment, configure_tracing
     from worker.tools import BUILTIN_TOOLS
 
     settings = _settings(args)
@@ -112,7 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
     provider = configure_tracing(record_for_callers=settings.publish_traces)
     meters = configure_metrics(prometheus_port=settings.metrics_port)
     registry = build_registry([*BUILTIN_TOOLS, *load_entry_points()], settings)
-    worker = Worker(settings, registry)
+    worker = Worker(settings, registry, child_env=child_environment())
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -271,6 +271,14 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _demo_server(args: argparse.Namespace) -> int:
     from worker.demo.server import main as demo_main
+    from worker.telemetry import configure_tracing
 
-    demo_main(args.http)
+    # Instrumented like any MCP server should be: it continues the caller's trace
+    # from each request's _meta and exports with the OTEL_* settings it inherits.
+    provider = configure_tracing(service_name="toolbus-demo-devices")
+    try:
+        demo_main(args.http)
+    finally:
+        if provider is not None:
+            provider.shutdown()
     return EXIT_OK

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
 from opentelemetry import trace
@@ -102,6 +102,7 @@ class Worker:
         tracer: trace.Tracer | None = None,
         collector: TraceCollector | None = None,
         metrics: Metrics | None = None,
+        child_env: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
         self._tracer = tracer or default_tracer()
@@ -116,7 +117,12 @@ class Worker:
         self.executor = build_executor(settings, registry, self._tracer, self.metrics)
         registry.listeners.append(self._registry_changed)
         self.mcp = McpBackend(
-            settings.mcp_servers, registry, settings.tools, self._on_server_state, settings.mcp
+            settings.mcp_servers,
+            registry,
+            settings.tools,
+            self._on_server_state,
+            settings.mcp,
+            child_env=child_env,
         )
         self.executor.startup = self.mcp
         self.metrics.watch_servers(self.mcp.states)

@@ -44,8 +44,17 @@ def default_tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME)
 
 
+def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The OTEL_* settings a stdio MCP server should inherit (it names its own service)."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if k.startswith("OTEL_") and k != "OTEL_SERVICE_NAME"}
+
+
 def configure_tracing(
-    environ: Mapping[str, str] | None = None, *, record_for_callers: bool = False
+    environ: Mapping[str, str] | None = None,
+    *,
+    record_for_callers: bool = False,
+    service_name: str = "toolbus",
 ) -> TracerProvider | None:
     """Install the global tracer provider the environment asks for; None when disabled.
 
@@ -63,7 +72,7 @@ def configure_tracing(
         choice = "otlp" if has_endpoint else "none"
     if choice == "none" and not record_for_callers:
         return None
-    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", "toolbus")})
+    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", service_name)})
     provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER
     provider.add_span_processor(COLLECTOR)
     if choice != "none":

@@ -155,6 +155,12 @@ async def cancellations() -> int:
 
 
 @server.tool()
+def env_value(name: str) -> str:
+    """One variable of this server's environment ("" when unset)."""
+    return os.environ.get(name, "")
+
+
+@server.tool()
 def picture() -> list[Any]:
     """Returns an image and a caption."""
     return [

@@ -99,8 +99,11 @@ class McpServer:
         policy: McpPolicy,
         on_state: StateListener,
         rank: int = 0,
+        *,
+        child_env: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
+        self._child_env = dict(child_env or {})  # e.g. OTEL_*: the server's own env wins
         self.origin = f"mcp:{name}"
         self.config = config
         self.policy = policy
@@ -315,8 +318,9 @@ class McpServer:
         )
         stack.push_async_callback(_finish, pump)
         stack.callback(_close_quietly, errlog)
+        env = {**self._child_env, **cfg.env}
         params = StdioServerParameters(
-            command=cfg.command, args=cfg.args, env=cfg.env or None, cwd=cfg.cwd
+            command=cfg.command, args=cfg.args, env=env or None, cwd=cfg.cwd
         )
         streams = await stack.enter_async_context(stdio_client(params, errlog=errlog))
         # The child holds its own copy of the pipe now; closing ours lets the pump see
@@ -589,10 +593,12 @@ class McpBackend:
         tool_settings: Mapping[str, ToolSettings],
         on_state: StateListener,
         policy: McpPolicy | None = None,
+        *,
+        child_env: Mapping[str, str] | None = None,
     ) -> None:
         policy = policy or McpPolicy()
         self.servers = {
-            name: McpServer(name, cfg, policy, on_state, rank)
+            name: McpServer(name, cfg, policy, on_state, rank, child_env=child_env)
             for rank, (name, cfg) in enumerate(configs.items())
             if not cfg.disabled
         }
