@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 BROKER_PORT ?= 1883
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: bench-normalize compose-check bench run test lint typecheck schemas check broker stop-broker clean mosquitto-binary
+.PHONY: bench-tracing bench-normalize compose-check bench run test lint typecheck schemas check broker stop-broker clean mosquitto-binary
 
 $(STAMP): pyproject.toml
 	@scripts/ensure-python $(PYTHON)
@@ -29,7 +29,14 @@ stop-broker:
 run: $(STAMP) broker
 	$(BIN)/toolbus serve --config config/toolbus.toml
 
-test: $(STAMP) mosquitto-binary
+# A tracing backend for the end-to-end tracing test, in a venv of its own (its pins are its own).
+PHOENIX := .venv-phoenix/bin/phoenix
+$(PHOENIX):
+	$(PYTHON) -m venv .venv-phoenix
+	.venv-phoenix/bin/pip install --quiet --upgrade pip
+	.venv-phoenix/bin/pip install --quiet 'arize-phoenix>=12,<30'
+
+test: $(STAMP) mosquitto-binary $(PHOENIX)
 	$(BIN)/pytest
 
 lint: $(STAMP)
@@ -48,10 +55,13 @@ compose-check:
 check: lint typecheck test compose-check
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .run
+	rm -rf $(VENV) .venv-phoenix .pytest_cache .mypy_cache .ruff_cache .run
 
 bench: $(STAMP) mosquitto-binary
 	$(BIN)/toolbus bench
+
+bench-tracing: $(STAMP) mosquitto-binary
+	$(BIN)/toolbus bench --tracing
 
 bench-normalize: $(STAMP)
 	$(BIN)/python bench/normalize.py

@@ -17,11 +17,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -204,5 +206,87 @@ def render(results: list[Figures]) -> None:
         f"{baseline.local_p99_ms / shipped.local_p99_ms:.1f}x",
         f"{baseline.mcp_p50_ms / shipped.mcp_p50_ms:.1f}x",
         f"{shipped.throughput_rps / baseline.throughput_rps:.1f}x",
+    )
+    Console().print(table)
+
+
+class _OtlpSink(BaseHTTPRequestHandler):
+    """Accepts OTLP/HTTP exports and drops them: a receiver that costs the worker nothing."""
+
+    received = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        type(self).received += 1
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        return None
+
+
+def run_tracing(requests: int = 300, concurrency: int = 64) -> list[Figures]:
+    """The same run with tracing off, then on (batch OTLP export to a local sink)."""
+    from opentelemetry import trace  # noqa: PLC0415
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
+    from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
+
+    results = []
+    with private_broker(tcp_nodelay=True) as url:
+        off = measure(
+            "tracing off", url, tcp_nodelay=True, requests=requests, concurrency=concurrency
+        )
+        results.append(asyncio.run(off))
+        sink = ThreadingHTTPServer(("127.0.0.1", 0), _OtlpSink)
+        thread = threading.Thread(target=sink.serve_forever, name="otlp-sink", daemon=True)
+        thread.start()
+        try:
+            provider = TracerProvider()
+            endpoint = f"http://127.0.0.1:{sink.server_address[1]}/v1/traces"
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+            trace.set_tracer_provider(provider)
+            on = measure(
+                "tracing on (OTLP)",
+                url,
+                tcp_nodelay=True,
+                requests=requests,
+                concurrency=concurrency,
+            )
+            results.append(asyncio.run(on))
+            provider.shutdown()
+        finally:
+            sink.shutdown()
+    if _OtlpSink.received == 0:
+        raise RuntimeError("no spans reached the local OTLP receiver: tracing was not on")
+    return results
+
+
+def render_tracing(results: list[Figures]) -> None:
+    table = Table(title="Tracing overhead: the same worker, tracing off vs on, one run")
+    for column in (
+        "",
+        "echo p50 ms",
+        "echo p99 ms",
+        "MCP tool p50 ms",
+        "echo req/s (64 in flight)",
+    ):
+        table.add_column(column, justify="right" if column else "left")
+    for f in results:
+        table.add_row(
+            f.label,
+            f"{f.local_p50_ms:.2f}",
+            f"{f.local_p99_ms:.2f}",
+            f"{f.mcp_p50_ms:.2f}",
+            f"{f.throughput_rps:.0f}",
+        )
+    off, on = results
+    table.add_row(
+        "on / off",
+        f"{on.local_p50_ms / off.local_p50_ms:.2f}x",
+        f"{on.local_p99_ms / off.local_p99_ms:.2f}x",
+        f"{on.mcp_p50_ms / off.mcp_p50_ms:.2f}x",
+        f"{on.throughput_rps / off.throughput_rps:.2f}x",
     )
     Console().print(table)

@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure round trips against a same-run baseline")
     bench.add_argument("--requests", type=int, default=200)
     bench.add_argument("--concurrency", type=int, default=64)
+    bench.add_argument(
+        "--tracing", action="store_true", help="compare tracing off and on instead of Nagle"
+    )
 
     demo = sub.add_parser("demo-server", help="run the demo MCP device server on stdio")
     demo.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP on /mcp instead")
@@ -265,7 +268,12 @@ def _mappings(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from worker import bench
 
-    bench.render(bench.run(requests=args.requests, concurrency=args.concurrency))
+    if args.tracing:
+        bench.render_tracing(
+            bench.run_tracing(requests=args.requests, concurrency=args.concurrency)
+        )
+    else:
+        bench.render(bench.run(requests=args.requests, concurrency=args.concurrency))
     return EXIT_OK
 
 
