@@ -247,3 +247,31 @@ async def test_argument_values_are_recorded_only_when_switched_on() -> None:
         [span] = [s for s in exporter.get_finished_spans() if s.name == "execute_tool echo"]
         recorded = span.attributes.get("gen_ai.tool.call.arguments")
         assert (recorded == '{"text": "secret"}') if switch else (recorded is None)
+
+
+@pytest.mark.parametrize(
+    ("topic_tool", "body", "code"),
+    [
+        ("echo", b"not json", "bad_request"),
+        ("echo", b'{"arguments": {"text": 5}}', "invalid_arguments"),
+        ("datetime", b'{"arguments": {"timezone": "Mars/Olympus"}}', "invalid_arguments"),
+        ("nothing_here", b"{}", "unknown_tool"),
+    ],
+)
+async def test_each_failure_marks_the_consumer_span(
+    broker: Broker, traced_worker: Worker, spans: Any, topic_tool: str, body: bytes, code: str
+) -> None:
+    async with Caller(broker.url) as caller:
+        reply, _ = await caller.call(
+            f"{traced_worker.topics.call}/{topic_tool}",
+            body,
+            reply_topic=f"{traced_worker.topics.reply_prefixes[0]}e",
+        )
+    assert reply["error"]["code"] == code
+    found = {s.name: s for s in by_trace(spans, reply["trace_id"])}
+    consumer = found[f"process {traced_worker.topics.call}/{topic_tool}"]
+    assert consumer.status.status_code is StatusCode.ERROR
+    assert consumer.attributes["error.type"] == code
+    assert (
+        f"send {traced_worker.topics.reply_prefixes[0]}e" in found
+    )  # the error reply is traced too
