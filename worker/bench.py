@@ -187,7 +187,16 @@ def run(requests: int = 200, concurrency: int = 64) -> list[Figures]:
 
 
 def render(results: list[Figures]) -> None:
-    table = Table(title="QoS 1 round trips through one worker (sequential unless noted)")
+    _table(
+        "QoS 1 round trips through one worker (sequential unless noted)",
+        results,
+        "baseline/shipped",
+    )
+
+
+def _table(title: str, results: list[Figures], ratio_label: str) -> None:
+    """The figures side by side; the ratio row compares the second to the first."""
+    table = Table(title=title)
     columns = ("", "echo p50 ms", "echo p99 ms", "MCP tool p50 ms", "echo req/s (64 in flight)")
     for column in columns:
         table.add_column(column, justify="right" if column else "left")
@@ -199,13 +208,13 @@ def render(results: list[Figures]) -> None:
             f"{f.mcp_p50_ms:.2f}",
             f"{f.throughput_rps:.0f}",
         )
-    shipped, baseline = results
+    first, second = results
     table.add_row(
-        "ratio baseline/shipped",
-        f"{baseline.local_p50_ms / shipped.local_p50_ms:.1f}x",
-        f"{baseline.local_p99_ms / shipped.local_p99_ms:.1f}x",
-        f"{baseline.mcp_p50_ms / shipped.mcp_p50_ms:.1f}x",
-        f"{shipped.throughput_rps / baseline.throughput_rps:.1f}x",
+        ratio_label,
+        f"{second.local_p50_ms / first.local_p50_ms:.2f}x",
+        f"{second.local_p99_ms / first.local_p99_ms:.2f}x",
+        f"{second.mcp_p50_ms / first.mcp_p50_ms:.2f}x",
+        f"{second.throughput_rps / first.throughput_rps:.2f}x",
     )
     Console().print(table)
 
@@ -264,29 +273,4 @@ def run_tracing(requests: int = 300, concurrency: int = 64) -> list[Figures]:
 
 
 def render_tracing(results: list[Figures]) -> None:
-    table = Table(title="Tracing overhead: the same worker, tracing off vs on, one run")
-    for column in (
-        "",
-        "echo p50 ms",
-        "echo p99 ms",
-        "MCP tool p50 ms",
-        "echo req/s (64 in flight)",
-    ):
-        table.add_column(column, justify="right" if column else "left")
-    for f in results:
-        table.add_row(
-            f.label,
-            f"{f.local_p50_ms:.2f}",
-            f"{f.local_p99_ms:.2f}",
-            f"{f.mcp_p50_ms:.2f}",
-            f"{f.throughput_rps:.0f}",
-        )
-    off, on = results
-    table.add_row(
-        "on / off",
-        f"{on.local_p50_ms / off.local_p50_ms:.2f}x",
-        f"{on.local_p99_ms / off.local_p99_ms:.2f}x",
-        f"{on.mcp_p50_ms / off.mcp_p50_ms:.2f}x",
-        f"{on.throughput_rps / off.throughput_rps:.2f}x",
-    )
-    Console().print(table)
+    _table("Tracing overhead: the same worker, tracing off vs on, one run", results, "on / off")

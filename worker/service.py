@@ -40,6 +40,7 @@ from worker.telemetry import (
     descendants,
     extract_context,
     inject_headers,
+    messaging_attributes,
     otlp_json,
     trace_id_of,
 )
@@ -275,14 +276,13 @@ class Worker:
                 f"process {message.topic}",
                 context=extract_context(message.user_properties, fields),
                 kind=trace.SpanKind.CONSUMER,
-                attributes={
-                    "messaging.system": "mqtt",
-                    "messaging.destination.name": message.topic,
-                    "messaging.operation.type": "process",
-                    "messaging.message.conversation_id": decoded.id,
-                    "messaging.message.body.size": len(message.payload),
-                    "messaging.client.id": self.worker_id,
-                },
+                attributes=messaging_attributes(
+                    "process",
+                    message.topic,
+                    decoded.id,
+                    self.worker_id,
+                    **{"messaging.message.body.size": len(message.payload)},
+                ),
             ) as span:
                 publish_trace = (
                     isinstance(decoded, Call)
@@ -363,13 +363,7 @@ class Worker:
         with self._tracer.start_as_current_span(
             f"send {address.topic}",
             kind=trace.SpanKind.PRODUCER,
-            attributes={
-                "messaging.system": "mqtt",
-                "messaging.destination.name": address.topic,
-                "messaging.operation.type": "send",
-                "messaging.message.conversation_id": reply.id,
-                "messaging.client.id": self.worker_id,
-            },
+            attributes=messaging_attributes("send", address.topic, reply.id, self.worker_id),
         ):
             await self._publish(outbound_reply(address, reply, inject_headers()))
 

@@ -133,6 +133,20 @@ def inject_headers() -> tuple[tuple[str, str], ...]:
     return tuple((k, v) for k, v in carrier.items() if k in TRACE_HEADERS)
 
 
+def messaging_attributes(
+    operation: str, destination: str, conversation_id: str, client_id: str, **extra: Any
+) -> dict[str, Any]:
+    """Semantic-convention attributes of an MQTT process/send span."""
+    return {
+        "messaging.system": "mqtt",
+        "messaging.destination.name": destination,
+        "messaging.operation.type": operation,
+        "messaging.message.conversation_id": conversation_id,
+        "messaging.client.id": client_id,
+        **extra,
+    }
+
+
 def trace_id_of(span: trace.Span) -> str | None:
     context = span.get_span_context()
     return format(context.trace_id, "032x") if context.is_valid else None
