@@ -30,6 +30,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 
 from worker.report import Change
+from worker.telemetry import exporter_choice
 
 log = logging.getLogger("toolbus.metrics")
 
@@ -93,14 +94,9 @@ def configure_metrics(
 ) -> MeterProvider | None:
     """Install the global meter provider the environment (and `metrics_port`) ask for."""
     env = os.environ if environ is None else environ
-    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+    choice = exporter_choice(env, "METRICS")
+    if choice is None:
         return None
-    choice = env.get("OTEL_METRICS_EXPORTER", "").strip().lower()
-    if not choice:
-        has_endpoint = (
-            "OTEL_EXPORTER_OTLP_ENDPOINT" in env or "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT" in env
-        )
-        choice = "otlp" if has_endpoint else "none"
     readers: list[MetricReader] = []
     if choice == "otlp":
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter  # noqa: PLC0415

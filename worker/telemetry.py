@@ -44,6 +44,18 @@ def default_tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME)
 
 
+def exporter_choice(env: Mapping[str, str], signal: str) -> str | None:
+    """`otlp`, `console` or `none` for one signal (`TRACES`, `METRICS`); None when the SDK
+    is disabled. Unset means `otlp` if an OTLP endpoint is configured, else `none`."""
+    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return None
+    choice = env.get(f"OTEL_{signal}_EXPORTER", "").strip().lower()
+    if choice:
+        return choice
+    endpoints = ("OTEL_EXPORTER_OTLP_ENDPOINT", f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+    return "otlp" if any(name in env for name in endpoints) else "none"
+
+
 def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The OTEL_* settings a stdio MCP server should inherit (it names its own service)."""
     env = os.environ if environ is None else environ
@@ -62,15 +74,8 @@ def configure_tracing(
     their spans back (`publish_trace`) get them.
     """
     env = os.environ if environ is None else environ
-    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
-        return None
-    choice = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    if not choice:
-        has_endpoint = (
-            "OTEL_EXPORTER_OTLP_ENDPOINT" in env or "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in env
-        )
-        choice = "otlp" if has_endpoint else "none"
-    if choice == "none" and not record_for_callers:
+    choice = exporter_choice(env, "TRACES")
+    if choice is None or (choice == "none" and not record_for_callers):
         return None
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", service_name)})
     provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER
