@@ -17,6 +17,7 @@ import pytest_asyncio
 
 from tests.conftest import Broker
 from tests.mqtt import Caller
+from tests.processes import start_serve
 from worker.service import Worker
 
 ROOT = Path(__file__).parent.parent
@@ -165,18 +166,7 @@ async def serve(broker: Broker, tmp_path: Path) -> AsyncIterator[tuple[ServeProc
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tb-slow\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[toolbus.tools]\nslow = tb_slow:slow\n")
     prefix = f"serve{uuid.uuid4().hex[:8]}"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "worker",
-        "serve",
-        "--config",
-        str(ROOT / "config" / "toolbus.toml"),
-        "--broker",
-        broker.url,
-        env=cli_env(prefix, plugin),
-        stderr=asyncio.subprocess.PIPE,
-    )
+    proc = await start_serve(broker.url, cli_env(prefix, plugin), stderr=asyncio.subprocess.PIPE)
     served = ServeProcess(proc)
     try:
         yield served, prefix

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest_asyncio
 
 from tests.conftest import DEMO_SERVER, Broker, free_port, make_settings, running_worker
-from tests.httpdemo import start_http_demo, stop_process
 from tests.logwait import watching
 from tests.mqtt import Caller
+from tests.processes import start_http_demo, stop_process
 from worker.service import Worker
 
 

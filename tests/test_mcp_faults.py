@@ -23,9 +23,9 @@ import pytest
 import pytest_asyncio
 
 from tests.conftest import Broker, make_settings, measured, running_worker
-from tests.httpdemo import start_http_demo, stop_process
 from tests.logwait import watching
 from tests.mqtt import Caller
+from tests.processes import start_http_demo, stop_process
 from worker.service import Worker
 
 SERVER = Path(__file__).parent / "servers" / "misbehaving.py"

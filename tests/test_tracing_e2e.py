@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import signal
-import sys
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator
@@ -24,6 +23,7 @@ from paho.mqtt.properties import Properties
 
 from tests.conftest import Broker, free_port
 from tests.mqtt import Caller
+from tests.processes import start_serve, wait_for_line
 from tests.test_cli import ROOT, cli_env, wait_ready
 
 PHOENIX = ROOT / ".venv-phoenix" / "bin" / "phoenix"
@@ -54,11 +54,7 @@ async def phoenix(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str
         stderr=asyncio.subprocess.STDOUT,
     )
     assert proc.stdout is not None
-    seen: list[bytes] = []
-    async with asyncio.timeout(120):
-        while b"Uvicorn running" not in (line := await proc.stdout.readline()):
-            seen.append(line)
-            assert line, f"Phoenix exited: {b''.join(seen[-20:])!r}"
+    await wait_for_line(proc.stdout, b"Uvicorn running", "Phoenix", timeout_s=120)
     drain = asyncio.create_task(_drain(proc.stdout), name="phoenix-log")
     try:
         yield f"http://127.0.0.1:{port}"
@@ -91,18 +87,7 @@ async def test_one_trace_from_the_caller_to_the_mcp_server(broker: Broker, phoen
         "OTEL_METRICS_EXPORTER": "none",  # Phoenix takes traces only
         "OTEL_BSP_SCHEDULE_DELAY": "100",
     }
-    serve = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "worker",
-        "serve",
-        "--config",
-        str(ROOT / "config" / "toolbus.toml"),
-        "--broker",
-        broker.url,
-        env=env,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+    serve = await start_serve(broker.url, env, stderr=asyncio.subprocess.DEVNULL)
     try:
         async with Caller(broker.url) as caller:
             await wait_ready(caller, prefix)
