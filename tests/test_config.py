@@ -55,7 +55,7 @@ def test_claude_desktop_config_loads_as_is(tmp_path: Path) -> None:
                 "mcpServers": {
                     "fs": {
                         "command": "npx",
-                        "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"],
+                        "args": ["-y", "@modelcontextprotocol/server-filesystem", "/srv/shared"],
                         "env": {"A": "1"},
                     },
                     "remote": {"url": "http://127.0.0.1:9/mcp", "type": "http"},
