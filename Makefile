@@ -5,9 +5,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BROKER_PORT ?= 1883
-export PATH := $(abspath $(BIN)):$(PATH)
+# $(CURDIR), not $(abspath): abspath splits a path that holds a space, and a clone may live anywhere.
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+PYTEST_ARGS ?=
 
-.PHONY: bench-tracing bench-normalize compose-check bench run test lint typecheck schemas check broker stop-broker clean mosquitto-binary
+.PHONY: bench-tracing bench-normalize compose-check check-tree bench run test test-quick lint typecheck schemas check broker stop-broker clean mosquitto-binary
 
 $(STAMP): pyproject.toml
 	@scripts/ensure-python $(PYTHON)
@@ -30,14 +32,27 @@ run: $(STAMP) broker
 	$(BIN)/toolbus serve --config config/toolbus.toml
 
 # A tracing backend for the end-to-end tracing test, in a venv of its own (its pins are its own).
-PHOENIX := .venv-phoenix/bin/phoenix
-$(PHOENIX):
-	$(PYTHON) -m venv .venv-phoenix
-	.venv-phoenix/bin/pip install --quiet --upgrade pip
-	.venv-phoenix/bin/pip install --quiet 'arize-phoenix>=12,<30'
+# A stamp, not the phoenix binary, marks it done: an install cut short is redone, not trusted.
+PHOENIX_VENV  := .venv-phoenix
+PHOENIX_STAMP := $(PHOENIX_VENV)/.installed
+$(PHOENIX_STAMP):
+	$(PYTHON) -m venv $(PHOENIX_VENV)
+	$(PHOENIX_VENV)/bin/pip install --quiet --upgrade pip
+	$(PHOENIX_VENV)/bin/pip install --quiet 'arize-phoenix>=12,<30'
+	@touch $(PHOENIX_STAMP)
 
-test: $(STAMP) mosquitto-binary $(PHOENIX)
-	$(BIN)/pytest
+# Every test, the end-to-end tracing test against Phoenix included. Extra pytest
+# arguments: make test PYTEST_ARGS='-k normalize -x'
+test: $(STAMP) mosquitto-binary $(PHOENIX_STAMP)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The quick loop: everything but the tests that need a tracing backend (no Phoenix install).
+test-quick: $(STAMP) mosquitto-binary
+	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
+
+# What CI runs first: nothing tracked may point outside the tree or sit under an ignored path.
+check-tree:
+	@scripts/check-tree
 
 lint: $(STAMP)
 	$(BIN)/ruff check worker tests bench
@@ -52,10 +67,10 @@ schemas: $(STAMP)
 compose-check:
 	scripts/check-compose
 
-check: lint typecheck test compose-check
+check: check-tree lint typecheck test compose-check
 
 clean:
-	rm -rf $(VENV) .venv-phoenix .pytest_cache .mypy_cache .ruff_cache .run
+	rm -rf $(VENV) $(PHOENIX_VENV) .pytest_cache .mypy_cache .ruff_cache .run
 
 bench: $(STAMP) mosquitto-binary
 	$(BIN)/toolbus bench
