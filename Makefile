@@ -9,14 +9,25 @@ BROKER_PORT ?= 1883
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: bench-tracing bench-normalize compose-check check-tree bench run test test-quick lint typecheck schemas check broker stop-broker clean mosquitto-binary
+.PHONY: FORCE bench-tracing bench-normalize compose-check check-tree bench run test test-quick lint typecheck schemas check broker stop-broker clean mosquitto-binary
 
-$(STAMP): pyproject.toml
+# The package installs in strict editable mode: a tree of links to worker/ that imports as
+# `toolbus`, which mypy and editors can read (the default mode's import hook they cannot).
+# A module added or removed needs a new link tree, so the list of source files is a
+# prerequisite; it is rewritten only when it changes.
+SOURCES := $(sort $(shell find worker -name '*.py' -o -name py.typed))
+$(VENV)/.sources: FORCE
+	@mkdir -p $(VENV)
+	@echo '$(SOURCES)' | cmp -s - $@ || echo '$(SOURCES)' > $@
+
+$(STAMP): pyproject.toml $(VENV)/.sources
 	@scripts/ensure-python $(PYTHON)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' --config-settings editable_mode=strict
 	@touch $(STAMP)
+
+FORCE:
 
 mosquitto-binary:
 	@scripts/ensure-mosquitto
@@ -70,7 +81,7 @@ compose-check:
 check: check-tree lint typecheck test compose-check
 
 clean:
-	rm -rf $(VENV) $(PHOENIX_VENV) .pytest_cache .mypy_cache .ruff_cache .run
+	rm -rf $(VENV) $(PHOENIX_VENV) build .pytest_cache .mypy_cache .ruff_cache .run
 
 bench: $(STAMP) mosquitto-binary
 	$(BIN)/toolbus bench

@@ -24,13 +24,13 @@ from rich.console import Console
 from rich.table import Table
 
 from tests.test_normalize import ANALYSIS_SCHEMA, ANALYSIS_SETTINGS, analysis_context
-from worker.config import Settings
-from worker.contracts import ToolResult
-from worker.decode import Call
-from worker.demo.server import build_server
-from worker.execute import Outcome
-from worker.registry import Registry, Tool
-from worker.service import build_executor
+from toolbus.config import Settings
+from toolbus.contracts import ToolResult
+from toolbus.decode import Call
+from toolbus.demo.server import build_server
+from toolbus.execute import Outcome
+from toolbus.registry import Registry, Tool
+from toolbus.service import build_executor
 
 ROUNDS = 31
 CALLS_PER_ROUND = 2000

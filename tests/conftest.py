@@ -20,13 +20,13 @@ import pytest
 import pytest_asyncio
 
 from tests.mqtt import Caller
-from worker.backends.local import LocalTool
-from worker.config import Settings
-from worker.service import Worker, build_registry
-from worker.tools import BUILTIN_TOOLS
+from toolbus.backends.local import LocalTool
+from toolbus.config import Settings
+from toolbus.service import Worker, build_registry
+from toolbus.tools import BUILTIN_TOOLS
 
 START_TIMEOUT_S = 15.0
-DEMO_SERVER = {"command": sys.executable, "args": ["-m", "worker", "demo-server"]}
+DEMO_SERVER = {"command": sys.executable, "args": ["-m", "toolbus", "demo-server"]}
 
 
 def free_port() -> int:
@@ -205,7 +205,7 @@ def spans() -> Any:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from worker.telemetry import COLLECTOR
+    from toolbus.telemetry import COLLECTOR
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

@@ -16,7 +16,7 @@ import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from worker.config import BrokerUrl
+from toolbus.config import BrokerUrl
 
 REPLY_TIMEOUT_S = 15.0
 

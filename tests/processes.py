@@ -33,7 +33,7 @@ async def start_serve(
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "worker",
+        "toolbus",
         "serve",
         "--config",
         str(BUNDLED_CONFIG),
@@ -49,7 +49,7 @@ async def start_http_demo(port: int) -> asyncio.subprocess.Process:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "worker",
+        "toolbus",
         "demo-server",
         "--http",
         f"127.0.0.1:{port}",

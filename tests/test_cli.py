@@ -18,7 +18,7 @@ import pytest_asyncio
 from tests.conftest import Broker
 from tests.mqtt import Caller
 from tests.processes import start_serve
-from worker.service import Worker
+from toolbus.service import Worker
 
 ROOT = Path(__file__).parent.parent
 BIN = Path(sys.executable).parent
@@ -41,7 +41,7 @@ async def run_cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "worker",
+        "toolbus",
         *args,
         env=env,
         stdout=asyncio.subprocess.PIPE,
@@ -120,7 +120,7 @@ def _closed_port() -> int:
 SLOW_PLUGIN = textwrap.dedent(
     """
     import asyncio, logging
-    from worker import tool
+    from toolbus import tool
 
     @tool
     async def slow(seconds: float) -> str:

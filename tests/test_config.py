@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from worker.config import BrokerUrl, load_settings
+from toolbus.config import BrokerUrl, load_settings
 
 
 @pytest.mark.parametrize(
@@ -121,7 +121,7 @@ def test_compose_worker_config_loads() -> None:
 
 
 def test_every_setting_is_documented() -> None:
-    from worker.config import Settings
+    from toolbus.config import Settings
 
     doc = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
     for name, field in Settings.model_fields.items():

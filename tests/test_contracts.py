@@ -6,15 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from worker.contracts import ErrorCode, check_schemas, write_schemas
-from worker.errors import ERROR_CLASSES, ToolbusError
+from toolbus.contracts import ErrorCode, check_schemas, write_schemas
+from toolbus.errors import ERROR_CLASSES, ToolbusError
 
 ROOT = Path(__file__).parent.parent
 
 
 def test_schemas_check_passes_on_the_repo() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "worker", "schemas", "--check", "--dir", str(ROOT / "schemas")],
+        [sys.executable, "-m", "toolbus", "schemas", "--check", "--dir", str(ROOT / "schemas")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -30,7 +30,7 @@ def test_schemas_check_detects_drift(tmp_path: Path) -> None:
     (tmp_path / "request.json").unlink()
     assert sorted(check_schemas(tmp_path)) == ["reply.json", "request.json"]
     result = subprocess.run(
-        [sys.executable, "-m", "worker", "schemas", "--check", "--dir", str(tmp_path)],
+        [sys.executable, "-m", "toolbus", "schemas", "--check", "--dir", str(tmp_path)],
         capture_output=True,
         timeout=60,
         check=False,

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from worker.contracts import ErrorCode
-from worker.decode import Call, Rejected, decode
-from worker.topics import Topics
-from worker.transport import Inbound
+from toolbus.contracts import ErrorCode
+from toolbus.decode import Call, Rejected, decode
+from toolbus.topics import Topics
+from toolbus.transport import Inbound
 
 TOPICS = Topics("tb", "grp", ("tb/reply/",))
 LIMIT = 4096

@@ -10,9 +10,9 @@ from typing import Literal
 
 import pytest
 
-from worker.backends.local import ENTRY_POINT_GROUP, LocalTool, load_entry_points, to_result, tool
-from worker.errors import InvalidArguments, ToolFailed
-from worker.tools import BUILTIN_TOOLS
+from toolbus.backends.local import ENTRY_POINT_GROUP, LocalTool, load_entry_points, to_result, tool
+from toolbus.errors import InvalidArguments, ToolFailed
+from toolbus.tools import BUILTIN_TOOLS
 
 
 def test_schema_from_hints() -> None:
@@ -84,7 +84,7 @@ def plugin_on_path(tmp_path: Path) -> Iterator[Path]:
     (tmp_path / "tb_plugin.py").write_text(
         textwrap.dedent(
             """
-            from worker import tool
+            from toolbus import tool
 
             @tool
             async def shout(text: str) -> str:

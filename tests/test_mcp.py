@@ -15,7 +15,7 @@ from tests.conftest import DEMO_SERVER, Broker, free_port, make_settings, runnin
 from tests.logwait import watching
 from tests.mqtt import Caller
 from tests.processes import start_http_demo, stop_process
-from worker.service import Worker
+from toolbus.service import Worker
 
 
 def reply_topic(worker: Worker) -> str:

@@ -26,7 +26,7 @@ from tests.conftest import Broker, make_settings, measured, running_worker
 from tests.logwait import watching
 from tests.mqtt import Caller
 from tests.processes import start_http_demo, stop_process
-from worker.service import Worker
+from toolbus.service import Worker
 
 SERVER = Path(__file__).parent / "servers" / "misbehaving.py"
 
@@ -342,9 +342,9 @@ async def test_stdio_servers_inherit_the_otel_settings(
     broker: Broker, caller_for_faults: Caller, tmp_path: Path
 ) -> None:
     from tests.conftest import START_TIMEOUT_S
-    from worker.service import Worker, build_registry
-    from worker.telemetry import child_environment
-    from worker.tools import BUILTIN_TOOLS
+    from toolbus.service import Worker, build_registry
+    from toolbus.telemetry import child_environment
+    from toolbus.tools import BUILTIN_TOOLS
 
     inherited = child_environment(
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_SERVICE_NAME": "w", "HOME": "/"}

@@ -12,9 +12,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from tests.conftest import Broker, make_settings
 from tests.mqtt import Caller
-from worker.metrics import Metrics, configure_metrics
-from worker.service import Worker, build_registry
-from worker.tools import BUILTIN_TOOLS
+from toolbus.metrics import Metrics, configure_metrics
+from toolbus.service import Worker, build_registry
+from toolbus.tools import BUILTIN_TOOLS
 
 
 def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
@@ -81,7 +81,7 @@ def test_server_availability_gauge() -> None:
 
 
 def test_rewrites_by_rule() -> None:
-    from worker.report import Change
+    from toolbus.report import Change
 
     reader = InMemoryMetricReader()
     meters = Metrics(MeterProvider(metric_readers=[reader]).get_meter("test"))

@@ -7,14 +7,14 @@ from typing import Any
 import pytest
 
 from tests.logwait import watching
-from worker.config import Settings
-from worker.contracts import ErrorCode, ToolResult
-from worker.decode import Call
-from worker.errors import InvalidArguments, UnknownTool
-from worker.execute import Outcome
-from worker.normalize import Normalizer, camel_to_snake, snake_to_camel
-from worker.registry import Registry, Tool
-from worker.service import build_executor
+from toolbus.config import Settings
+from toolbus.contracts import ErrorCode, ToolResult
+from toolbus.decode import Call
+from toolbus.errors import InvalidArguments, UnknownTool
+from toolbus.execute import Outcome
+from toolbus.normalize import Normalizer, camel_to_snake, snake_to_camel
+from toolbus.registry import Registry, Tool
+from toolbus.service import build_executor
 
 SCHEMA = {
     "type": "object",
@@ -482,7 +482,7 @@ def test_unknown_alias_targets_are_reported() -> None:
 
 
 def test_sanitized_names() -> None:
-    from worker.registry import sanitize_name
+    from toolbus.registry import sanitize_name
 
     assert sanitize_name("ok_name-1.2/x") == "ok_name-1.2/x"
     odd = sanitize_name("weird name!")
@@ -571,7 +571,7 @@ def test_hidden_tools_appear_in_no_list() -> None:
 
 
 def test_mappings_document_the_analysis_example() -> None:
-    from worker.mappings import render
+    from toolbus.mappings import render
 
     registry = registry_with(
         mcp_tool("analyze_code", ANALYSIS_SCHEMA), aliases={"analyze": "analyze_code"}

@@ -16,7 +16,7 @@ import pytest_asyncio
 from tests.conftest import DEMO_SERVER, Broker, make_settings, running_worker
 from tests.logwait import watching
 from tests.mqtt import Caller
-from worker.service import Worker
+from toolbus.service import Worker
 
 SNAKE_SERVER = {
     "command": sys.executable,

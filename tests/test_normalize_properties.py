@@ -7,10 +7,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.contracts import ToolResult
-from worker.normalize import Normalizer
-from worker.registry import Tool
-from worker.shapes import spelling_key
+from toolbus.contracts import ToolResult
+from toolbus.normalize import Normalizer
+from toolbus.registry import Tool
+from toolbus.shapes import spelling_key
 
 WORDS = [
     "device",

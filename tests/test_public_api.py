@@ -1,10 +1,20 @@
-"""The names other packages import from `worker` (tool authors use these)."""
+"""The names other packages import from `toolbus`, and the package as installed."""
 
-import worker
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import toolbus
+
+ROOT = Path(__file__).parent.parent
+SOURCE = ROOT / "worker"
 
 
 def test_exported_names() -> None:
-    assert sorted(worker.__all__) == [
+    assert sorted(toolbus.__all__) == [
         "ErrorCode",
         "LocalTool",
         "Reply",
@@ -13,4 +23,44 @@ def test_exported_names() -> None:
         "__version__",
         "tool",
     ]
-    assert worker.__version__ != "0.0.0"  # installed, so the version comes from the metadata
+    assert toolbus.__version__ != "0.0.0"  # installed, so the version comes from the metadata
+
+
+def test_every_source_folder_is_a_listed_package() -> None:
+    """A folder missing from `packages` would be missing from the wheel and the image."""
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    on_disk = {
+        ".".join(("toolbus", *init.parent.relative_to(SOURCE).parts))
+        for init in SOURCE.rglob("__init__.py")
+    }
+    assert listed == on_disk
+
+
+def test_nothing_imports_the_folder_name(tmp_path: Path) -> None:
+    """Every module imports as `toolbus.*`; none as `worker.*` (a caller's own `worker.py`
+    would shadow it)."""
+    modules = [
+        "toolbus."
+        + ".".join(path.relative_to(SOURCE).with_suffix("").parts).removesuffix(".__init__")
+        for path in sorted(SOURCE.rglob("*.py"))
+        if path.name != "__main__.py"
+    ]
+    script = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name.removesuffix('.'))\n"
+        "print(sorted(m for m in sys.modules if m == 'worker' or m.startswith('worker.')))\n"
+    )
+    # From an empty directory: the checkout's root (where `worker/` is a folder) is not on the path.
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

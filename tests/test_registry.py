@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from worker.contracts import ToolResult
-from worker.errors import UnknownTool
-from worker.registry import Registry, Tool
+from toolbus.contracts import ToolResult
+from toolbus.errors import UnknownTool
+from toolbus.registry import Registry, Tool
 
 
 def make(name: str, origin: str = "local", schema: dict[str, Any] | None = None) -> Tool:

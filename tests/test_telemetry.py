@@ -13,8 +13,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.conftest import DEMO_SERVER, Broker, make_settings, running_worker
 from tests.mqtt import Caller
-from worker.service import Worker
-from worker.telemetry import configure_tracing, extract_context, trace_id_of
+from toolbus.service import Worker
+from toolbus.telemetry import configure_tracing, extract_context, trace_id_of
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
@@ -166,7 +166,7 @@ def test_log_lines_carry_the_trace_and_call_ids(spans: Any) -> None:
 
     from opentelemetry import trace
 
-    from worker.logs import JsonFormatter, TraceIds
+    from toolbus.logs import JsonFormatter, TraceIds
 
     record = logging.LogRecord(
         "toolbus.execute", logging.INFO, __file__, 1, "call %s", ("c-1",), None
@@ -230,10 +230,10 @@ async def test_argument_values_are_recorded_only_when_switched_on() -> None:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from worker.config import Settings
-    from worker.decode import Call
-    from worker.service import build_executor, build_registry
-    from worker.tools import BUILTIN_TOOLS
+    from toolbus.config import Settings
+    from toolbus.decode import Call
+    from toolbus.service import build_executor, build_registry
+    from toolbus.tools import BUILTIN_TOOLS
 
     for switch in (False, True):
         exporter = InMemorySpanExporter()

@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import DEMO_SERVER, Broker, make_settings, running_worker
 from tests.mqtt import Caller, correlation_of
 from tests.tools import Probe, probe_tools
-from worker.service import Worker
+from toolbus.service import Worker
 
 
 def reply_topic(worker: Worker) -> str:

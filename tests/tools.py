@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from worker.backends.local import LocalTool, tool
+from toolbus.backends.local import LocalTool, tool
 
 
 @dataclass

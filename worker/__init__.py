@@ -2,9 +2,9 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from worker.backends.local import LocalTool, tool
-from worker.contracts import ErrorCode, Reply, Request
-from worker.errors import ToolbusError
+from toolbus.backends.local import LocalTool, tool
+from toolbus.contracts import ErrorCode, Reply, Request
+from toolbus.errors import ToolbusError
 
 try:
     __version__ = version("toolbus")

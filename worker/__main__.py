@@ -1,7 +1,7 @@
-"""`python -m worker` runs the toolbus command line."""
+"""`python -m toolbus` runs the toolbus command line."""
 
 import sys
 
-from worker.cli import main
+from toolbus.cli import main
 
 sys.exit(main())

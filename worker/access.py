@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from worker.config import CallerProfile
-from worker.errors import UnknownTool
-from worker.registry import Registry, Tool
+from toolbus.config import CallerProfile
+from toolbus.errors import UnknownTool
+from toolbus.registry import Registry, Tool
 
 log = logging.getLogger("toolbus.access")
 

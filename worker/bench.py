@@ -30,14 +30,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from worker.config import BrokerUrl, Settings
-from worker.service import Worker, build_registry
-from worker.tools import BUILTIN_TOOLS
-from worker.transport import MqttConnection, Outbound
+from toolbus.config import BrokerUrl, Settings
+from toolbus.service import Worker, build_registry
+from toolbus.tools import BUILTIN_TOOLS
+from toolbus.transport import MqttConnection, Outbound
 
 BROKER_START_S = 10.0
 REPLY_TIMEOUT_S = 30.0
-DEMO_ARGS = ["-m", "worker", "demo-server"]
+DEMO_ARGS = ["-m", "toolbus", "demo-server"]
 
 
 @dataclass(frozen=True, slots=True)

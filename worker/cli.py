@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from worker.config import load_settings
+    from toolbus.config import load_settings
 
     return load_settings(
         getattr(args, "config", None),
@@ -103,12 +103,12 @@ def _settings(args: argparse.Namespace) -> Any:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from worker.backends.local import load_entry_points
-    from worker.logs import setup_logging
-    from worker.metrics import configure_metrics
-    from worker.service import Worker, build_registry
-    from worker.telemetry import child_environment, configure_tracing
-    from worker.tools import BUILTIN_TOOLS
+    from toolbus.backends.local import load_entry_points
+    from toolbus.logs import setup_logging
+    from toolbus.metrics import configure_metrics
+    from toolbus.service import Worker, build_registry
+    from toolbus.telemetry import child_environment, configure_tracing
+    from toolbus.tools import BUILTIN_TOOLS
 
     settings = _settings(args)
     setup_logging(settings.log_level, settings.log_format)
@@ -154,8 +154,8 @@ def parse_pairs(pairs: list[str], json_args: str | None) -> dict[str, Any]:
 
 
 def _request(args: argparse.Namespace, topic_suffix: str, body: dict[str, Any]) -> Any:
-    from worker.client import NoReply, request
-    from worker.transport import TransportError
+    from toolbus.client import NoReply, request
+    from toolbus.transport import TransportError
 
     settings = _settings(args)
     try:
@@ -216,7 +216,7 @@ def _tools(args: argparse.Namespace) -> int:
 
 
 def _schemas(args: argparse.Namespace) -> int:
-    from worker.contracts import check_schemas, write_schemas
+    from toolbus.contracts import check_schemas, write_schemas
 
     if args.write:
         for path in write_schemas(args.dir):
@@ -235,13 +235,13 @@ def _schemas(args: argparse.Namespace) -> int:
 
 def _mappings(args: argparse.Namespace) -> int:
     """Starts the configured MCP servers (no broker needed) and prints what they accept."""
-    from worker.backends.local import load_entry_points
-    from worker.backends.mcp import McpBackend
-    from worker.errors import UnknownTool
-    from worker.logs import setup_logging
-    from worker.mappings import render
-    from worker.service import build_executor, build_registry
-    from worker.tools import BUILTIN_TOOLS
+    from toolbus.backends.local import load_entry_points
+    from toolbus.backends.mcp import McpBackend
+    from toolbus.errors import UnknownTool
+    from toolbus.logs import setup_logging
+    from toolbus.mappings import render
+    from toolbus.service import build_executor, build_registry
+    from toolbus.tools import BUILTIN_TOOLS
 
     settings = _settings(args)
     setup_logging("WARNING", settings.log_format)
@@ -266,7 +266,7 @@ def _mappings(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from worker import bench
+    from toolbus import bench
 
     if args.tracing:
         bench.render_tracing(
@@ -278,8 +278,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _demo_server(args: argparse.Namespace) -> int:
-    from worker.demo.server import main as demo_main
-    from worker.telemetry import configure_tracing
+    from toolbus.demo.server import main as demo_main
+    from toolbus.telemetry import configure_tracing
 
     # Instrumented like any MCP server should be: it continues the caller's trace
     # from each request's _meta and exports with the OTEL_* settings it inherits.

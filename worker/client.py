@@ -7,9 +7,9 @@ import json
 import uuid
 from typing import Any
 
-from worker.config import BrokerUrl
-from worker.contracts import Reply
-from worker.transport import MqttConnection, Outbound
+from toolbus.config import BrokerUrl
+from toolbus.contracts import Reply
+from toolbus.transport import MqttConnection, Outbound
 
 
 class NoReply(Exception):

@@ -18,10 +18,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from worker.contracts import Request
-from worker.errors import BadRequest, Forbidden, ToolbusError
-from worker.topics import Topics
-from worker.transport import Inbound
+from toolbus.contracts import Request
+from toolbus.errors import BadRequest, Forbidden, ToolbusError
+from toolbus.topics import Topics
+from toolbus.transport import Inbound
 
 PUBLISH_TRACE_PROPERTY = "toolbus-publish-trace"
 

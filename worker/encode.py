@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import base64
 
-from worker.contracts import DeadLetter, ErrorBody, Reply
-from worker.decode import Call, Rejected, ReplyAddress
-from worker.execute import Outcome
-from worker.report import to_wire
-from worker.transport import Outbound
+from toolbus.contracts import DeadLetter, ErrorBody, Reply
+from toolbus.decode import Call, Rejected, ReplyAddress
+from toolbus.execute import Outcome
+from toolbus.report import to_wire
+from toolbus.transport import Outbound
 
 
 def reply_for_call(call: Call, outcome: Outcome) -> Reply:

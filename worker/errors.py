@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from worker.contracts import ErrorBody, ErrorCode
+from toolbus.contracts import ErrorBody, ErrorCode
 
 
 class ToolbusError(Exception):

@@ -17,11 +17,11 @@ from typing import Any, Protocol
 
 from opentelemetry import trace
 
-from worker.access import Access
-from worker.config import ToolSettings
-from worker.contracts import ToolList, ToolResult
-from worker.decode import Call
-from worker.errors import (
+from toolbus.access import Access
+from toolbus.config import ToolSettings
+from toolbus.contracts import ToolList, ToolResult
+from toolbus.decode import Call
+from toolbus.errors import (
     BadRequest,
     CallTimeout,
     Forbidden,
@@ -30,13 +30,13 @@ from worker.errors import (
     Unavailable,
     UnknownTool,
 )
-from worker.guards import Guards
-from worker.metrics import Metrics
-from worker.normalize import Normalizer
-from worker.registry import Registry, Resolved, Tool
-from worker.report import Change
-from worker.telemetry import default_tracer, record_normalization
-from worker.validate import check_arguments
+from toolbus.guards import Guards
+from toolbus.metrics import Metrics
+from toolbus.normalize import Normalizer
+from toolbus.registry import Registry, Resolved, Tool
+from toolbus.report import Change
+from toolbus.telemetry import default_tracer, record_normalization
+from toolbus.validate import check_arguments
 
 log = logging.getLogger("toolbus.execute")
 

@@ -21,11 +21,11 @@ from typing import Any
 
 from jsonschema.protocols import Validator
 
-from worker.config import GuardSettings, ParameterSettings, ToolSettings
-from worker.errors import InvalidArguments
-from worker.registry import Tool
-from worker.report import Change
-from worker.shapes import ANY, Shape
+from toolbus.config import GuardSettings, ParameterSettings, ToolSettings
+from toolbus.errors import InvalidArguments
+from toolbus.registry import Tool
+from toolbus.report import Change
+from toolbus.shapes import ANY, Shape
 
 MAX_VIOLATIONS = 20
 

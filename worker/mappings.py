@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from worker.normalize import Normalizer, StaticMap, ToolRules, camel_to_snake, snake_to_camel
-from worker.registry import Registry, Tool
-from worker.shapes import Shape
+from toolbus.normalize import Normalizer, StaticMap, ToolRules, camel_to_snake, snake_to_camel
+from toolbus.registry import Registry, Tool
+from toolbus.shapes import Shape
 
 MAX_DEPTH = 8  # recursive schemas are shown this deep
 

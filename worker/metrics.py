@@ -29,8 +29,8 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 
-from worker.report import Change
-from worker.telemetry import exporter_choice
+from toolbus.report import Change
+from toolbus.telemetry import exporter_choice
 
 log = logging.getLogger("toolbus.metrics")
 

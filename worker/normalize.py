@@ -26,11 +26,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.config import ALL_COERCIONS
-from worker.errors import InvalidArguments
-from worker.registry import Tool
-from worker.report import Change, describe
-from worker.shapes import ANY, Shape, json_type, spelling_key
+from toolbus.config import ALL_COERCIONS
+from toolbus.errors import InvalidArguments
+from toolbus.registry import Tool
+from toolbus.report import Change, describe
+from toolbus.shapes import ANY, Shape, json_type, spelling_key
 
 log = logging.getLogger("toolbus.normalize")
 

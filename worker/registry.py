@@ -19,11 +19,11 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.contracts import ToolDefinition, ToolResult
-from worker.errors import UnknownTool
-from worker.report import Change
-from worker.shapes import ANY, Shape, build_shape, spelling_key
-from worker.validate import CompiledSchema
+from toolbus.contracts import ToolDefinition, ToolResult
+from toolbus.errors import UnknownTool
+from toolbus.report import Change
+from toolbus.shapes import ANY, Shape, build_shape, spelling_key
+from toolbus.validate import CompiledSchema
 
 log = logging.getLogger("toolbus.registry")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from worker.contracts import NormalizationEntry
+from toolbus.contracts import NormalizationEntry
 
 RENAME_RULES = frozenset({"static_map", "snake_to_camel", "camel_to_snake", "spelling"})
 

@@ -20,20 +20,20 @@ from typing import Any
 
 from opentelemetry import trace
 
-from worker.access import Access
-from worker.backends.local import LocalTool
-from worker.backends.mcp import McpBackend, McpServer
-from worker.config import Settings
-from worker.contracts import ErrorBody, Reply, ServerStatus, WorkerStatus
-from worker.decode import Call, Rejected, ReplyAddress, decode
-from worker.encode import dead_letter, outbound_reply, reply_for_call, reply_for_rejected
-from worker.errors import Unavailable
-from worker.execute import Executor, Outcome
-from worker.guards import Guards
-from worker.metrics import Metrics
-from worker.normalize import Normalizer
-from worker.registry import Registry
-from worker.telemetry import (
+from toolbus.access import Access
+from toolbus.backends.local import LocalTool
+from toolbus.backends.mcp import McpBackend, McpServer
+from toolbus.config import Settings
+from toolbus.contracts import ErrorBody, Reply, ServerStatus, WorkerStatus
+from toolbus.decode import Call, Rejected, ReplyAddress, decode
+from toolbus.encode import dead_letter, outbound_reply, reply_for_call, reply_for_rejected
+from toolbus.errors import Unavailable
+from toolbus.execute import Executor, Outcome
+from toolbus.guards import Guards
+from toolbus.metrics import Metrics
+from toolbus.normalize import Normalizer
+from toolbus.registry import Registry
+from toolbus.telemetry import (
     COLLECTOR,
     TraceCollector,
     default_tracer,
@@ -44,8 +44,8 @@ from worker.telemetry import (
     otlp_json,
     trace_id_of,
 )
-from worker.topics import Topics
-from worker.transport import Inbound, MqttConnection, Outbound, TransportError
+from toolbus.topics import Topics
+from toolbus.transport import Inbound, MqttConnection, Outbound, TransportError
 
 log = logging.getLogger("toolbus.service")
 

@@ -19,7 +19,7 @@ import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from worker.config import BrokerUrl
+from toolbus.config import BrokerUrl
 
 JSON = "application/json"
 

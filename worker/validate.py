@@ -17,7 +17,7 @@ from jsonschema import exceptions as jsonschema_exceptions
 from jsonschema import validators
 from jsonschema.protocols import Validator
 
-from worker.errors import InvalidArguments
+from toolbus.errors import InvalidArguments
 
 log = logging.getLogger("toolbus.validate")
 

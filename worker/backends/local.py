@@ -22,9 +22,9 @@ from typing import Any, get_type_hints, overload
 
 from pydantic import BaseModel, create_model
 
-from worker.contracts import ToolResult
-from worker.errors import ToolbusError, ToolFailed
-from worker.registry import LOCAL, Tool
+from toolbus.contracts import ToolResult
+from toolbus.errors import ToolbusError, ToolFailed
+from toolbus.registry import LOCAL, Tool
 
 log = logging.getLogger("toolbus.local")
 

@@ -49,10 +49,10 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
-from worker.config import McpPolicy, McpServerConfig, ToolSettings
-from worker.contracts import ContentItem, ToolResult
-from worker.errors import CallTimeout, ToolFailed, Unavailable
-from worker.registry import Registry, Tool, sanitize_name
+from toolbus.config import McpPolicy, McpServerConfig, ToolSettings
+from toolbus.contracts import ContentItem, ToolResult
+from toolbus.errors import CallTimeout, ToolFailed, Unavailable
+from toolbus.registry import Registry, Tool, sanitize_name
 
 log = logging.getLogger("toolbus.mcp")
 _tracer = trace.get_tracer("toolbus.mcp")

@@ -1,5 +1,5 @@
 """Built-in local tools, useful everywhere."""
 
-from worker.tools.builtin import BUILTIN_TOOLS
+from toolbus.tools.builtin import BUILTIN_TOOLS
 
 __all__ = ["BUILTIN_TOOLS"]

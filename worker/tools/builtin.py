@@ -8,8 +8,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import JsonValue
 
-from worker.backends.local import LocalTool, tool
-from worker.errors import InvalidArguments
+from toolbus.backends.local import LocalTool, tool
+from toolbus.errors import InvalidArguments
 
 
 @tool(name="datetime")
