@@ -205,7 +205,7 @@ def spans() -> Any:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from toolbus.telemetry import COLLECTOR
+    from toolbus.observability.export import COLLECTOR
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

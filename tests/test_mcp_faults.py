@@ -342,8 +342,8 @@ async def test_stdio_servers_inherit_the_otel_settings(
     broker: Broker, caller_for_faults: Caller, tmp_path: Path
 ) -> None:
     from tests.conftest import START_TIMEOUT_S
+    from toolbus.observability.sdk import child_environment
     from toolbus.service import Worker, build_registry
-    from toolbus.telemetry import child_environment
     from toolbus.tools import BUILTIN_TOOLS
 
     inherited = child_environment(

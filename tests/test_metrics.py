@@ -12,7 +12,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from tests.conftest import Broker, make_settings
 from tests.mqtt import Caller
-from toolbus.metrics import Metrics, configure_metrics
+from toolbus.observability.metrics import Metrics
+from toolbus.observability.sdk import configure_metrics
 from toolbus.service import Worker, build_registry
 from toolbus.tools import BUILTIN_TOOLS
 
@@ -81,7 +82,7 @@ def test_server_availability_gauge() -> None:
 
 
 def test_rewrites_by_rule() -> None:
-    from toolbus.report import Change
+    from toolbus.normalization.report import Change
 
     reader = InMemoryMetricReader()
     meters = Metrics(MeterProvider(metric_readers=[reader]).get_meter("test"))

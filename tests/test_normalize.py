@@ -12,7 +12,7 @@ from toolbus.contracts import ErrorCode, ToolResult
 from toolbus.decode import Call
 from toolbus.errors import InvalidArguments, UnknownTool
 from toolbus.execute import Outcome
-from toolbus.normalize import Normalizer, camel_to_snake, snake_to_camel
+from toolbus.normalization.normalize import Normalizer, camel_to_snake, snake_to_camel
 from toolbus.registry import Registry, Tool
 from toolbus.service import build_executor
 
@@ -571,7 +571,7 @@ def test_hidden_tools_appear_in_no_list() -> None:
 
 
 def test_mappings_document_the_analysis_example() -> None:
-    from toolbus.mappings import render
+    from toolbus.normalization.mappings import render
 
     registry = registry_with(
         mcp_tool("analyze_code", ANALYSIS_SCHEMA), aliases={"analyze": "analyze_code"}

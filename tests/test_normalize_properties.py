@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toolbus.contracts import ToolResult
-from toolbus.normalize import Normalizer
+from toolbus.normalization.normalize import Normalizer
+from toolbus.normalization.shapes import spelling_key
 from toolbus.registry import Tool
-from toolbus.shapes import spelling_key
 
 WORDS = [
     "device",

@@ -13,8 +13,10 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.conftest import DEMO_SERVER, Broker, make_settings, running_worker
 from tests.mqtt import Caller
+from toolbus.observability.propagation import extract_context
+from toolbus.observability.sdk import configure_tracing
+from toolbus.observability.spans import trace_id_of
 from toolbus.service import Worker
-from toolbus.telemetry import configure_tracing, extract_context, trace_id_of
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
@@ -166,7 +168,7 @@ def test_log_lines_carry_the_trace_and_call_ids(spans: Any) -> None:
 
     from opentelemetry import trace
 
-    from toolbus.logs import JsonFormatter, TraceIds
+    from toolbus.observability.logs import JsonFormatter, TraceIds
 
     record = logging.LogRecord(
         "toolbus.execute", logging.INFO, __file__, 1, "call %s", ("c-1",), None

@@ -104,10 +104,9 @@ def _settings(args: argparse.Namespace) -> Any:
 
 def _serve(args: argparse.Namespace) -> int:
     from toolbus.backends.local import load_entry_points
-    from toolbus.logs import setup_logging
-    from toolbus.metrics import configure_metrics
+    from toolbus.observability.logs import setup_logging
+    from toolbus.observability.sdk import child_environment, configure_metrics, configure_tracing
     from toolbus.service import Worker, build_registry
-    from toolbus.telemetry import child_environment, configure_tracing
     from toolbus.tools import BUILTIN_TOOLS
 
     settings = _settings(args)
@@ -238,8 +237,8 @@ def _mappings(args: argparse.Namespace) -> int:
     from toolbus.backends.local import load_entry_points
     from toolbus.backends.mcp import McpBackend
     from toolbus.errors import UnknownTool
-    from toolbus.logs import setup_logging
-    from toolbus.mappings import render
+    from toolbus.normalization.mappings import render
+    from toolbus.observability.logs import setup_logging
     from toolbus.service import build_executor, build_registry
     from toolbus.tools import BUILTIN_TOOLS
 
@@ -279,7 +278,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _demo_server(args: argparse.Namespace) -> int:
     from toolbus.demo.server import main as demo_main
-    from toolbus.telemetry import configure_tracing
+    from toolbus.observability.sdk import configure_tracing
 
     # Instrumented like any MCP server should be: it continues the caller's trace
     # from each request's _meta and exports with the OTEL_* settings it inherits.

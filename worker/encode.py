@@ -7,7 +7,7 @@ import base64
 from toolbus.contracts import DeadLetter, ErrorBody, Reply
 from toolbus.decode import Call, Rejected, ReplyAddress
 from toolbus.execute import Outcome
-from toolbus.report import to_wire
+from toolbus.normalization.report import to_wire
 from toolbus.transport import Outbound
 
 

@@ -30,12 +30,12 @@ from toolbus.errors import (
     Unavailable,
     UnknownTool,
 )
-from toolbus.guards import Guards
-from toolbus.metrics import Metrics
-from toolbus.normalize import Normalizer
+from toolbus.normalization.guards import Guards
+from toolbus.normalization.normalize import Normalizer
+from toolbus.normalization.report import Change
+from toolbus.observability.metrics import Metrics
+from toolbus.observability.spans import default_tracer, record_normalization
 from toolbus.registry import Registry, Resolved, Tool
-from toolbus.report import Change
-from toolbus.telemetry import default_tracer, record_normalization
 from toolbus.validate import check_arguments
 
 log = logging.getLogger("toolbus.execute")

@@ -21,8 +21,8 @@ from typing import Any
 
 from toolbus.contracts import ToolDefinition, ToolResult
 from toolbus.errors import UnknownTool
-from toolbus.report import Change
-from toolbus.shapes import ANY, Shape, build_shape, spelling_key
+from toolbus.normalization.report import Change
+from toolbus.normalization.shapes import ANY, Shape, build_shape, spelling_key
 from toolbus.validate import CompiledSchema
 
 log = logging.getLogger("toolbus.registry")

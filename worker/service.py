@@ -29,21 +29,13 @@ from toolbus.decode import Call, Rejected, ReplyAddress, decode
 from toolbus.encode import dead_letter, outbound_reply, reply_for_call, reply_for_rejected
 from toolbus.errors import Unavailable
 from toolbus.execute import Executor, Outcome
-from toolbus.guards import Guards
-from toolbus.metrics import Metrics
-from toolbus.normalize import Normalizer
+from toolbus.normalization.guards import Guards
+from toolbus.normalization.normalize import Normalizer
+from toolbus.observability.export import COLLECTOR, TraceCollector, descendants, otlp_json
+from toolbus.observability.metrics import Metrics
+from toolbus.observability.propagation import extract_context, inject_headers
+from toolbus.observability.spans import default_tracer, messaging_attributes, trace_id_of
 from toolbus.registry import Registry
-from toolbus.telemetry import (
-    COLLECTOR,
-    TraceCollector,
-    default_tracer,
-    descendants,
-    extract_context,
-    inject_headers,
-    messaging_attributes,
-    otlp_json,
-    trace_id_of,
-)
 from toolbus.topics import Topics
 from toolbus.transport import Inbound, MqttConnection, Outbound, TransportError
 

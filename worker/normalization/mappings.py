@@ -9,9 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from toolbus.normalize import Normalizer, StaticMap, ToolRules, camel_to_snake, snake_to_camel
+from toolbus.normalization.normalize import (
+    Normalizer,
+    StaticMap,
+    ToolRules,
+    camel_to_snake,
+    snake_to_camel,
+)
+from toolbus.normalization.shapes import Shape
 from toolbus.registry import Registry, Tool
-from toolbus.shapes import Shape
 
 MAX_DEPTH = 8  # recursive schemas are shown this deep
 

@@ -28,9 +28,9 @@ from typing import Any
 
 from toolbus.config import ALL_COERCIONS
 from toolbus.errors import InvalidArguments
+from toolbus.normalization.report import Change, describe
+from toolbus.normalization.shapes import ANY, Shape, json_type, spelling_key
 from toolbus.registry import Tool
-from toolbus.report import Change, describe
-from toolbus.shapes import ANY, Shape, json_type, spelling_key
 
 log = logging.getLogger("toolbus.normalize")
 

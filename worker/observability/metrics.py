@@ -7,32 +7,18 @@
     toolbus.dead_letters          counter    {code}
     toolbus.mcp.server.up         gauge      {server}          1 ready, 0 otherwise
 
-Exported over OTLP (`OTEL_METRICS_EXPORTER`, default `otlp` when an OTLP endpoint is
-set), to the console, and, with `metrics_port`, served for Prometheus to scrape
-(extra `toolbus[prometheus]`). No-ops until configured.
+Exported as `observability.sdk.configure_metrics` sets up (OTLP, console, Prometheus on
+`metrics_port`); no-ops until configured.
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
-import os
 from collections.abc import Callable, Iterable, Mapping
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    ConsoleMetricExporter,
-    MetricReader,
-    PeriodicExportingMetricReader,
-)
-from opentelemetry.sdk.resources import Resource
 
-from toolbus.report import Change
-from toolbus.telemetry import exporter_choice
-
-log = logging.getLogger("toolbus.metrics")
+from toolbus.normalization.report import Change
 
 METER_NAME = "toolbus"
 
@@ -87,44 +73,3 @@ class Metrics:
 
     def dead_lettered(self, code: str) -> None:
         self._dead.add(1, {"code": code})
-
-
-def configure_metrics(
-    environ: Mapping[str, str] | None = None, *, prometheus_port: int | None = None
-) -> MeterProvider | None:
-    """Install the global meter provider the environment (and `metrics_port`) ask for."""
-    env = os.environ if environ is None else environ
-    choice = exporter_choice(env, "METRICS")
-    if choice is None:
-        return None
-    readers: list[MetricReader] = []
-    if choice == "otlp":
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter  # noqa: PLC0415
-
-        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
-    elif choice == "console":
-        readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter()))
-    elif choice != "none":
-        raise ValueError(f"OTEL_METRICS_EXPORTER={choice!r}: use otlp, console or none")
-    if prometheus_port is not None:
-        readers.append(_prometheus(prometheus_port))
-    if not readers:
-        return None
-    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", "toolbus")})
-    provider = MeterProvider(resource=resource, metric_readers=readers)
-    metrics.set_meter_provider(provider)
-    return provider
-
-
-def _prometheus(port: int) -> MetricReader:
-    try:
-        exporter = importlib.import_module("opentelemetry.exporter.prometheus")
-        client = importlib.import_module("prometheus_client")
-    except ImportError:
-        raise ValueError(
-            "metrics_port needs the extra: pip install 'toolbus[prometheus]'"
-        ) from None
-    client.start_http_server(port)
-    log.info("metrics served for Prometheus on port %d", port)
-    reader: MetricReader = exporter.PrometheusMetricReader()
-    return reader

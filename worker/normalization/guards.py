@@ -23,9 +23,9 @@ from jsonschema.protocols import Validator
 
 from toolbus.config import GuardSettings, ParameterSettings, ToolSettings
 from toolbus.errors import InvalidArguments
+from toolbus.normalization.report import Change
+from toolbus.normalization.shapes import ANY, Shape
 from toolbus.registry import Tool
-from toolbus.report import Change
-from toolbus.shapes import ANY, Shape
 
 MAX_VIOLATIONS = 20
 

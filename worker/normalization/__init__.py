@@ -1,0 +1,8 @@
+"""Normalization: what arrives becomes what the tool's schema declares.
+
+shapes     what each tool's schema expects at every depth, built once per tool
+normalize  argument keys to the schema's spelling, values to its shapes
+guards     input limits around normalization; lenient arrays
+report     the changes a call went through, as cheap values
+mappings   the same tables, rendered as Markdown (`toolbus mappings`)
+"""

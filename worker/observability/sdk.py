@@ -1,0 +1,139 @@
+"""SDK set-up: tracer and meter providers from the standard `OTEL_*` variables, read once.
+
+`OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` name the resource,
+`OTEL_TRACES_SAMPLER(_ARG)` sample, `OTEL_EXPORTER_OTLP_*` point the OTLP/HTTP exporters
+at a collector. Exporter choice per signal (`OTEL_TRACES_EXPORTER`,
+`OTEL_METRICS_EXPORTER`): `otlp`, `console` or `none`; when unset, `otlp` if an OTLP
+endpoint is configured, nothing otherwise (no collector, no error spam). The API is a
+no-op until this runs, so recording costs next to nothing by default.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Mapping
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+from toolbus.observability.export import COLLECTOR
+
+log = logging.getLogger("toolbus.telemetry")
+
+
+def exporter_choice(env: Mapping[str, str], signal: str) -> str | None:
+    """`otlp`, `console` or `none` for one signal (`TRACES`, `METRICS`); None when the SDK
+    is disabled. Unset means `otlp` if an OTLP endpoint is configured, else `none`."""
+    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return None
+    choice = env.get(f"OTEL_{signal}_EXPORTER", "").strip().lower()
+    if choice:
+        return choice
+    endpoints = ("OTEL_EXPORTER_OTLP_ENDPOINT", f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+    return "otlp" if any(name in env for name in endpoints) else "none"
+
+
+def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The OTEL_* settings a stdio MCP server should inherit (it names its own service)."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if k.startswith("OTEL_") and k != "OTEL_SERVICE_NAME"}
+
+
+def configure_tracing(
+    environ: Mapping[str, str] | None = None,
+    *,
+    record_for_callers: bool = False,
+    service_name: str = "toolbus",
+) -> TracerProvider | None:
+    """Install the global tracer provider the environment asks for; None when disabled.
+
+    `record_for_callers` records spans even with no exporter, so that calls asking for
+    their spans back (`publish_trace`) get them.
+    """
+    env = os.environ if environ is None else environ
+    choice = exporter_choice(env, "TRACES")
+    if choice is None or (choice == "none" and not record_for_callers):
+        return None
+    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", service_name)})
+    provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER
+    provider.add_span_processor(COLLECTOR)
+    if choice != "none":
+        provider.add_span_processor(BatchSpanProcessor(_span_exporter(choice, env)))
+    trace.set_tracer_provider(provider)
+    log.info("tracing: spans exported with %s", choice)
+    return provider
+
+
+def _span_exporter(choice: str, env: Mapping[str, str]) -> SpanExporter:
+    if choice == "console":
+        return ConsoleSpanExporter()
+    if choice != "otlp":
+        raise ValueError(f"OTEL_TRACES_EXPORTER={choice!r}: use otlp, console or none")
+    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+    )
+    if protocol == "grpc":
+        try:
+            grpc = importlib.import_module("opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
+        except ImportError:
+            raise ValueError(
+                "OTLP over gRPC needs the extra: pip install 'toolbus[grpc]'"
+            ) from None
+        exporter: SpanExporter = grpc.OTLPSpanExporter()
+        return exporter
+    # Imported here: loading the exporter (and protobuf) costs start-up time nobody else needs.
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
+
+    return OTLPSpanExporter()
+
+
+def configure_metrics(
+    environ: Mapping[str, str] | None = None, *, prometheus_port: int | None = None
+) -> MeterProvider | None:
+    """Install the global meter provider the environment (and `metrics_port`) ask for."""
+    env = os.environ if environ is None else environ
+    choice = exporter_choice(env, "METRICS")
+    if choice is None:
+        return None
+    readers: list[MetricReader] = []
+    if choice == "otlp":
+        # Imported here, as for traces: only a worker that exports pays for loading it.
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter  # noqa: PLC0415
+
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    elif choice == "console":
+        readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter()))
+    elif choice != "none":
+        raise ValueError(f"OTEL_METRICS_EXPORTER={choice!r}: use otlp, console or none")
+    if prometheus_port is not None:
+        readers.append(_prometheus(prometheus_port))
+    if not readers:
+        return None
+    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", "toolbus")})
+    provider = MeterProvider(resource=resource, metric_readers=readers)
+    metrics.set_meter_provider(provider)
+    return provider
+
+
+def _prometheus(port: int) -> MetricReader:
+    try:
+        exporter = importlib.import_module("opentelemetry.exporter.prometheus")
+        client = importlib.import_module("prometheus_client")
+    except ImportError:
+        raise ValueError(
+            "metrics_port needs the extra: pip install 'toolbus[prometheus]'"
+        ) from None
+    client.start_http_server(port)
+    log.info("metrics served for Prometheus on port %d", port)
+    reader: MetricReader = exporter.PrometheusMetricReader()
+    return reader

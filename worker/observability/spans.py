@@ -1,0 +1,64 @@
+"""Spans: the tracer, and what toolbus records on a span, in one vocabulary.
+
+Attributes follow the OpenTelemetry messaging and gen_ai/MCP semantic conventions;
+a failure is always marked the same way (`mark_failed`), whatever stage saw it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from opentelemetry import trace
+
+from toolbus.normalization.report import Change
+
+TRACER_NAME = "toolbus"
+
+
+def default_tracer() -> trace.Tracer:
+    return trace.get_tracer(TRACER_NAME)
+
+
+def messaging_attributes(
+    operation: str, destination: str, conversation_id: str, client_id: str, **extra: Any
+) -> dict[str, Any]:
+    """Semantic-convention attributes of an MQTT process/send span."""
+    return {
+        "messaging.system": "mqtt",
+        "messaging.destination.name": destination,
+        "messaging.operation.type": operation,
+        "messaging.message.conversation_id": conversation_id,
+        "messaging.client.id": client_id,
+        **extra,
+    }
+
+
+def mark_failed(span: trace.Span, code: str, exception: BaseException | None = None) -> None:
+    """ERROR status with the wire code as `error.type` (and the exception, when there is one)."""
+    span.set_status(trace.StatusCode.ERROR, code)
+    span.set_attribute("error.type", code)
+    if exception is not None:
+        span.record_exception(exception)
+
+
+def trace_id_of(span: trace.Span) -> str | None:
+    context = span.get_span_context()
+    return format(context.trace_id, "032x") if context.is_valid else None
+
+
+def record_normalization(span: trace.Span, entries: Iterable[Change]) -> None:
+    """One span event per report entry; values never appear, only keys, types and rules."""
+    count = 0
+    for entry in entries:
+        count += 1
+        span.add_event(
+            "toolbus.normalize",
+            {
+                "toolbus.path": entry.path,
+                "toolbus.from": entry.from_,
+                "toolbus.to": entry.to,
+                "toolbus.rule": entry.rule,
+            },
+        )
+    span.set_attribute("toolbus.normalized.count", count)
