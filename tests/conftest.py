@@ -20,13 +20,16 @@ import pytest
 import pytest_asyncio
 
 from tests.mqtt import Caller
+from tests.processes import BUNDLED_CONFIG
 from toolbus.backends.local import LocalTool
-from toolbus.config import Settings
+from toolbus.config import Settings, read_config_file
 from toolbus.service import Worker, build_registry
 from toolbus.tools import BUILTIN_TOOLS
 
 START_TIMEOUT_S = 15.0
 DEMO_SERVER = {"command": sys.executable, "args": ["-m", "toolbus", "demo-server"]}
+# The demo server's static map, as the bundled config writes it (the one place it is written).
+DEMO_ARGUMENT_MAPS = read_config_file(BUNDLED_CONFIG)["argument_maps"]
 
 
 def free_port() -> int:
@@ -127,6 +130,7 @@ def make_settings(broker: Broker, **overrides: Any) -> Settings:
         "broker_url": broker.url,
         "topic_prefix": unique_prefix(),
         "shutdown_grace_s": 5.0,
+        "argument_maps": DEMO_ARGUMENT_MAPS,
         # Real attempts and real failures, without the production pauses between them.
         "mcp": {"startup_base_delay_s": 0.05, "recovery_max_delay_s": 0.5},
     }

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from tests.logwait import watching
-from toolbus.config import Settings
+from toolbus.config import NO_TOOL_SETTINGS, Settings, ToolSettings, tool_settings
 from toolbus.contracts import ErrorCode, ToolResult
 from toolbus.decode import Call
 from toolbus.errors import InvalidArguments, UnknownTool
@@ -39,7 +40,11 @@ async def _echo_arguments(arguments: dict[str, Any]) -> ToolResult:
     return ToolResult(structured=arguments)
 
 
-def mcp_tool(name: str = "control_zwave_device", schema: dict[str, Any] | None = None) -> Tool:
+def mcp_tool(
+    name: str = "control_zwave_device",
+    schema: dict[str, Any] | None = None,
+    settings: ToolSettings = NO_TOOL_SETTINGS,
+) -> Tool:
     return Tool(
         name=name,
         description="",
@@ -48,15 +53,14 @@ def mcp_tool(name: str = "control_zwave_device", schema: dict[str, Any] | None =
         origin="mcp:zwave",
         server="zwave",
         rename_arguments=True,
+        settings=settings,
     )
 
 
 def normalize(
     tool: Tool, arguments: dict[str, Any], maps: dict[str, dict[str, str]] | None = None
 ) -> tuple[dict[str, Any], list[tuple[str, str, str, str]]]:
-    out, report = Normalizer.from_config(SEED_MAP if maps is None else maps).arguments(
-        tool, arguments
-    )
+    out, report = Normalizer(SEED_MAP if maps is None else maps).arguments(tool, arguments)
     return out, [(e.path, e.from_, e.to, e.rule) for e in report]
 
 
@@ -189,12 +193,11 @@ def test_nothing_lossy_for_integers(value: str) -> None:
 
 
 def test_each_coercion_can_be_switched_off() -> None:
-    tool = mcp_tool("shapes", SHAPES)
-    none = Normalizer.from_config({}, skip_coercions={"shapes": ["all"]})
-    out, report = none.arguments(tool, {"tags": "one", "count": "5"})
+    none = mcp_tool("shapes", SHAPES, ToolSettings(skip_coercions=["all"]))
+    out, report = Normalizer().arguments(none, {"tags": "one", "count": "5"})
     assert out == {"tags": "one", "count": "5"} and report == []
-    some = Normalizer.from_config({}, skip_coercions={"shapes": ["wrap_array", "default"]})
-    out, _ = some.arguments(tool, {"tags": "one", "count": "5"})
+    some = mcp_tool("shapes", SHAPES, ToolSettings(skip_coercions=["wrap_array", "default"]))
+    out, _ = Normalizer().arguments(some, {"tags": "one", "count": "5"})
     assert out == {"tags": "one", "count": 5}
 
 
@@ -319,7 +322,8 @@ async def run(
     settings: Settings, tool: Tool, arguments: dict[str, Any], *, caller: str | None = None
 ) -> Outcome:
     registry = Registry(settings.aliases)
-    registry.register(tool)
+    # As a backend builds it: with its [tools.NAME] entry resolved.
+    registry.register(replace(tool, settings=tool_settings(settings.tools, tool.name, tool.server)))
     executor = build_executor(settings, registry)
     return await executor.execute(
         Call(id="t", tool=tool.name, arguments=arguments, topic="t", caller=caller)
@@ -563,7 +567,7 @@ def test_hidden_tools_appear_in_no_list() -> None:
         description="",
         input_schema={},
         invoke=_echo_arguments,
-        model_invocable=False,
+        settings=ToolSettings(model_invocable=False),
     )
     registry = registry_with(hidden, mcp_tool())
     assert [d.name for d in registry.definitions()] == ["control_zwave_device"]
@@ -589,7 +593,11 @@ def test_mappings_document_the_analysis_example() -> None:
 
 async def test_the_transformation_is_logged_without_values() -> None:
     with watching("toolbus.normalize", "normalized control_zwave_device") as logged:
-        await run(Settings(), mcp_tool(), {"device_name": "Switch One", "command": "on"})
+        await run(
+            Settings(argument_maps=SEED_MAP),
+            mcp_tool(),
+            {"device_name": "Switch One", "command": "on"},
+        )
     assert [r.getMessage() for r in logged.records] == [
         "normalized control_zwave_device: {device_name: ..., command: ...} -> {deviceName: ..., action: ...}"
     ]
@@ -604,7 +612,9 @@ async def test_the_report_is_recorded_on_the_span() -> None:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     registry = registry_with(mcp_tool())
-    executor = build_executor(Settings(), registry, tracer=provider.get_tracer("test"))
+    executor = build_executor(
+        Settings(argument_maps=SEED_MAP), registry, tracer=provider.get_tracer("test")
+    )
     await executor.execute(
         Call(
             id="s",

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -25,15 +26,7 @@ from pydantic_settings import (
 
 DEFAULT_BROKER_URL = "mqtt://localhost:1883"
 
-# The demo device server speaks camelCase; AI clients tend to send snake_case and
-# their own verbs. This is the shipped default, replaced (not merged) by config.
-DEFAULT_ARGUMENT_MAPS: dict[str, dict[str, str]] = {
-    "control_zwave_device": {
-        "device_name": "deviceName",
-        "command": "action",
-        "brightness": "level",
-    },
-}
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +134,7 @@ class GuardSettings(BaseModel):
         return value
 
 
+# The one place guard defaults are written; `complete_guards` fills a partial table from it.
 DEFAULT_GUARDS = GuardSettings(
     max_string_length=2000,
     max_array_length=100,
@@ -148,6 +142,11 @@ DEFAULT_GUARDS = GuardSettings(
     max_argument_bytes=64 * 1024,
     forbidden_pattern=DEFAULT_FORBIDDEN_PATTERN,
 )
+
+
+def complete_guards(partial: GuardSettings) -> GuardSettings:
+    """A `[guards]` table with the defaults for what it does not set."""
+    return DEFAULT_GUARDS.model_copy(update=partial.model_dump(exclude_none=True))
 
 
 class ParameterSettings(BaseModel):
@@ -193,6 +192,30 @@ class ToolSettings(BaseModel):
     model_invocable: bool = True
     guards: GuardSettings = Field(default_factory=GuardSettings)
     parameters: dict[str, ParameterSettings] = Field(default_factory=dict)
+
+
+NO_TOOL_SETTINGS = ToolSettings()
+
+
+def for_tool(table: Mapping[str, T], name: str, server: str | None = None) -> T | None:
+    """A per-tool table's entry for one tool: `server.tool` first, then the bare name.
+
+    The one lookup rule for every table keyed by tool name (`[tools.NAME]`,
+    `[argument_maps.NAME]`): with both `lamp` and `devices.lamp` configured, the tool
+    `lamp` of server `devices` gets `devices.lamp`, every other `lamp` gets `lamp`.
+    """
+    if server is not None:
+        qualified = table.get(f"{server}.{name}")
+        if qualified is not None:
+            return qualified
+    return table.get(name)
+
+
+def tool_settings(
+    tools: Mapping[str, ToolSettings], name: str, server: str | None = None
+) -> ToolSettings:
+    """A tool's `[tools.NAME]` entry (see `for_tool`), resolved once when the tool is built."""
+    return for_tool(tools, name, server) or NO_TOOL_SETTINGS
 
 
 class CallerProfile(BaseModel):
@@ -248,7 +271,7 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "text"] = "auto"
     tools: dict[str, ToolSettings] = Field(default_factory=dict)
     argument_maps: dict[str, dict[str, str]] = Field(
-        default_factory=lambda: {k: dict(v) for k, v in DEFAULT_ARGUMENT_MAPS.items()},
+        default_factory=dict,
         description="Per-tool static renames of argument keys, applied before any heuristic.",
     )
     aliases: dict[str, str] = Field(
@@ -281,7 +304,7 @@ class Settings(BaseSettings):
     @classmethod
     def _complete_guards(cls, value: GuardSettings) -> GuardSettings:
         # A partial [guards] table keeps the defaults for what it does not set.
-        return DEFAULT_GUARDS.model_copy(update=value.model_dump(exclude_none=True))
+        return complete_guards(value)
 
     @property
     def broker(self) -> BrokerUrl:

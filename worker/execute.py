@@ -10,7 +10,6 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -18,7 +17,6 @@ from typing import Any, Protocol
 from opentelemetry import trace
 
 from toolbus.access import Access
-from toolbus.config import ToolSettings
 from toolbus.contracts import ToolList, ToolResult
 from toolbus.decode import Call
 from toolbus.errors import (
@@ -34,7 +32,7 @@ from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
 from toolbus.normalization.report import Change
 from toolbus.observability.metrics import Metrics
-from toolbus.observability.spans import default_tracer, record_normalization
+from toolbus.observability.spans import default_tracer, mark_failed, record_normalization
 from toolbus.registry import Registry, Resolved, Tool
 from toolbus.validate import check_arguments
 
@@ -77,7 +75,7 @@ class Executor:
         default_timeout_s: float,
         max_timeout_s: float,
         slow_call_ms: float,
-        tool_settings: Mapping[str, ToolSettings],
+        startup: Startup | None = None,
         tracer: trace.Tracer | None = None,
         trace_arguments: bool = False,
         metrics: Metrics | None = None,
@@ -89,26 +87,23 @@ class Executor:
         self._default_timeout_s = default_timeout_s
         self._max_timeout_s = max_timeout_s
         self._slow_call_ms = slow_call_ms
-        self._tool_settings = tool_settings
+        self._startup = startup  # backends still registering tools (MCP servers starting)
         self._tracer = tracer or default_tracer()
         self._trace_arguments = trace_arguments  # values may be personal data: off by default
         self.metrics = metrics or Metrics()
-        self.startup: Startup | None = None  # MCP servers still starting, set by the worker
         self.access.refresh(registry)
+        registry.listeners.append(self.registry_changed)
 
     def registry_changed(self) -> None:
         """Per-tool tables follow the registry (MCP servers come, go and change tools)."""
         self._guards.clear()
+        self.normalizer.clear()
         self.access.refresh(self.registry)
 
     def deadline_s(self, call: Call, tool: Tool) -> float:
         """Request beats tool config beats the tool's own default beats the global default."""
-        configured = self._tool_settings.get(tool.name)
         chosen = (
-            call.timeout_s
-            or (configured.timeout_s if configured else None)
-            or tool.timeout_s
-            or self._default_timeout_s
+            call.timeout_s or tool.settings.timeout_s or tool.timeout_s or self._default_timeout_s
         )
         return min(chosen, self._max_timeout_s)
 
@@ -139,14 +134,11 @@ class Executor:
                 outcome.result = await self._run(tool, arguments, self.deadline_s(call, tool))
             except ToolbusError as error:
                 outcome.error = error
-                span.set_status(trace.StatusCode.ERROR, error.code.value)
-                span.set_attribute("error.type", error.code.value)
-                span.record_exception(error)
+                mark_failed(span, error.code.value, error)
             except Exception as exc:
                 log.exception("internal error in call %s to %s", call.id, call.tool)
                 outcome.error = InternalError(f"internal error: {type(exc).__name__}")
-                span.set_status(trace.StatusCode.ERROR, "internal")
-                span.set_attribute("error.type", "internal")
+                mark_failed(span, outcome.error.code.value)
             record_normalization(span, outcome.normalized)
         outcome.duration_ms = (time.perf_counter() - started) * 1000
         self._log(call, arguments, outcome)
@@ -162,7 +154,7 @@ class Executor:
     async def _await_startup(self, call: Call) -> None:
         """A tool not known yet may belong to a server still starting: wait for it, within
         the call's deadline, before calling the name unknown."""
-        startup = self.startup
+        startup = self._startup
         if startup is None or not startup.unsettled():
             return
         try:

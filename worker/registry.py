@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolbus.config import NO_TOOL_SETTINGS, ToolSettings
 from toolbus.contracts import ToolDefinition, ToolResult
 from toolbus.errors import UnknownTool
 from toolbus.normalization.report import Change
@@ -49,8 +50,10 @@ def sanitize_name(name: str) -> str:
 class Tool:
     """A tool as the pipeline sees it, whatever backend serves it.
 
-    `invoke` is the backend's bound entry point; `rename_arguments` says whether
-    argument keys may be respelled to the schema's (MCP tools yes, local no, by default).
+    `invoke` is the backend's bound entry point; `rename_arguments` and `timeout_s` are
+    the backend's defaults (MCP tools are respelled, local ones not). `settings` is the
+    tool's `[tools.NAME]` entry, resolved once when the tool is built (`config.tool_settings`):
+    every stage reads it from here, so no two stages can disagree about it.
     `shape` and `validator` are built here, once, never per call.
     """
 
@@ -64,13 +67,23 @@ class Tool:
     rank: int = 0  # configuration order of the server: lower wins a bare-name collision
     rename_arguments: bool = False
     timeout_s: float | None = None
-    model_invocable: bool = True
+    settings: ToolSettings = NO_TOOL_SETTINGS
     validator: CompiledSchema = field(init=False, repr=False)
     shape: Shape = field(default=ANY, repr=False)
 
     def __post_init__(self) -> None:
         self.validator = CompiledSchema(self.name, self.input_schema)
         self.shape = build_shape(self.input_schema)
+
+    @property
+    def renames_arguments(self) -> bool:
+        """May argument keys be respelled? Configuration beats the backend's default."""
+        configured = self.settings.rename_arguments
+        return self.rename_arguments if configured is None else configured
+
+    @property
+    def model_invocable(self) -> bool:
+        return self.settings.model_invocable
 
     @property
     def qualified_name(self) -> str:

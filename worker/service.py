@@ -23,12 +23,12 @@ from opentelemetry import trace
 from toolbus.access import Access
 from toolbus.backends.local import LocalTool
 from toolbus.backends.mcp import McpBackend, McpServer
-from toolbus.config import Settings
+from toolbus.config import Settings, tool_settings
 from toolbus.contracts import ErrorBody, Reply, ServerStatus, WorkerStatus
 from toolbus.decode import Call, Rejected, ReplyAddress, decode
 from toolbus.encode import dead_letter, outbound_reply, reply_for_call, reply_for_rejected
 from toolbus.errors import Unavailable
-from toolbus.execute import Executor, Outcome
+from toolbus.execute import Executor, Outcome, Startup
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
 from toolbus.observability.export import COLLECTOR, TraceCollector, descendants, otlp_json
@@ -47,15 +47,9 @@ RECONNECT_FIRST_DELAY_S = 0.5
 
 def build_registry(local_tools: Iterable[LocalTool], settings: Settings) -> Registry:
     registry = Registry(settings.aliases)
-    for local in local_tools:
-        override = settings.tools.get(local.name)
-        registry.register(
-            local.to_tool(
-                rename_arguments=bool(override and override.rename_arguments),
-                timeout_s=override.timeout_s if override else None,
-                model_invocable=override.model_invocable if override else True,
-            )
-        )
+    registry.register_all(
+        local.to_tool(tool_settings(settings.tools, local.name)) for local in local_tools
+    )
     return registry
 
 
@@ -64,21 +58,18 @@ def build_executor(
     registry: Registry,
     tracer: trace.Tracer | None = None,
     metrics: Metrics | None = None,
+    startup: Startup | None = None,
 ) -> Executor:
     """The pipeline a worker runs, from the settings (tests and `toolbus mappings` use it too)."""
     return Executor(
         registry,
-        Normalizer.from_config(
-            settings.argument_maps,
-            rename={name: t.rename_arguments for name, t in settings.tools.items()},
-            skip_coercions={name: t.skip_coercions for name, t in settings.tools.items()},
-        ),
-        Guards(settings.guards, settings.tools),
+        Normalizer(settings.argument_maps),
+        Guards(settings.guards),
         Access(settings.callers),
         default_timeout_s=settings.default_timeout_s,
         max_timeout_s=settings.max_timeout_s,
         slow_call_ms=settings.slow_call_ms,
-        tool_settings=settings.tools,
+        startup=startup,
         tracer=tracer,
         trace_arguments=settings.trace_arguments,
         metrics=metrics,
@@ -107,8 +98,6 @@ class Worker:
             settings.topic_prefix, settings.shared_group, settings.allowed_reply_prefixes
         )
         self.registry = registry
-        self.executor = build_executor(settings, registry, self._tracer, self.metrics)
-        registry.listeners.append(self._registry_changed)
         self.mcp = McpBackend(
             settings.mcp_servers,
             registry,
@@ -117,7 +106,9 @@ class Worker:
             settings.mcp,
             child_env=child_env,
         )
-        self.executor.startup = self.mcp
+        self.executor = build_executor(
+            settings, registry, self._tracer, self.metrics, startup=self.mcp
+        )
         self.metrics.watch_servers(self.mcp.states)
         self.subscribed = asyncio.Event()
         self.draining = asyncio.Event()  # set once stopping has begun
@@ -396,10 +387,7 @@ class Worker:
                 self.settings.publish_timeout_s,
             )
 
-    # -- registry and configuration -----------------------------------------
-
-    def _registry_changed(self) -> None:
-        self.executor.registry_changed()
+    # -- configuration ---------------------------------------------------------
 
     async def _report_configuration(self) -> None:
         """Once every MCP server has settled, report names in the config that lead nowhere."""

@@ -22,6 +22,7 @@ from typing import Any, get_type_hints, overload
 
 from pydantic import BaseModel, create_model
 
+from toolbus.config import NO_TOOL_SETTINGS, ToolSettings
 from toolbus.contracts import ToolResult
 from toolbus.errors import ToolbusError, ToolFailed
 from toolbus.registry import LOCAL, Tool
@@ -44,13 +45,9 @@ class LocalTool:
     async def __call__(self, **arguments: Any) -> Any:
         return await self.fn(**arguments)
 
-    def to_tool(
-        self,
-        *,
-        rename_arguments: bool = False,
-        timeout_s: float | None = None,
-        model_invocable: bool = True,
-    ) -> Tool:
+    def to_tool(self, settings: ToolSettings = NO_TOOL_SETTINGS) -> Tool:
+        """The tool as the pipeline sees it, with its resolved `[tools.NAME]` entry."""
+
         async def invoke(arguments: dict[str, Any]) -> ToolResult:
             try:
                 value = await self.fn(**arguments)
@@ -69,9 +66,9 @@ class LocalTool:
             input_schema=self.input_schema,
             invoke=invoke,
             origin=LOCAL,
-            rename_arguments=rename_arguments,
-            timeout_s=timeout_s if timeout_s is not None else self.timeout_s,
-            model_invocable=model_invocable,
+            rename_arguments=False,  # local tools name their own parameters
+            timeout_s=self.timeout_s,
+            settings=settings,
         )
 
 

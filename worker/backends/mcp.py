@@ -49,7 +49,7 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
-from toolbus.config import McpPolicy, McpServerConfig, ToolSettings
+from toolbus.config import McpPolicy, McpServerConfig, ToolSettings, tool_settings
 from toolbus.contracts import ContentItem, ToolResult
 from toolbus.errors import CallTimeout, ToolFailed, Unavailable
 from toolbus.registry import Registry, Tool, sanitize_name
@@ -415,9 +415,9 @@ class McpServer:
             log.warning(
                 "MCP server %s announced tool %r: registered as %s", self.name, remote_name, name
             )
-        override = self._tool_settings.get(f"{self.name}.{name}") or self._tool_settings.get(name)
-        if override and override.max_in_flight:
-            self._tool_slots[remote_name] = asyncio.Semaphore(override.max_in_flight)
+        settings = tool_settings(self._tool_settings, name, self.name)
+        if settings.max_in_flight:
+            self._tool_slots[remote_name] = asyncio.Semaphore(settings.max_in_flight)
 
         async def invoke(arguments: dict[str, Any]) -> ToolResult:
             return await self.call(remote_name, arguments)
@@ -431,9 +431,8 @@ class McpServer:
             server=self.name,
             original_name=remote_name if name != remote_name else None,
             rank=self.rank,
-            rename_arguments=override.rename_arguments is not False if override else True,
-            timeout_s=override.timeout_s if override else None,
-            model_invocable=override.model_invocable if override else True,
+            rename_arguments=True,  # MCP schemas are someone else's: respell to match them
+            settings=settings,
         )
 
     # -- calls ---------------------------------------------------------------------

@@ -15,13 +15,12 @@ import json
 import ntpath
 import posixpath
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from jsonschema.protocols import Validator
 
-from toolbus.config import GuardSettings, ParameterSettings, ToolSettings
+from toolbus.config import GuardSettings, ParameterSettings, complete_guards
 from toolbus.errors import InvalidArguments
 from toolbus.normalization.report import Change
 from toolbus.normalization.shapes import ANY, Shape
@@ -69,19 +68,19 @@ class _ToolGuards:
 
 
 class Guards:
-    def __init__(self, global_settings: GuardSettings, tools: Mapping[str, ToolSettings]) -> None:
+    """Input guards: the global `[guards]` limits, narrowed by each tool's own settings."""
+
+    def __init__(self, global_settings: GuardSettings) -> None:
+        complete = complete_guards(global_settings)
         self._global = Limits(
-            max_string_length=global_settings.max_string_length or 2000,
-            max_array_length=100
-            if global_settings.max_array_length is None
-            else global_settings.max_array_length,
-            max_depth=global_settings.max_depth or 16,
-            max_argument_bytes=global_settings.max_argument_bytes or 64 * 1024,
-            forbidden=re.compile(global_settings.forbidden_pattern)
-            if global_settings.forbidden_pattern
+            max_string_length=_limit(complete.max_string_length),
+            max_array_length=_limit(complete.max_array_length),
+            max_depth=_limit(complete.max_depth),
+            max_argument_bytes=_limit(complete.max_argument_bytes),
+            forbidden=re.compile(complete.forbidden_pattern)
+            if complete.forbidden_pattern
             else None,
         )
-        self._tool_settings = tools
         self._cache: dict[int, tuple[Tool, _ToolGuards]] = {}
 
     def clear(self) -> None:
@@ -92,10 +91,10 @@ class Guards:
         cached = self._cache.get(id(tool))
         if cached is not None and cached[0] is tool:
             return cached[1]
-        config = self._tool_settings.get(tool.name) or self._tool_settings.get(tool.qualified_name)
-        limits = self._global.narrowed(config.guards) if config else self._global
+        config = tool.settings
+        limits = self._global.narrowed(config.guards)
         root = _Param(limits=limits)
-        for dotted, settings in (config.parameters if config else {}).items():
+        for dotted, settings in config.parameters.items():
             node = root
             for part in dotted.split("."):
                 node = node.children.setdefault(part, _Param())
@@ -251,6 +250,12 @@ class _Walk:
             # evolve keeps the root's resolver: $refs in the item schema still resolve.
             cache[id(shape)] = root.evolve(schema=shape.item_schema)
         return cache[id(shape)]
+
+
+def _limit(value: int | None) -> int:
+    if value is None:  # complete_guards sets every limit; a new field without a default would not
+        raise ValueError("a global guard limit has no default in DEFAULT_GUARDS")
+    return value
 
 
 def _depth(value: Any) -> int:

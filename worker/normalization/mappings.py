@@ -37,7 +37,7 @@ def render(registry: Registry, normalizer: Normalizer, tool_name: str | None = N
 def _tool(registry: Registry, normalizer: Normalizer, tool: Tool, aliases: dict[str, str]) -> str:
     shown = registry.shown_name(tool)
     rules = normalizer.rules(tool)
-    rename = tool.rename_arguments if rules.rename is None else rules.rename
+    rename = rules.rename
     names = [f"`{shown}`"]
     if tool.server:
         names += [f"`{tool.server}.{tool.name}`", f"`{tool.server}__{tool.name}`"]

@@ -22,11 +22,11 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolbus.config import ALL_COERCIONS
+from toolbus.config import ALL_COERCIONS, for_tool
 from toolbus.errors import InvalidArguments
 from toolbus.normalization.report import Change, describe
 from toolbus.normalization.shapes import ANY, Shape, json_type, spelling_key
@@ -76,44 +76,50 @@ EMPTY_MAP = StaticMap()
 
 @dataclass(frozen=True, slots=True)
 class ToolRules:
-    """How one tool's arguments are normalized (from config; built once)."""
+    """How one tool's arguments are normalized (from its settings; built once per tool)."""
 
     static: StaticMap = field(default_factory=StaticMap)
-    rename: bool | None = None  # None: the tool's own default
+    rename: bool = False
     coercions: frozenset[str] = ALL_COERCIONS
+
+    @classmethod
+    def for_tool(cls, tool: Tool, static_map: Mapping[str, str] | None) -> ToolRules:
+        skipped = set(tool.settings.skip_coercions)
+        return cls(
+            static=StaticMap.from_config(static_map or {}),
+            rename=tool.renames_arguments,
+            coercions=frozenset() if "all" in skipped else ALL_COERCIONS - skipped,
+        )
 
 
 class Normalizer:
-    def __init__(self, rules: Mapping[str, ToolRules] | None = None) -> None:
-        self._rules = dict(rules or {})
+    """Normalizes arguments with each tool's rules: its settings plus its static map.
 
-    @classmethod
-    def from_config(
-        cls,
-        argument_maps: Mapping[str, Mapping[str, str]],
-        rename: Mapping[str, bool | None] | None = None,
-        skip_coercions: Mapping[str, Iterable[str]] | None = None,
-    ) -> Normalizer:
-        names = set(argument_maps) | set(rename or {}) | set(skip_coercions or {})
-        rules = {}
-        for name in names:
-            skipped = set((skip_coercions or {}).get(name, ()))
-            rules[name] = ToolRules(
-                static=StaticMap.from_config(argument_maps.get(name, {})),
-                rename=(rename or {}).get(name),
-                coercions=frozenset() if "all" in skipped else ALL_COERCIONS - skipped,
-            )
-        return cls(rules)
+    `argument_maps` is keyed like every per-tool table (`config.for_tool`). Rules are
+    built on a tool's first call and kept until the registry changes (`clear`).
+    """
+
+    def __init__(self, argument_maps: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        self._maps = dict(argument_maps or {})
+        self._cache: dict[int, tuple[Tool, ToolRules]] = {}
+
+    def clear(self) -> None:
+        """The registry changed: rebuild per-tool rules on next use."""
+        self._cache.clear()
 
     def rules(self, tool: Tool) -> ToolRules:
-        return self._rules.get(tool.name) or self._rules.get(tool.qualified_name) or ToolRules()
+        cached = self._cache.get(id(tool))
+        if cached is not None and cached[0] is tool:
+            return cached[1]
+        rules = ToolRules.for_tool(tool, for_tool(self._maps, tool.name, tool.server))
+        self._cache[id(tool)] = (tool, rules)
+        return rules
 
     def arguments(
         self, tool: Tool, arguments: dict[str, Any]
     ) -> tuple[dict[str, Any], list[Change]]:
         rules = self.rules(tool)
-        rename = tool.rename_arguments if rules.rename is None else rules.rename
-        walk = _Walk(rename, rules.coercions)
+        walk = _Walk(rules.rename, rules.coercions)
         out = walk.object(arguments, tool.shape, rules.static, "arguments")
         if walk.report and log.isEnabledFor(logging.INFO):
             log.info("normalized %s: %s", tool.name, describe(walk.report))
