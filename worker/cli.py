@@ -248,9 +248,7 @@ def _mappings(args: argparse.Namespace) -> int:
     executor = build_executor(settings, registry)
 
     async def discover() -> None:
-        backend = McpBackend(
-            settings.mcp_servers, registry, settings.tools, lambda _: None, settings.mcp
-        )
+        backend = McpBackend(settings.mcp_servers, registry, settings.tools, settings.mcp)
         budget_s = max((c.connect_timeout_s for c in settings.mcp_servers.values()), default=0) + 5
         async with backend, asyncio.timeout(budget_s):
             await backend.wait_settled()

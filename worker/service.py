@@ -102,9 +102,9 @@ class Worker:
             settings.mcp_servers,
             registry,
             settings.tools,
-            self._on_server_state,
             settings.mcp,
             child_env=child_env,
+            listeners=[self._on_server_state],
         )
         self.executor = build_executor(
             settings, registry, self._tracer, self.metrics, startup=self.mcp

@@ -1,0 +1,15 @@
+"""MCP backend: tools on MCP servers, over long-lived `mcp` SDK sessions.
+
+The only package that imports `mcp`:
+
+    backend  the facade: every configured server, started and stopped together
+    server   one server's state machine, retries, session and calls
+    stdio    a stdio server's process and its stderr pump
+    http     a streamable-HTTP server's client
+    convert  the SDK's types to ours (tools, results, failures)
+"""
+
+from toolbus.backends.mcp.backend import McpBackend
+from toolbus.backends.mcp.server import McpServer, ServerState
+
+__all__ = ["McpBackend", "McpServer", "ServerState"]

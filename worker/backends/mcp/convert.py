@@ -1,0 +1,124 @@
+"""Conversion between the mcp SDK's types and ours: listed tools, call results, failures.
+
+Typed with the SDK's own models (`mcp_types`), so a change of their shape is a type
+error here, not a surprise in a reply.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    CONNECTION_CLOSED,
+    REQUEST_TIMEOUT,
+    AudioContent,
+    BlobResourceContents,
+    CallToolResult,
+    EmbeddedResource,
+    ImageContent,
+    ResourceLink,
+    TextContent,
+)
+from mcp_types import Tool as ListedTool
+
+from toolbus.config import ToolSettings
+from toolbus.contracts import ContentItem, ToolResult
+from toolbus.errors import CallTimeout, ToolbusError, ToolFailed, Unavailable
+from toolbus.registry import Invoke, Tool
+
+BAD_LINE_CHARS = 200
+
+
+def to_tool(
+    listed: ListedTool,
+    name: str,
+    *,
+    server: str,
+    rank: int,
+    settings: ToolSettings,
+    invoke: Invoke,
+) -> Tool:
+    """A listed tool as the pipeline sees it, under its (possibly sanitized) `name`."""
+    return Tool(
+        name=name,
+        description=listed.description or "",
+        input_schema=dict(listed.input_schema or {"type": "object"}),
+        invoke=invoke,
+        origin=f"mcp:{server}",
+        server=server,
+        original_name=listed.name if name != listed.name else None,
+        rank=rank,
+        rename_arguments=True,  # MCP schemas are someone else's: respell to match them
+        settings=settings,
+    )
+
+
+def to_result(result: CallToolResult) -> ToolResult:
+    """A call's content as our result: text joined, other content carried, never dropped."""
+    texts: list[str] = []
+    other: list[ContentItem] = []
+    for block in result.content:
+        if isinstance(block, TextContent):
+            texts.append(block.text)
+        elif isinstance(block, ImageContent | AudioContent):
+            other.append(ContentItem(type=block.type, mime_type=block.mime_type, data=block.data))
+        elif isinstance(block, EmbeddedResource):
+            resource = block.resource
+            blob = resource.blob if isinstance(resource, BlobResourceContents) else None
+            text = None if isinstance(resource, BlobResourceContents) else resource.text
+            other.append(
+                ContentItem(
+                    type=block.type,
+                    uri=str(resource.uri),
+                    mime_type=resource.mime_type,
+                    text=text,
+                    data=blob,
+                )
+            )
+        elif isinstance(block, ResourceLink):
+            other.append(
+                ContentItem(type=block.type, uri=str(block.uri), mime_type=block.mime_type)
+            )
+        else:  # a content type newer than this code: carried whole, as base64 JSON
+            raw = json.dumps(block.model_dump(mode="json"), ensure_ascii=False)
+            kind = str(getattr(block, "type", "unknown"))
+            other.append(ContentItem(type=kind, data=base64.b64encode(raw.encode()).decode()))
+    structured = result.structured_content
+    return ToolResult(
+        text="\n".join(texts),
+        structured=structured if isinstance(structured, dict) else None,
+        content=other or None,
+    )
+
+
+def call_error(exc: MCPError, server: str) -> ToolbusError:
+    """An MCP error answering `tools/call`, as the error the caller gets."""
+    if exc.code == CONNECTION_CLOSED:
+        return Unavailable(f"MCP server {server} closed the connection", server=server)
+    if exc.code == REQUEST_TIMEOUT:
+        return CallTimeout(f"MCP server {server} timed out", server=server)
+    return ToolFailed(exc.message, server=server, mcp_code=exc.code)
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a failure, groups flattened: for logs, states and error replies."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe(e) for e in exc.exceptions)
+    if isinstance(exc, TimeoutError):
+        return "timed out while starting"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def bad_line(exc: Exception) -> str:
+    """The start of a stdout line the SDK could not parse (from its validation error)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        with contextlib.suppress(Exception):
+            first = errors()[0].get("input")
+            if isinstance(first, str | bytes):
+                text = first.decode("utf-8", "replace") if isinstance(first, bytes) else first
+                return text[:BAD_LINE_CHARS]
+    return str(exc)[:BAD_LINE_CHARS]

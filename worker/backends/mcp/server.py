@@ -1,0 +1,388 @@
+"""One MCP server: its session, its state, its retries, its calls.
+
+Each configured server gets one long-lived `ClientSession` at a time, owned by the
+server's own task. That task connects (tenacity: `[mcp].startup_attempts` with doubling
+delays), registers the tools, holds the session until it ends, and reconnects in the
+background with capped, jittered backoff, for as long as the worker runs. Its tools
+stay registered while it is away, so calls get `unavailable` naming the server, never
+`unknown_tool`. HTTP sessions are pinged every `[mcp].health_interval_s`. A tool call is
+never re-sent.
+
+States: `connecting` (start-up), `ready`, `degraded` (lost its session, reconnecting),
+`down` (start-up attempts exhausted; still retried in the background), `stopped`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping
+from contextlib import AsyncExitStack
+from typing import Any, Literal
+
+import anyio
+from mcp import ClientSession
+from mcp.client import IncomingMessage
+from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED, ToolListChangedNotification
+from mcp_types import Tool as ListedTool
+from opentelemetry import trace
+from tenacity import RetryCallState
+
+from toolbus.backends.mcp.convert import bad_line, call_error, describe, to_result, to_tool
+from toolbus.backends.mcp.http import open_http
+from toolbus.backends.mcp.retry import Stopping, connect_attempts
+from toolbus.backends.mcp.session import Session, list_tools
+from toolbus.backends.mcp.stdio import CLOSE_DEADLINE_S, open_stdio
+from toolbus.config import McpPolicy, McpServerConfig, ToolSettings, tool_settings
+from toolbus.contracts import ToolResult
+from toolbus.errors import ToolFailed, Unavailable
+from toolbus.registry import Registry, Tool, sanitize_name
+
+log = logging.getLogger("toolbus.mcp")
+_tracer = trace.get_tracer("toolbus.mcp")
+
+ServerState = Literal["connecting", "ready", "degraded", "down", "stopped"]
+StateListener = Callable[["McpServer"], None]
+
+STDERR_LINES_KEPT = 50
+TRANSPORT_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError)
+
+
+class McpServer:
+    """One MCP server and its session, owned by the task running `serve()`."""
+
+    def __init__(
+        self,
+        name: str,
+        config: McpServerConfig,
+        policy: McpPolicy,
+        *,
+        registry: Registry,
+        tool_settings: Mapping[str, ToolSettings],
+        on_state: StateListener,
+        rank: int = 0,
+        child_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self._child_env = dict(child_env or {})  # e.g. OTEL_*: the server's own env wins
+        self.origin = f"mcp:{name}"
+        self.config = config
+        self.policy = policy
+        self.rank = rank  # configuration order: the first listed owns a shared bare name
+        self.state: ServerState = "connecting"
+        self.last_error: str | None = None
+        self.stderr_tail: deque[str] = deque(maxlen=STDERR_LINES_KEPT)
+        self.bad_stdout_lines = 0
+        self.tool_names: list[str] = []
+        self.connects = 0
+        self._current: Session | None = None
+        self._on_state = on_state
+        self._settled = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._tools_changed = asyncio.Event()
+        self._slots = asyncio.Semaphore(config.max_in_flight or policy.max_in_flight)
+        self._tool_slots: dict[str, asyncio.Semaphore] = {}
+        self._registry = registry
+        self._tool_settings = tool_settings
+
+    # -- state -----------------------------------------------------------------
+
+    def _set_state(self, state: ServerState, error: str | None = None) -> None:
+        changed = (state, error) != (self.state, self.last_error)
+        self.state, self.last_error = state, error
+        if state != "connecting":
+            self._settled.set()
+        if changed:
+            self._on_state(self)
+
+    @property
+    def settled(self) -> bool:
+        """Ready, or start-up attempts exhausted: no longer `connecting`."""
+        return self._settled.is_set()
+
+    async def wait_settled(self) -> None:
+        await self._settled.wait()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- the server's task ---------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Connect, hold, reconnect: the server's task, until `stop()`."""
+        startup = True
+        try:
+            while not self._stop.is_set():
+                try:
+                    lifetime = await self._connect(startup)
+                except Stopping:
+                    break
+                except Exception as exc:  # start-up exhausted: degrade, keep trying
+                    self._report_startup_failure(exc)
+                    startup = False
+                    continue
+                startup = False
+                why = await self._until_over(lifetime)
+                if not self._stop.is_set():
+                    log.warning("MCP server %s: %s; reconnecting", self.name, why)
+                    self._set_state("degraded", why)
+        finally:
+            self._set_state("stopped", self.last_error)
+
+    async def _connect(self, startup: bool) -> asyncio.Task[str]:
+        retrying = connect_attempts(
+            self.policy, startup=startup, stopping=self._stop, before_sleep=self._log_retry
+        )
+        async for attempt in retrying:
+            with attempt:
+                if self._stop.is_set():
+                    raise Stopping
+                number = attempt.retry_state.attempt_number
+                lifetime = await self._open_in_own_task()
+                if number > 1:
+                    log.info(
+                        "MCP connection succeeded on attempt %d (server %s)", number, self.name
+                    )
+                return lifetime
+        raise Stopping  # unreachable: reraise=True re-raises the last failure
+
+    async def _open_in_own_task(self) -> asyncio.Task[str]:
+        """Start a session's task; return it once the session is open, or raise why not."""
+        opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        lifetime = asyncio.create_task(self._lifetime(opened), name=f"mcp-session:{self.name}")
+        racing: list[asyncio.Future[Any]] = [opened, lifetime]
+        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+        if opened.done() and opened.exception() is None:
+            return lifetime
+        await asyncio.wait({lifetime})  # the open failed; the task is finishing
+        failure = opened.exception() if opened.done() else None
+        raise failure or ConnectionError("the session ended while opening")
+
+    async def _lifetime(self, opened: asyncio.Future[None]) -> str:
+        """One session, start to end, in a task of its own.
+
+        The transport's anyio task groups are entered here, so when a connection dies
+        and anyio cancels their scope, it is this task that is cancelled, never the
+        server's task with its retry loop.
+        """
+        try:
+            current = await self._open()
+        except BaseException as exc:
+            if not opened.done():
+                opened.set_exception(
+                    exc if isinstance(exc, Exception) else ConnectionError(describe(exc))
+                )
+            return "the session never opened"
+        opened.set_result(None)
+        try:
+            await self._hold(current)
+        except asyncio.CancelledError:
+            if self._stop.is_set():
+                raise
+            current.end("the connection was lost")
+        finally:
+            self._current = None
+            await current.close()
+        return current.why
+
+    async def _until_over(self, lifetime: asyncio.Task[str]) -> str:
+        """Wait for a session's task to end; on stop, give it its deadline."""
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({lifetime, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        done, _ = await asyncio.wait({lifetime}, timeout=CLOSE_DEADLINE_S * 2)
+        if not done:
+            lifetime.cancel()
+            await asyncio.wait({lifetime}, timeout=CLOSE_DEADLINE_S)
+        if not lifetime.done() or lifetime.cancelled():
+            return "the session was cancelled"
+        failure = lifetime.exception()
+        return f"the session failed: {describe(failure)}" if failure else lifetime.result()
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        delay = state.next_action.sleep if state.next_action else 0.0
+        self.last_error = describe(error) if error else None
+        log.warning(
+            "MCP server %s: attempt %d failed (%s); next attempt in %.1f s",
+            self.name,
+            state.attempt_number,
+            self.last_error,
+            delay,
+        )
+
+    def _report_startup_failure(self, exc: BaseException) -> None:
+        reason = describe(exc)
+        self._set_state("down", reason)
+        have = self._registry.names()
+        log.error(
+            "MCP connection failed after %d attempts (server %s): %s. Stderr tail: %s. "
+            "Check that the command or URL in mcpServers.%s is right and starts on its own. "
+            "The worker continues in degraded mode with the tools it has: %s; "
+            "this server is retried in the background.",
+            self.policy.startup_attempts,
+            self.name,
+            reason,
+            " | ".join(self.stderr_tail) or "(empty)",
+            self.name,
+            ", ".join(have) or "none",
+        )
+
+    async def _open(self) -> Session:
+        ended = asyncio.Event()
+        # On failure the stack must exit *with* the exception: anyio turns its
+        # cancel-scope cancellation into the real error (e.g. ConnectError) there.
+        async with AsyncExitStack() as stack:
+            async with asyncio.timeout(self.config.connect_timeout_s):
+                session = await self._open_session(stack, ended)
+                await session.initialize()
+                tools = await list_tools(session)
+            self.connects += 1
+            # The holder closes it, later, in this same task.
+            return Session(session, tools, stack.pop_all(), ended)
+
+    async def _open_session(self, stack: AsyncExitStack, ended: asyncio.Event) -> ClientSession:
+        if self.config.command is None:
+            return await open_http(stack, self.config, self._on_message)
+        return await open_stdio(
+            stack,
+            self.name,
+            self.config,
+            child_env=self._child_env,
+            tail=self.stderr_tail,
+            on_exit=lambda: self._process_exited(ended),
+            message_handler=self._on_message,
+        )
+
+    def _process_exited(self, ended: asyncio.Event) -> None:
+        current = self._current
+        if current is not None and current.ended is ended:
+            current.end("the server process exited")
+        ended.set()
+
+    async def _hold(self, current: Session) -> None:
+        """Serve through this session until it ends or the worker stops."""
+        self._current = current
+        self._sync_tools(current.tools)
+        self._set_state("ready")
+        while not self._stop.is_set() and not current.ended.is_set():
+            waits = {
+                asyncio.ensure_future(self._stop.wait()),
+                asyncio.ensure_future(current.ended.wait()),
+                asyncio.ensure_future(self._tools_changed.wait()),
+            }
+            try:
+                await asyncio.wait(
+                    waits,
+                    timeout=self.policy.health_interval_s if self.config.url else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                for waiter in waits:
+                    waiter.cancel()
+            if self._tools_changed.is_set():
+                self._tools_changed.clear()
+                await self._relist(current)
+            elif self.config.url and not current.ended.is_set() and not self._stop.is_set():
+                await self._ping(current)
+
+    async def _relist(self, current: Session) -> None:
+        try:
+            async with asyncio.timeout(self.config.connect_timeout_s):
+                tools = await list_tools(current.session)
+        except (MCPError, TimeoutError, *TRANSPORT_ERRORS) as exc:
+            current.end(f"re-listing tools failed: {describe(exc)}")
+            return
+        added, removed = self._sync_tools(tools)
+        log.info(
+            "MCP server %s changed its tools: added %s, removed %s",
+            self.name,
+            added or "none",
+            removed or "none",
+        )
+
+    async def _ping(self, current: Session) -> None:
+        try:
+            async with asyncio.timeout(self.config.connect_timeout_s):
+                await current.session.send_ping()
+        except (MCPError, TimeoutError, *TRANSPORT_ERRORS) as exc:
+            current.end(f"health check failed: {describe(exc)}")
+
+    def _sync_tools(self, listed: list[ListedTool]) -> tuple[list[str], list[str]]:
+        tools = [self._tool(t) for t in listed]
+        self.tool_names = [t.name for t in tools]
+        return self._registry.replace_origin(self.origin, tools)
+
+    def _tool(self, listed: ListedTool) -> Tool:
+        remote_name = listed.name
+        name = sanitize_name(remote_name)
+        if name != remote_name:
+            log.warning(
+                "MCP server %s announced tool %r: registered as %s", self.name, remote_name, name
+            )
+        settings = tool_settings(self._tool_settings, name, self.name)
+        if settings.max_in_flight:
+            self._tool_slots[remote_name] = asyncio.Semaphore(settings.max_in_flight)
+
+        async def invoke(arguments: dict[str, Any]) -> ToolResult:
+            return await self.call(remote_name, arguments)
+
+        return to_tool(
+            listed, name, server=self.name, rank=self.rank, settings=settings, invoke=invoke
+        )
+
+    # -- calls ---------------------------------------------------------------------
+
+    async def call(self, remote_name: str, arguments: dict[str, Any]) -> ToolResult:
+        # Waiting for a slot counts against the call's deadline (the executor's timeout).
+        async with self._tool_slots.get(remote_name, self._slots):
+            current = self._current
+            if current is None or current.ended.is_set():
+                raise Unavailable(
+                    f"MCP server {self.name} is {self.state}"
+                    + (f": {self.last_error}" if self.last_error else ""),
+                    server=self.name,
+                )
+            try:
+                with _tracer.start_as_current_span(
+                    f"tools/call {remote_name}",
+                    kind=trace.SpanKind.CLIENT,
+                    attributes={
+                        "mcp.method.name": "tools/call",
+                        "gen_ai.tool.name": remote_name,
+                        "gen_ai.operation.name": "execute_tool",
+                        "server.address": self.config.url or self.config.command or "",
+                        "toolbus.mcp.server": self.name,
+                    },
+                ):
+                    result = await current.session.call_tool(remote_name, arguments)
+            except MCPError as exc:
+                if exc.code == CONNECTION_CLOSED:
+                    current.end("the connection closed")
+                raise call_error(exc, self.name) from exc
+            except TRANSPORT_ERRORS as exc:
+                current.end(describe(exc))
+                raise Unavailable(
+                    f"MCP server {self.name} is unreachable: {describe(exc)}", server=self.name
+                ) from exc
+        converted = to_result(result)
+        if result.is_error:
+            # The server's own words reach the caller unchanged.
+            raise ToolFailed(converted.text, server=self.name)
+        return converted
+
+    async def _on_message(self, message: IncomingMessage) -> None:
+        if isinstance(message, Exception):
+            self.bad_stdout_lines += 1
+            log.warning(
+                "MCP server %s wrote a line that is not JSON-RPC (%d so far): %s",
+                self.name,
+                self.bad_stdout_lines,
+                bad_line(message),
+            )
+        elif isinstance(message, ToolListChangedNotification):
+            self._tools_changed.set()  # re-listed by the server's task, not in the dispatcher

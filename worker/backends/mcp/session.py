@@ -1,0 +1,61 @@
+"""One open MCP session: the SDK's `ClientSession`, its tools, and how it ends.
+
+A session is opened, held and closed by one task (anyio's cancel scopes require it);
+anything that sees it fail (a call, a ping, the process exiting) marks it ended with a
+reason, and its holder closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+
+from mcp import ClientSession
+from mcp_types import PaginatedRequestParams
+from mcp_types import Tool as ListedTool
+
+from toolbus.backends.mcp.convert import describe
+from toolbus.backends.mcp.stdio import CLOSE_DEADLINE_S
+
+log = logging.getLogger("toolbus.mcp")
+
+
+@dataclass
+class Session:
+    """An open session, the tools it listed, and the stack that closes it."""
+
+    session: ClientSession
+    tools: list[ListedTool]
+    stack: AsyncExitStack
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    why: str = "the session ended"
+
+    def end(self, why: str) -> None:
+        """Mark the session over; the first reason given is the one reported."""
+        if not self.ended.is_set():
+            self.why = why
+            self.ended.set()
+
+    async def close(self) -> None:
+        """Close the transport (and stop a stdio process) within its deadline."""
+        try:
+            async with asyncio.timeout(CLOSE_DEADLINE_S):
+                await self.stack.aclose()
+        except Exception as exc:
+            log.debug("closing an MCP session: %s", describe(exc))
+
+
+async def list_tools(session: ClientSession) -> list[ListedTool]:
+    """Every tool the server lists, all pages."""
+    tools: list[ListedTool] = []
+    cursor: str | None = None
+    while True:
+        page = await session.list_tools(
+            params=PaginatedRequestParams(cursor=cursor) if cursor else None
+        )
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            return tools
