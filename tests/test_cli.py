@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest_asyncio
 
-from tests.conftest import Broker
+from tests.harness import Broker
 from tests.mqtt import Caller
 from tests.processes import start_serve
 from toolbus.service import Worker
@@ -112,7 +112,7 @@ async def test_call_without_worker_or_broker(broker: Broker, tmp_path: Path) -> 
 
 
 def _closed_port() -> int:
-    from tests.conftest import free_port
+    from tests.harness import free_port
 
     return free_port()
 

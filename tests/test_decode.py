@@ -9,8 +9,8 @@ import pytest
 
 from toolbus.contracts import ErrorCode
 from toolbus.decode import Call, Rejected, decode
+from toolbus.messages import Inbound
 from toolbus.topics import Topics
-from toolbus.transport import Inbound
 
 TOPICS = Topics("tb", "grp", ("tb/reply/",))
 LIMIT = 4096

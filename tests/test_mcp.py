@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest_asyncio
 
-from tests.conftest import DEMO_SERVER, Broker, free_port, make_settings, running_worker
+from tests.harness import DEMO_SERVER, Broker, free_port, make_settings, running_worker
 from tests.logwait import watching
 from tests.mqtt import Caller
 from tests.processes import start_http_demo, stop_process

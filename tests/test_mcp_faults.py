@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.conftest import Broker, make_settings, measured, running_worker
+from tests.harness import Broker, make_settings, measured, running_worker
 from tests.logwait import watching
 from tests.mqtt import Caller
 from tests.processes import start_http_demo, stop_process
@@ -302,7 +302,7 @@ async def test_1000_hung_calls_all_time_out_and_leak_nothing(
 async def test_http_server_restart_reinitializes_the_session(
     broker: Broker, caller_for_faults: Caller
 ) -> None:
-    from tests.conftest import free_port
+    from tests.harness import free_port
 
     port = free_port()
     server = await start_http_demo(port)
@@ -341,10 +341,7 @@ async def test_http_server_restart_reinitializes_the_session(
 async def test_stdio_servers_inherit_the_otel_settings(
     broker: Broker, caller_for_faults: Caller, tmp_path: Path
 ) -> None:
-    from tests.conftest import START_TIMEOUT_S
     from toolbus.observability.sdk import child_environment
-    from toolbus.service import Worker, build_registry
-    from toolbus.tools import BUILTIN_TOOLS
 
     inherited = child_environment(
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_SERVICE_NAME": "w", "HOME": "/"}
@@ -353,16 +350,8 @@ async def test_stdio_servers_inherit_the_otel_settings(
     server = misbehaving(tmp_path)
     server["env"]["OTEL_TRACES_SAMPLER"] = "always_off"  # the server's own env wins
     settings = make_settings(broker, mcpServers={"child": server})
-    worker = Worker(
-        settings,
-        build_registry(BUILTIN_TOOLS, settings),
-        child_env={**inherited, "OTEL_TRACES_SAMPLER": "always_on"},
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop), name="child-env-worker")
-    try:
-        async with asyncio.timeout(START_TIMEOUT_S * 2):
-            await asyncio.gather(worker.subscribed.wait(), worker.mcp.wait_settled())
+    child_env = {**inherited, "OTEL_TRACES_SAMPLER": "always_on"}
+    async with running_worker(settings, child_env=child_env) as worker:
         endpoint = await call(
             caller_for_faults, worker, "env_value", {"name": "OTEL_EXPORTER_OTLP_ENDPOINT"}
         )
@@ -371,7 +360,3 @@ async def test_stdio_servers_inherit_the_otel_settings(
         )
         assert endpoint["result"]["text"] == "http://x:4318"
         assert sampler["result"]["text"] == "always_off"
-    finally:
-        stop.set()
-        async with asyncio.timeout(30):
-            await task

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -10,12 +9,10 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from tests.conftest import Broker, make_settings
+from tests.harness import Broker, make_settings, running_worker
 from tests.mqtt import Caller
 from toolbus.observability.metrics import Metrics
 from toolbus.observability.sdk import configure_metrics
-from toolbus.service import Worker, build_registry
-from toolbus.tools import BUILTIN_TOOLS
 
 
 def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
@@ -38,29 +35,22 @@ def value(found: dict[str, list[Any]], name: str, **attributes: str) -> float:
 
 async def test_worker_metrics(broker: Broker) -> None:
     reader = InMemoryMetricReader()
-    meters = Metrics(MeterProvider(metric_readers=[reader]).get_meter("test"))
-    settings = make_settings(broker)
-    worker = Worker(settings, build_registry(BUILTIN_TOOLS, settings), metrics=meters)
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop), name="metrics-worker")
-    try:
-        async with asyncio.timeout(30):
-            await worker.subscribed.wait()
-        async with Caller(broker.url) as caller, Caller(broker.url, v5=False) as old:
-            topic = f"{worker.topics.reply_prefixes[0]}m"
-            for arguments in ({"text": "a"}, {"Text": "b"}, {}):
-                await caller.call(
-                    f"{worker.topics.call}/echo", {"arguments": arguments}, reply_topic=topic
-                )
-            await caller.call(f"{worker.topics.call}/no_such_tool_{'x' * 5}", {}, reply_topic=topic)
-            await caller.subscribe(worker.topics.dead)
-            await old.publish(f"{worker.topics.call}/echo", b"not json")
-            letter = json.loads((await caller.next_message()).payload)
-            assert letter["error"]["code"] == "bad_request"
-    finally:
-        stop.set()
-        async with asyncio.timeout(30):
-            await task
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    async with (
+        running_worker(make_settings(broker), meter=meter) as worker,
+        Caller(broker.url) as caller,
+        Caller(broker.url, v5=False) as old,
+    ):
+        topic = f"{worker.topics.reply_prefixes[0]}m"
+        for arguments in ({"text": "a"}, {"Text": "b"}, {}):
+            await caller.call(
+                f"{worker.topics.call}/echo", {"arguments": arguments}, reply_topic=topic
+            )
+        await caller.call(f"{worker.topics.call}/no_such_tool_{'x' * 5}", {}, reply_topic=topic)
+        await caller.subscribe(worker.topics.dead)
+        await old.publish(f"{worker.topics.call}/echo", b"not json")
+        letter = json.loads((await caller.next_message()).payload)
+        assert letter["error"]["code"] == "bad_request"
     found = points(reader)
     assert value(found, "toolbus.calls", tool="echo", outcome="ok") == 1
     assert value(found, "toolbus.calls", tool="echo", outcome="invalid_arguments") == 2
@@ -74,8 +64,10 @@ async def test_worker_metrics(broker: Broker) -> None:
 
 def test_server_availability_gauge() -> None:
     reader = InMemoryMetricReader()
-    meters = Metrics(MeterProvider(metric_readers=[reader]).get_meter("test"))
-    meters.watch_servers(lambda: {"devices": "ready", "flaky": "degraded"})
+    Metrics(
+        MeterProvider(metric_readers=[reader]).get_meter("test"),
+        server_states=lambda: {"devices": "ready", "flaky": "degraded"},
+    )
     found = points(reader)
     assert value(found, "toolbus.mcp.server.up", server="devices") == 1
     assert value(found, "toolbus.mcp.server.up", server="flaky") == 0

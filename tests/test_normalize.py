@@ -15,7 +15,7 @@ from toolbus.errors import InvalidArguments, UnknownTool
 from toolbus.execute import Outcome
 from toolbus.normalization.normalize import Normalizer, camel_to_snake, snake_to_camel
 from toolbus.registry import Registry, Tool
-from toolbus.service import build_executor
+from toolbus.wiring import build_executor
 
 SCHEMA = {
     "type": "object",

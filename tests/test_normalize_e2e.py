@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.conftest import DEMO_SERVER, Broker, make_settings, running_worker
+from tests.harness import DEMO_SERVER, Broker, make_settings, running_worker
 from tests.logwait import watching
 from tests.mqtt import Caller
 from toolbus.service import Worker

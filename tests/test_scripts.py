@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.harness import free_port
 
 ROOT = Path(__file__).parent.parent
 

@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 from opentelemetry.trace import SpanKind, StatusCode
 
-from tests.conftest import DEMO_SERVER, Broker, make_settings, running_worker
+from tests.harness import DEMO_SERVER, Broker, make_settings, running_worker
 from tests.mqtt import Caller
 from toolbus.observability.propagation import extract_context
 from toolbus.observability.sdk import configure_tracing
@@ -234,8 +234,8 @@ async def test_argument_values_are_recorded_only_when_switched_on() -> None:
 
     from toolbus.config import Settings
     from toolbus.decode import Call
-    from toolbus.service import build_executor, build_registry
     from toolbus.tools import BUILTIN_TOOLS
+    from toolbus.wiring import build_executor, build_registry
 
     for switch in (False, True):
         exporter = InMemorySpanExporter()
@@ -243,7 +243,7 @@ async def test_argument_values_are_recorded_only_when_switched_on() -> None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         settings = Settings(trace_arguments=switch)
         executor = build_executor(
-            settings, build_registry(BUILTIN_TOOLS, settings), provider.get_tracer("t")
+            settings, build_registry(BUILTIN_TOOLS, settings), tracer=provider.get_tracer("t")
         )
         await executor.execute(Call(id="a", tool="echo", arguments={"text": "secret"}, topic="t"))
         [span] = [s for s in exporter.get_finished_spans() if s.name == "execute_tool echo"]

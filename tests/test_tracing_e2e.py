@@ -21,7 +21,7 @@ import pytest_asyncio
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from tests.conftest import Broker, free_port
+from tests.harness import Broker, free_port
 from tests.mqtt import Caller
 from tests.processes import start_serve, wait_for_line
 from tests.test_cli import ROOT, cli_env, wait_ready

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import DEMO_SERVER, Broker, make_settings, running_worker
+from tests.harness import DEMO_SERVER, Broker, make_settings, running_worker
 from tests.mqtt import Caller, correlation_of
 from tests.tools import Probe, probe_tools
 from toolbus.service import Worker
@@ -241,7 +241,7 @@ async def test_200_concurrent_requests_one_reply_each_within_bound(
                 await c.__aexit__(None, None, None)
         assert probe.calls == 200
         assert 1 < probe.max_active <= bound
-        assert worker.max_in_flight <= bound
+        assert worker.in_flight.max_count <= bound
 
 
 async def test_malformed_payloads_answered_or_dead_lettered(
@@ -427,7 +427,7 @@ async def test_requests_already_received_are_answered_at_stop(
         # No event exists for "the MQTT client has queued N messages": poll that one
         # count, yielding to the loop, under a bound.
         async with asyncio.timeout(10):
-            while worker._conn is None or worker._conn.queued() < 4:
+            while worker.queued() < 4:
                 await asyncio.sleep(0)
         opener = asyncio.create_task(open_gate_when_draining(worker, probe), name="open-gate")
     await opener

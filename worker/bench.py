@@ -31,9 +31,11 @@ from rich.console import Console
 from rich.table import Table
 
 from toolbus.config import BrokerUrl, Settings
-from toolbus.service import Worker, build_registry
+from toolbus.messages import Outbound
+from toolbus.service import Worker
 from toolbus.tools import BUILTIN_TOOLS
-from toolbus.transport import MqttConnection, Outbound
+from toolbus.transport import MqttConnection
+from toolbus.wiring import build_worker
 
 BROKER_START_S = 10.0
 REPLY_TIMEOUT_S = 30.0
@@ -124,17 +126,10 @@ async def _worker(url: str, *, tcp_nodelay: bool) -> AsyncIterator[Worker]:
             "mcpServers": {"devices": {"command": sys.executable, "args": DEMO_ARGS}},
         }
     )
-    worker = Worker(settings, build_registry(BUILTIN_TOOLS, settings), tcp_nodelay=tcp_nodelay)
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop), name="bench-worker")
-    async with asyncio.timeout(60):
-        await asyncio.gather(worker.subscribed.wait(), worker.mcp.wait_settled())
-    try:
+    async with build_worker(settings, BUILTIN_TOOLS, tcp_nodelay=tcp_nodelay) as worker:
+        async with asyncio.timeout(60):
+            await worker.mcp.wait_settled()
         yield worker
-    finally:
-        stop.set()
-        async with asyncio.timeout(30):
-            await task
 
 
 async def measure(

@@ -106,15 +106,16 @@ def _serve(args: argparse.Namespace) -> int:
     from toolbus.backends.local import load_entry_points
     from toolbus.observability.logs import setup_logging
     from toolbus.observability.sdk import child_environment, configure_metrics, configure_tracing
-    from toolbus.service import Worker, build_registry
     from toolbus.tools import BUILTIN_TOOLS
+    from toolbus.wiring import build_worker
 
     settings = _settings(args)
     setup_logging(settings.log_level, settings.log_format)
     provider = configure_tracing(record_for_callers=settings.publish_traces)
     meters = configure_metrics(prometheus_port=settings.metrics_port)
-    registry = build_registry([*BUILTIN_TOOLS, *load_entry_points()], settings)
-    worker = Worker(settings, registry, child_env=child_environment())
+    worker = build_worker(
+        settings, [*BUILTIN_TOOLS, *load_entry_points()], child_env=child_environment()
+    )
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -239,8 +240,8 @@ def _mappings(args: argparse.Namespace) -> int:
     from toolbus.errors import UnknownTool
     from toolbus.normalization.mappings import render
     from toolbus.observability.logs import setup_logging
-    from toolbus.service import build_executor, build_registry
     from toolbus.tools import BUILTIN_TOOLS
+    from toolbus.wiring import build_executor, build_registry
 
     settings = _settings(args)
     setup_logging("WARNING", settings.log_format)

@@ -9,7 +9,8 @@ from typing import Any
 
 from toolbus.config import BrokerUrl
 from toolbus.contracts import Reply
-from toolbus.transport import MqttConnection, Outbound
+from toolbus.messages import Outbound
+from toolbus.transport import MqttConnection
 
 
 class NoReply(Exception):

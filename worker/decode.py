@@ -20,8 +20,8 @@ from pydantic import ValidationError
 
 from toolbus.contracts import Request
 from toolbus.errors import BadRequest, Forbidden, ToolbusError
+from toolbus.messages import Inbound
 from toolbus.topics import Topics
-from toolbus.transport import Inbound
 
 PUBLISH_TRACE_PROPERTY = "toolbus-publish-trace"
 

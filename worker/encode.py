@@ -7,8 +7,8 @@ import base64
 from toolbus.contracts import DeadLetter, ErrorBody, Reply
 from toolbus.decode import Call, Rejected, ReplyAddress
 from toolbus.execute import Outcome
+from toolbus.messages import Outbound
 from toolbus.normalization.report import to_wire
-from toolbus.transport import Outbound
 
 
 def reply_for_call(call: Call, outcome: Outcome) -> Reply:

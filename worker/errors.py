@@ -12,11 +12,15 @@
 
 Each leaf carries the wire code it maps to, one to one, and renders its own
 wire body. A local tool may raise any of them to choose the code its caller sees.
+Details become JSON values when the error is raised (a `datetime` its ISO text, a
+set a list, anything else its `str()`), so building the reply cannot fail on them.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
+
+from pydantic_core import to_jsonable_python
 
 from toolbus.contracts import ErrorBody, ErrorCode
 
@@ -25,10 +29,9 @@ class ToolbusError(Exception):
     code: ClassVar[ErrorCode]
 
     def __init__(self, message: str, **details: Any) -> None:
-        # Details must be JSON values; `ErrorBody` checks them when the reply is built.
         super().__init__(message)
         self.message = message
-        self.details: dict[str, Any] = details
+        self.details: dict[str, Any] = json_details(details)
 
     def body(self) -> ErrorBody:
         return ErrorBody(code=self.code, message=self.message, details=self.details)
@@ -64,6 +67,22 @@ class ToolFailed(ToolbusError):
 
 class InternalError(ToolbusError):
     code = ErrorCode.INTERNAL
+
+
+def json_details(details: dict[str, Any]) -> dict[str, Any]:
+    """Details as JSON values, whatever a tool passed: never a reply that cannot be built."""
+    try:
+        coerced = to_jsonable_python(details, fallback=str, bytes_mode="base64")
+    except Exception:  # a value whose own serialization raises: keep its text
+        return {str(key): _text(value) for key, value in details.items()}
+    return coerced if isinstance(coerced, dict) else {"details": _text(details)}
+
+
+def _text(value: object) -> str:
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
 
 
 ERROR_CLASSES: dict[ErrorCode, type[ToolbusError]] = {

@@ -11,7 +11,6 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self
 
@@ -20,8 +19,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from toolbus.config import BrokerUrl
-
-JSON = "application/json"
+from toolbus.messages import Inbound, Outbound
 
 # Nagle's algorithm otherwise adds 40-90 ms to every QoS 1 round trip.
 _NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
@@ -29,29 +27,6 @@ _NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 
 class TransportError(Exception):
     """The broker connection failed or was lost."""
-
-
-@dataclass(frozen=True, slots=True)
-class Inbound:
-    topic: str
-    payload: bytes
-    qos: int = 1
-    response_topic: str | None = None
-    correlation_data: bytes | None = None
-    content_type: str | None = None
-    user_properties: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Outbound:
-    topic: str
-    payload: bytes
-    qos: int = 1
-    retain: bool = False
-    correlation_data: bytes | None = None
-    response_topic: str | None = None
-    content_type: str | None = JSON
-    user_properties: tuple[tuple[str, str], ...] = field(default=())
 
 
 def _properties(out: Outbound, packet_type: int = PacketTypes.PUBLISH) -> Properties:

@@ -5,6 +5,7 @@
     toolbus.calls.in_flight       up-down    {}                messages being handled
     toolbus.normalize.rewrites    counter    {rule}            normalization report entries
     toolbus.dead_letters          counter    {code}
+    toolbus.internal_errors       counter    {stage}           answered `internal` as a last resort
     toolbus.mcp.server.up         gauge      {server}          1 ready, 0 otherwise
 
 Exported as `observability.sdk.configure_metrics` sets up (OTLP, console, Prometheus on
@@ -24,7 +25,19 @@ METER_NAME = "toolbus"
 
 
 class Metrics:
-    def __init__(self, meter: Meter | None = None) -> None:
+    """The worker's instruments.
+
+    Args:
+        meter: where to create them; the global provider's `toolbus` meter by default.
+        server_states: read at each collection for `toolbus.mcp.server.up`.
+    """
+
+    def __init__(
+        self,
+        meter: Meter | None = None,
+        *,
+        server_states: Callable[[], Mapping[str, str]] = dict,
+    ) -> None:
         meter = meter or metrics.get_meter(METER_NAME)
         self._calls = meter.create_counter(
             "toolbus.calls", unit="{call}", description="Calls by tool and outcome"
@@ -43,13 +56,15 @@ class Metrics:
         self._dead = meter.create_counter(
             "toolbus.dead_letters", unit="{message}", description="Messages dead-lettered"
         )
-        self._servers: Callable[[], Mapping[str, str]] = dict
+        self._internal = meter.create_counter(
+            "toolbus.internal_errors",
+            unit="{message}",
+            description="Messages answered `internal` because building the answer failed",
+        )
+        self._servers = server_states
         meter.create_observable_gauge(
             "toolbus.mcp.server.up", callbacks=[self._observe_servers], description="1 when ready"
         )
-
-    def watch_servers(self, states: Callable[[], Mapping[str, str]]) -> None:
-        self._servers = states
 
     def _observe_servers(self, options: CallbackOptions) -> Iterable[Observation]:
         return [
@@ -73,3 +88,6 @@ class Metrics:
 
     def dead_lettered(self, code: str) -> None:
         self._dead.add(1, {"code": code})
+
+    def internal_error(self, stage: str) -> None:
+        self._internal.add(1, {"stage": stage})

@@ -1,0 +1,172 @@
+"""The test harness: a real broker, settings, workers, and an in-process publisher.
+
+Import from here (`from tests.harness import ...`); `conftest.py` only turns these into
+fixtures. What each kind of test uses is in `tests/README.md`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import selectors
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.processes import BUNDLED_CONFIG
+from toolbus.backends.local import LocalTool
+from toolbus.config import Settings, read_config_file
+from toolbus.messages import Outbound
+from toolbus.service import Worker
+from toolbus.tools import BUILTIN_TOOLS
+from toolbus.wiring import build_worker
+
+START_TIMEOUT_S = 15.0
+DEMO_SERVER = {"command": sys.executable, "args": ["-m", "toolbus", "demo-server"]}
+# The demo server's static map, as the bundled config writes it (the one place it is written).
+DEMO_ARGUMENT_MAPS = read_config_file(BUNDLED_CONFIG)["argument_maps"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def mosquitto_binary() -> str:
+    found = shutil.which("mosquitto") or (
+        "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None
+    )
+    if found is None:
+        pytest.fail(
+            "mosquitto is not installed: run `make test` (it installs it) or apt-get install mosquitto"
+        )
+    return found
+
+
+class Broker:
+    """A mosquitto process of our own; tests may stop and restart it."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port()
+        self.url = f"mqtt://127.0.0.1:{self.port}"
+        self.config = directory / "mosquitto.conf"
+        self.config.write_text(
+            f"listener {self.port} 127.0.0.1\n"
+            "allow_anonymous true\n"
+            "set_tcp_nodelay true\n"
+            "persistence false\n"
+            "log_dest stderr\n"
+            "log_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
+        )
+        self.log = directory / "mosquitto.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [mosquitto_binary(), "-c", str(self.config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            bufsize=0,  # unbuffered: select() must see every line that has not been read
+        )
+        self._wait_running()
+
+    def _wait_running(self) -> None:
+        """Block until mosquitto logs that it runs; bounded, and fails with its log."""
+        assert self.process is not None and self.process.stderr is not None
+        stderr = self.process.stderr
+        seen: list[str] = []
+        ready = False
+        end = time.monotonic() + START_TIMEOUT_S
+        with selectors.DefaultSelector() as sel:
+            sel.register(stderr, selectors.EVENT_READ)
+            while (left := end - time.monotonic()) > 0:
+                if not sel.select(left):
+                    break
+                line = stderr.readline().decode(errors="replace")
+                if not line:
+                    pytest.fail(f"mosquitto exited: {''.join(seen)}")
+                seen.append(line)
+                if " running" in line:
+                    ready = True
+                    break
+        if not ready:
+            pytest.fail(f"mosquitto did not start within {START_TIMEOUT_S} s: {''.join(seen)}")
+        # Keep draining its log so a full pipe never blocks the broker.
+        threading.Thread(
+            target=self._drain, args=(stderr,), daemon=True, name="mosquitto-log"
+        ).start()
+
+    def _drain(self, stream: Any) -> None:
+        with stream, self.log.open("ab") as log:
+            for line in iter(stream.readline, b""):
+                log.write(line)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+
+def unique_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+def make_settings(broker: Broker, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "broker_url": broker.url,
+        "topic_prefix": unique_prefix(),
+        "shutdown_grace_s": 5.0,
+        "argument_maps": DEMO_ARGUMENT_MAPS,
+        # Real attempts and real failures, without the production pauses between them.
+        "mcp": {"startup_base_delay_s": 0.05, "recovery_max_delay_s": 0.5},
+    }
+    values.update(overrides)
+    return Settings.model_validate(values)
+
+
+@asynccontextmanager
+async def running_worker(
+    settings: Settings,
+    tools: Iterable[LocalTool] = (),
+    *,
+    wait_mcp: bool = True,
+    **wiring: Any,
+) -> AsyncIterator[Worker]:
+    """A worker with the built-in tools and `tools`, subscribed (and its MCP servers
+    settled, unless `wait_mcp=False`); drained on exit. `wiring` goes to `build_worker`."""
+    async with build_worker(settings, [*BUILTIN_TOOLS, *tools], **wiring) as worker:
+        if wait_mcp:
+            async with asyncio.timeout(START_TIMEOUT_S * 2):
+                await worker.mcp.wait_settled()
+        yield worker
+
+
+MEASUREMENTS: list[str] = []
+
+
+def measured(line: str) -> None:
+    """Figures printed after the run (timings are reported, never asserted)."""
+    MEASUREMENTS.append(line)
+
+
+class ListPublisher:
+    """A `Publisher` that keeps what it is given: the pipeline's broker for in-process tests."""
+
+    def __init__(self) -> None:
+        self.sent: list[Outbound] = []
+
+    async def publish(self, out: Outbound) -> None:
+        self.sent.append(out)
+
+    def on(self, topic: str) -> list[Outbound]:
+        return [out for out in self.sent if out.topic == topic]

@@ -1,0 +1,77 @@
+"""In flight: the messages being handled, at most `concurrency` at once.
+
+A slot is taken before a message is: the consumer stops taking messages while every
+slot is busy, and cancelling it at shutdown never drops a message the client already
+acknowledged. Each message runs in its own named task; `finish` lets them run on
+until a deadline and cancels the rest (each cancelled handler answers `unavailable`
+on its way out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from toolbus.messages import Inbound
+from toolbus.observability.metrics import Metrics
+
+log = logging.getLogger("toolbus.service")
+
+
+class InFlight:
+    """Slots, handler tasks and their counts."""
+
+    def __init__(
+        self, handle: Callable[[Inbound], Awaitable[None]], concurrency: int, metrics: Metrics
+    ) -> None:
+        self._handle_message, self._metrics = handle, metrics
+        self._slots = asyncio.Semaphore(concurrency)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sequence = 0
+        self.count = self.max_count = self.handled = 0
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    async def acquire(self) -> None:
+        """Wait for a free slot; `start` or `release` must follow."""
+        await self._slots.acquire()
+
+    def release(self) -> None:
+        """Give back a slot taken for a message that never came."""
+        self._slots.release()
+
+    def start(self, message: Inbound) -> None:
+        """Handle `message` in its own task, in the slot already acquired."""
+        self.count += 1
+        self.max_count = max(self.max_count, self.count)
+        self._metrics.message_started()
+        self._sequence += 1
+        task = asyncio.create_task(self._run(message), name=f"handle:{self._sequence}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, message: Inbound) -> None:
+        try:
+            await self._handle_message(message)
+        finally:
+            self.handled += 1
+            self.count -= 1
+            self._metrics.message_done()
+            self._slots.release()
+
+    async def finish(self, deadline: float, answer_timeout_s: float) -> None:
+        """Let running handlers finish until `deadline` (loop time); cancel the rest.
+
+        Cancelled handlers get `answer_timeout_s` to publish their `unavailable`.
+        """
+        if not self._tasks:
+            return
+        remaining_s = max(0.0, deadline - asyncio.get_running_loop().time())
+        _, late = await asyncio.wait(set(self._tasks), timeout=remaining_s)
+        for task in late:
+            task.cancel()
+        if late:
+            log.warning("%d calls did not finish within the grace period", len(late))
+            await asyncio.wait(late, timeout=answer_timeout_s)

@@ -1,0 +1,39 @@
+"""Messages: what arrives and what leaves, as plain values.
+
+The transport turns aiomqtt's messages into `Inbound` values and publishes
+`Outbound` values with their MQTT v5 properties; everything between sees only these,
+so the pipeline runs (and is tested) without a broker or paho objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+JSON = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """A message as received: topic, payload and the MQTT v5 properties we read."""
+
+    topic: str
+    payload: bytes
+    qos: int = 1
+    response_topic: str | None = None
+    correlation_data: bytes | None = None
+    content_type: str | None = None
+    user_properties: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """A message to publish, with the properties to set on it."""
+
+    topic: str
+    payload: bytes
+    qos: int = 1
+    retain: bool = False
+    correlation_data: bytes | None = None
+    response_topic: str | None = None
+    content_type: str | None = JSON
+    user_properties: tuple[tuple[str, str], ...] = field(default=())

@@ -1,0 +1,226 @@
+"""Pipeline: one message end to end. Decode, execute, encode, reply or dead-letter.
+
+`Pipeline.handle(message)` takes one `Inbound` value and publishes what it owes the
+sender through a `Publisher`: the reply on the sender's reply topic, a dead letter
+when there is no reply address, and the call's spans on `{reply}/trace` when asked.
+It never raises: whatever fails while building an answer still answers `internal`
+with the call id (or dead-letters), and is counted. No broker is involved here, so
+every case is testable in-process with a publisher that collects into a list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from opentelemetry import trace
+
+from toolbus.contracts import ErrorBody, Reply
+from toolbus.decode import Call, Rejected, ReplyAddress, decode
+from toolbus.encode import dead_letter, outbound_reply, reply_for_call, reply_for_rejected
+from toolbus.errors import InternalError, Unavailable
+from toolbus.execute import Executor, Outcome
+from toolbus.messages import Inbound, Outbound
+from toolbus.observability.export import COLLECTOR, TraceCollector, descendants, otlp_json
+from toolbus.observability.metrics import Metrics
+from toolbus.observability.propagation import extract_context, inject_headers
+from toolbus.observability.spans import (
+    default_tracer,
+    mark_failed,
+    messaging_attributes,
+    trace_id_of,
+)
+from toolbus.topics import Topics
+
+log = logging.getLogger("toolbus.pipeline")
+
+
+class Publisher(Protocol):
+    """Where the pipeline's messages go. Never raises: a lost message is logged there."""
+
+    async def publish(self, out: Outbound) -> None: ...
+
+
+class Pipeline:
+    """Handles messages one at a time per call of `handle`; safe to run concurrently.
+
+    Args:
+        executor: resolves, checks and runs calls; classifies every outcome.
+        topics: the topic layout (decoding rules, reply prefixes, dead-letter topic).
+        publisher: where replies, dead letters and published traces go.
+        worker_id: names this worker in span attributes.
+        max_payload_bytes: the largest request accepted (and dead-letter payload kept).
+        publish_traces: send every caller its call's spans, not only those who ask.
+        tracer, collector, metrics: telemetry; the process-wide ones by default.
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        topics: Topics,
+        publisher: Publisher,
+        *,
+        worker_id: str,
+        max_payload_bytes: int,
+        publish_traces: bool = False,
+        tracer: trace.Tracer | None = None,
+        collector: TraceCollector | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.executor = executor
+        self.topics = topics
+        self._publisher = publisher
+        self._worker_id = worker_id
+        self._max_payload_bytes = max_payload_bytes
+        self._publish_traces = publish_traces
+        self._tracer = tracer or default_tracer()
+        self._collector = collector or COLLECTOR
+        self._metrics = metrics or executor.metrics
+        self._stopping = False
+
+    def stopping(self) -> None:
+        """From now on a call cancelled mid-way answers `unavailable` (the worker stops)."""
+        self._stopping = True
+
+    async def handle(self, message: Inbound) -> None:
+        """Answer one message: a reply, a dead letter, or (last resort) `internal`."""
+        decoded: Call | Rejected | None = None
+        answered = False
+        try:
+            decoded = decode(message, self.topics, self._max_payload_bytes)
+            fields = decoded.trace_fields if isinstance(decoded, Call) else None
+            with self._tracer.start_as_current_span(
+                f"process {message.topic}",
+                context=extract_context(message.user_properties, fields),
+                kind=trace.SpanKind.CONSUMER,
+                attributes=messaging_attributes(
+                    "process",
+                    message.topic,
+                    decoded.id,
+                    self._worker_id,
+                    **{"messaging.message.body.size": len(message.payload)},
+                ),
+            ) as span:
+                traced = self._trace_wanted(decoded)
+                if traced:
+                    self._collector.watch(span.get_span_context().trace_id)
+                if isinstance(decoded, Rejected):
+                    mark_failed(span, decoded.error.code.value)
+                    await self._reject(message, decoded)
+                else:
+                    await self._call(message, decoded)
+                answered = True
+            if traced and isinstance(decoded, Call) and decoded.reply is not None:
+                await self._publish_trace(decoded, decoded.reply, span)
+        except Exception:
+            log.exception("failed handling a message on %s", message.topic)
+            self._metrics.internal_error("handle")
+            if not answered:
+                await self._last_resort(message, decoded)
+
+    def _trace_wanted(self, decoded: Call | Rejected) -> bool:
+        return (
+            isinstance(decoded, Call)
+            and decoded.reply is not None
+            and (decoded.publish_trace or self._publish_traces)
+        )
+
+    async def _reject(self, message: Inbound, rejected: Rejected) -> None:
+        log.warning(
+            "rejected message on %s: %s (%s)",
+            message.topic,
+            rejected.error.code.value,
+            rejected.error.message,
+        )
+        if rejected.reply is not None:
+            await self._reply(rejected.reply, reply_for_rejected(rejected))
+        else:
+            await self._dead(message, rejected.error.body(), rejected.id)
+
+    async def _call(self, message: Inbound, call: Call) -> None:
+        try:
+            outcome = await self.executor.execute(call)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._stopping or task is None:
+                raise
+            task.uncancel()  # the worker stops: this call still gets its answer
+            outcome = Outcome(
+                tool=call.tool,
+                error=Unavailable("the worker shut down before the call finished"),
+            )
+        if outcome.error is not None:
+            mark_failed(trace.get_current_span(), outcome.error.code.value)
+        try:
+            reply = reply_for_call(call, outcome)
+            if call.reply is not None:
+                await self._reply(call.reply, reply)
+            elif reply.error is not None:
+                await self._dead(message, reply.error, call.id)
+        except Exception:
+            # The outcome is known but its reply cannot be built (a tool's result the
+            # reply model rejects, say): the caller still hears, with our code.
+            log.exception("could not encode the reply to %s (%s)", call.id, outcome.tool)
+            self._metrics.internal_error("encode")
+            await self._last_resort(message, call)
+
+    async def _last_resort(self, message: Inbound, decoded: Call | Rejected | None) -> None:
+        """`internal`, with the call id when known, to the reply address or the dead letters."""
+        error = InternalError("the worker failed while answering this call").body()
+        try:
+            address = decoded.reply if decoded is not None else None
+            ident = decoded.id if decoded is not None else None
+            if address is not None and ident is not None:
+                reply = Reply(
+                    id=ident,
+                    id_generated=decoded.id_generated if decoded is not None else False,
+                    ok=False,
+                    error=error,
+                    duration_ms=0.0,
+                )
+                await self._publisher.publish(outbound_reply(address, reply))
+            else:
+                await self._dead(message, error, ident)
+        except Exception:
+            log.exception("could not answer a message on %s at all", message.topic)
+
+    async def _publish_trace(self, call: Call, address: ReplyAddress, span: trace.Span) -> None:
+        """This call's finished spans, as OTLP JSON, after its reply (on `{reply}/trace`)."""
+        context = span.get_span_context()
+        mine = descendants(self._collector.take(context.trace_id), context.span_id)
+        if not mine:
+            return
+        await self._publisher.publish(
+            Outbound(
+                topic=f"{address.topic}/trace",
+                payload=otlp_json(mine),
+                correlation_data=address.correlation_data,
+                user_properties=(("toolbus-id", call.id),),
+            )
+        )
+
+    async def _reply(self, address: ReplyAddress, reply: Reply) -> None:
+        """Publish a reply in a PRODUCER span whose context travels with it."""
+        reply = reply.model_copy(update={"trace_id": trace_id_of(trace.get_current_span())})
+        with self._tracer.start_as_current_span(
+            f"send {address.topic}",
+            kind=trace.SpanKind.PRODUCER,
+            attributes=messaging_attributes("send", address.topic, reply.id, self._worker_id),
+        ):
+            out = outbound_reply(address, reply, inject_headers())
+            await self._publisher.publish(out)
+
+    async def _dead(self, message: Inbound, error: ErrorBody, ident: str | None) -> None:
+        log.warning("dead-lettering message on %s: %s", message.topic, error.code.value)
+        self._metrics.dead_lettered(error.code.value)
+        await self._publisher.publish(
+            dead_letter(
+                dead_topic=self.topics.dead,
+                topic=message.topic,
+                payload=message.payload,
+                error=error,
+                ident=ident,
+                max_payload_bytes=self._max_payload_bytes,
+            )
+        )

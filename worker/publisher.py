@@ -1,0 +1,65 @@
+"""The production publisher: through whichever broker connection is live.
+
+A reply must survive a broker blip: `publish` waits for the connection the worker
+re-establishes and retries a failed publish, all within `publish_timeout_s`; only
+then is the message given up, with an error in the log. It never raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from toolbus.messages import Outbound
+from toolbus.transport import MqttConnection, TransportError
+
+log = logging.getLogger("toolbus.publisher")
+
+RETRY_PUBLISH_DELAY_S = 0.2
+
+
+class ConnectionPublisher:
+    """Publishes through the connection the worker attaches; waits out reconnects.
+
+    Args:
+        timeout_s: how long one message may wait for a connection and its retries.
+    """
+
+    def __init__(self, *, timeout_s: float) -> None:
+        self._timeout_s = timeout_s
+        self._conn: MqttConnection | None = None
+        self._connected = asyncio.Event()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def attach(self, conn: MqttConnection) -> None:
+        """The worker connected: publish through `conn` from now on."""
+        self._conn = conn
+        self._connected.set()
+
+    def detach(self) -> None:
+        """The connection is gone: publishes wait for the next one."""
+        self._connected.clear()
+        self._conn = None
+
+    async def publish(self, out: Outbound) -> None:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                while True:
+                    await self._connected.wait()
+                    conn = self._conn
+                    if conn is None:
+                        continue
+                    try:
+                        await conn.publish(out)
+                    except TransportError as exc:
+                        log.debug("publish to %s failed (%s); retrying", out.topic, exc)
+                        await asyncio.sleep(RETRY_PUBLISH_DELAY_S)
+                    else:
+                        return
+        except TimeoutError:
+            log.error(  # noqa: TRY400 -- the timeout's traceback says nothing more
+                "could not publish to %s within %.1f s: message lost", out.topic, self._timeout_s
+            )

@@ -1,0 +1,83 @@
+"""Status: the worker's and each MCP server's state, as retained messages.
+
+`{prefix}/status/{worker_id}` says online/offline (offline is also the connection's
+will) with every server's state; `{prefix}/status/servers/{server}` carries one
+server's state, last error and tools. Both are retained, so a dashboard that
+subscribes later sees the current state at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+from toolbus.backends.mcp import McpServer
+from toolbus.contracts import ServerStatus, WorkerStatus
+from toolbus.messages import Outbound
+from toolbus.pipeline import Publisher
+from toolbus.topics import Topics
+
+log = logging.getLogger("toolbus.service")
+
+
+class StatusReporter:
+    """Builds status messages and publishes server changes while the worker is up.
+
+    Args:
+        topics: where status topics live.
+        worker_id: this worker's id (also its MQTT client id).
+        publisher: where server changes are published.
+        servers: the MCP servers to report, `connecting` until they say otherwise.
+    """
+
+    def __init__(
+        self,
+        topics: Topics,
+        worker_id: str,
+        publisher: Publisher,
+        servers: Iterable[str],
+    ) -> None:
+        self._topics = topics
+        self._worker_id = worker_id
+        self._publisher = publisher
+        self._states: dict[str, str] = dict.fromkeys(servers, "connecting")
+        self.live = False  # publish server changes only while connected and not stopping
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def worker(self, state: str) -> Outbound:
+        """The worker's own retained status (`online`, `offline`)."""
+        status = WorkerStatus(state=state, worker_id=self._worker_id, servers=dict(self._states))
+        return Outbound(
+            topic=self._topics.status(self._worker_id),
+            payload=status.model_dump_json().encode(),
+            retain=True,
+        )
+
+    def server_changed(self, server: McpServer) -> None:
+        """A backend listener: log the change, publish it in the background when live."""
+        log.info("MCP server %s is %s", server.name, server.state)
+        self._states[server.name] = server.state
+        if not self.live:
+            return
+        task = asyncio.create_task(self._publish(server), name=f"status:{server.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _publish(self, server: McpServer) -> None:
+        status = ServerStatus(
+            server=server.name,
+            state=server.state,
+            worker_id=self._worker_id,
+            last_error=server.last_error,
+            tools=server.tool_names,
+            bad_stdout_lines=server.bad_stdout_lines,
+        )
+        await self._publisher.publish(
+            Outbound(
+                topic=self._topics.server_status(server.name),
+                payload=status.model_dump_json().encode(),
+                retain=True,
+            )
+        )
+        await self._publisher.publish(self.worker("online"))

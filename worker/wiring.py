@@ -1,0 +1,128 @@
+"""Wiring: settings and tools into a working `Worker`, in one place.
+
+The one composition function. Settings are read once by the entry point and arrive
+here; every collaborator gets what it needs as constructor arguments, so no part
+reads configuration or is completed by assigning attributes afterwards.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+
+from opentelemetry import trace
+from opentelemetry.metrics import Meter
+
+from toolbus.access import Access
+from toolbus.backends.local import LocalTool
+from toolbus.backends.mcp import McpBackend
+from toolbus.config import Settings, tool_settings
+from toolbus.execute import Executor, Startup
+from toolbus.normalization.guards import Guards
+from toolbus.normalization.normalize import Normalizer
+from toolbus.observability.export import TraceCollector
+from toolbus.observability.metrics import Metrics
+from toolbus.pipeline import Pipeline
+from toolbus.publisher import ConnectionPublisher
+from toolbus.registry import Registry
+from toolbus.service import Worker
+from toolbus.status import StatusReporter
+from toolbus.topics import Topics
+
+
+def build_registry(local_tools: Iterable[LocalTool], settings: Settings) -> Registry:
+    """The local tools, each with its resolved `[tools.NAME]` settings; aliases applied."""
+    registry = Registry(settings.aliases)
+    registry.register_all(
+        local.to_tool(tool_settings(settings.tools, local.name)) for local in local_tools
+    )
+    return registry
+
+
+def build_executor(
+    settings: Settings,
+    registry: Registry,
+    *,
+    tracer: trace.Tracer | None = None,
+    metrics: Metrics | None = None,
+    startup: Startup | None = None,
+) -> Executor:
+    """Resolve, check, normalize, validate and run (tests and `toolbus mappings` use it too)."""
+    return Executor(
+        registry,
+        Normalizer(settings.argument_maps),
+        Guards(settings.guards),
+        Access(settings.callers),
+        default_timeout_s=settings.default_timeout_s,
+        max_timeout_s=settings.max_timeout_s,
+        slow_call_ms=settings.slow_call_ms,
+        startup=startup,
+        tracer=tracer,
+        trace_arguments=settings.trace_arguments,
+        metrics=metrics,
+    )
+
+
+def topics_for(settings: Settings) -> Topics:
+    return Topics(settings.topic_prefix, settings.shared_group, settings.allowed_reply_prefixes)
+
+
+def build_worker(
+    settings: Settings,
+    local_tools: Iterable[LocalTool],
+    *,
+    tracer: trace.Tracer | None = None,
+    collector: TraceCollector | None = None,
+    meter: Meter | None = None,
+    child_env: Mapping[str, str] | None = None,
+    tcp_nodelay: bool = True,
+) -> Worker:
+    """A worker for `settings`, serving `local_tools` and the configured MCP servers.
+
+    Args:
+        tracer, collector, meter: telemetry; the process-wide ones by default.
+        child_env: environment for stdio MCP servers (e.g. `OTEL_*`).
+        tcp_nodelay: off only for the benchmark's baseline.
+    """
+    worker_id = settings.worker_id or f"toolbus-{uuid.uuid4().hex[:12]}"
+    topics = topics_for(settings)
+    registry = build_registry(local_tools, settings)
+    publisher = ConnectionPublisher(timeout_s=settings.publish_timeout_s)
+    servers = {name: cfg for name, cfg in settings.mcp_servers.items() if not cfg.disabled}
+    status = StatusReporter(topics, worker_id, publisher, servers)
+    mcp = McpBackend(
+        servers,
+        registry,
+        settings.tools,
+        settings.mcp,
+        child_env=child_env,
+        listeners=[status.server_changed],
+    )
+    metrics = Metrics(meter, server_states=mcp.states)
+    executor = build_executor(settings, registry, tracer=tracer, metrics=metrics, startup=mcp)
+    pipeline = Pipeline(
+        executor,
+        topics,
+        publisher,
+        worker_id=worker_id,
+        max_payload_bytes=settings.max_payload_bytes,
+        publish_traces=settings.publish_traces,
+        tracer=tracer,
+        collector=collector,
+        metrics=metrics,
+    )
+    return Worker(
+        broker=settings.broker,
+        worker_id=worker_id,
+        topics=topics,
+        pipeline=pipeline,
+        publisher=publisher,
+        status=status,
+        mcp=mcp,
+        metrics=metrics,
+        concurrency=settings.concurrency,
+        shutdown_grace_s=settings.shutdown_grace_s,
+        publish_timeout_s=settings.publish_timeout_s,
+        reconnect_max_delay_s=settings.reconnect_max_delay_s,
+        tcp_nodelay=tcp_nodelay,
+    )
