@@ -82,8 +82,9 @@ class McpServer:
         self._settled = asyncio.Event()
         self._stop = asyncio.Event()
         self._tools_changed = asyncio.Event()
-        self._slots = asyncio.Semaphore(config.max_in_flight or policy.max_in_flight)
-        self._tool_slots: dict[str, asyncio.Semaphore] = {}
+        self._limit = config.max_in_flight or policy.max_in_flight
+        self._slots = asyncio.Semaphore(self._limit)
+        self._tool_slots: dict[str, tuple[int, asyncio.Semaphore]] = {}
         self._registry = registry
         self._tool_settings = tool_settings
 
@@ -326,7 +327,8 @@ class McpServer:
             )
         settings = tool_settings(self._tool_settings, name, self.name)
         if settings.max_in_flight:
-            self._tool_slots[remote_name] = asyncio.Semaphore(settings.max_in_flight)
+            limit = settings.max_in_flight
+            self._tool_slots[remote_name] = (limit, asyncio.Semaphore(limit))
 
         async def invoke(arguments: dict[str, Any]) -> ToolResult:
             return await self.call(remote_name, arguments)
@@ -335,11 +337,15 @@ class McpServer:
             listed, name, server=self.name, rank=self.rank, settings=settings, invoke=invoke
         )
 
+    def limit(self, remote_name: str) -> int:
+        """Calls to this tool that may run at once: its own limit, else the server's."""
+        return self._tool_slots.get(remote_name, (self._limit, self._slots))[0]
+
     # -- calls ---------------------------------------------------------------------
 
     async def call(self, remote_name: str, arguments: dict[str, Any]) -> ToolResult:
         # Waiting for a slot counts against the call's deadline (the executor's timeout).
-        async with self._tool_slots.get(remote_name, self._slots):
+        async with self._tool_slots.get(remote_name, (0, self._slots))[1]:
             current = self._current
             if current is None or current.ended.is_set():
                 raise Unavailable(
