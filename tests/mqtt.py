@@ -17,8 +17,19 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from toolbus.config import BrokerUrl
+from toolbus.topics import Topics
 
 REPLY_TIMEOUT_S = 15.0
+
+
+def reply_topic_for(topics: Topics, name: str | None = None) -> str:
+    """A reply topic the worker accepts: under its first allowed prefix (fresh unless named)."""
+    return f"{topics.reply_prefixes[0]}{name or uuid.uuid4().hex[:8]}"
+
+
+def call_topic(topics: Topics, tool: str | None = None) -> str:
+    """`{prefix}/call/{tool}`, or the bare call topic (tool named in the body)."""
+    return f"{topics.call}/{tool}" if tool else topics.call
 
 
 class Caller:
@@ -81,14 +92,17 @@ class Caller:
         *,
         response_topic: str | None = None,
         correlation: bytes | None = None,
+        user_properties: tuple[tuple[str, str], ...] = (),
     ) -> None:
         props = None
-        if self.v5 and (response_topic or correlation):
+        if self.v5 and (response_topic or correlation or user_properties):
             props = Properties(PacketTypes.PUBLISH)
             if response_topic:
                 props.ResponseTopic = response_topic
             if correlation is not None:
                 props.CorrelationData = correlation
+            for pair in user_properties:
+                props.UserProperty = pair  # paho appends: one assignment per pair
         await self.client.publish(topic, payload, qos=1, properties=props)
 
     async def next_message(self, timeout_s: float = REPLY_TIMEOUT_S) -> aiomqtt.Message:
@@ -125,6 +139,44 @@ class Caller:
             self._pending.pop(correlation, None)
         assert message.topic.value == reply_topic
         return json.loads(message.payload), message
+
+    async def call_tool(
+        self,
+        topics: Topics,
+        tool: str | None = None,
+        arguments: dict[str, Any] | None = None,
+        *,
+        reply_topic: str | None = None,
+        wait_s: float = REPLY_TIMEOUT_S,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """Call `tool` on its topic (None: the bare call topic, `tool` in `fields`) and
+        return the parsed reply. `fields` go into the body (`id`, `timeout_s`, ...);
+        `wait_s` bounds the wait for the reply."""
+        body: dict[str, Any] = dict(fields)
+        if arguments is not None:
+            body["arguments"] = arguments
+        reply, _ = await self.call(
+            call_topic(topics, tool),
+            body,
+            reply_topic=reply_topic or reply_topic_for(topics),
+            timeout_s=wait_s,
+        )
+        return reply
+
+    async def list_tools(self, topics: Topics, caller: str | None = None) -> list[dict[str, Any]]:
+        """The tool definitions the worker lists (for `caller`, when named)."""
+        topic = f"{topics.tools}/{caller}" if caller else topics.tools
+        reply, _ = await self.call(topic, {}, reply_topic=reply_topic_for(topics))
+        assert reply["ok"], reply
+        return list(reply["result"]["structured"]["tools"])
+
+    def unclaimed(self) -> list[aiomqtt.Message]:
+        """Messages received so far that no `call` was waiting for (taken from the queue)."""
+        taken = []
+        while not self.messages.empty():
+            taken.append(self.messages.get_nowait())
+        return taken
 
 
 def correlation_of(message: aiomqtt.Message) -> bytes | None:

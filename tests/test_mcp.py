@@ -15,11 +15,6 @@ from tests.harness import DEMO_SERVER, Broker, free_port, make_settings, running
 from tests.logwait import watching
 from tests.mqtt import Caller
 from tests.processes import start_http_demo, stop_process
-from toolbus.service import Worker
-
-
-def reply_topic(worker: Worker) -> str:
-    return f"{worker.topics.reply_prefixes[0]}{uuid.uuid4().hex[:8]}"
 
 
 @pytest_asyncio.fixture
@@ -38,10 +33,8 @@ async def test_streamable_http_server(
     settings = make_settings(broker, mcpServers={"http_devices": {"url": http_demo_server}})
     async with running_worker(settings) as worker:
         assert worker.mcp.states() == {"http_devices": "ready"}
-        reply, _ = await caller.call(
-            f"{worker.topics.call}/control_zwave_device",
-            {"arguments": {"device_name": "Switch One", "command": "off"}},
-            reply_topic=reply_topic(worker),
+        reply = await caller.call_tool(
+            worker.topics, "control_zwave_device", {"device_name": "Switch One", "command": "off"}
         )
         assert reply["ok"], reply
         assert reply["result"]["structured"]["received"] == {
@@ -55,12 +48,7 @@ async def test_unreachable_http_server_is_down_not_fatal(broker: Broker, caller:
     settings = make_settings(broker, mcpServers={"gone": {"url": url, "connect_timeout_s": 5}})
     async with running_worker(settings) as worker:
         assert worker.mcp.states() == {"gone": "down"}
-        reply, _ = await caller.call(
-            f"{worker.topics.call}/echo",
-            {"arguments": {"text": "x"}},
-            reply_topic=reply_topic(worker),
-        )
-        assert reply["ok"]
+        assert (await caller.call_tool(worker.topics, "echo", {"text": "x"}))["ok"]
 
 
 def demo_server_pids(mark: str) -> list[int]:
@@ -84,10 +72,8 @@ async def test_server_stderr_reaches_the_log(broker: Broker, caller: Caller) -> 
     settings = make_settings(broker, mcpServers={"logged": DEMO_SERVER})
     with watching("toolbus.mcp.logged", "control_zwave_device received") as server_log:
         async with running_worker(settings) as worker:
-            reply, _ = await caller.call(
-                f"{worker.topics.call}/control_zwave_device",
-                {"arguments": {"deviceName": "Switch Two", "action": "on"}},
-                reply_topic=reply_topic(worker),
+            reply = await caller.call_tool(
+                worker.topics, "control_zwave_device", {"deviceName": "Switch Two", "action": "on"}
             )
             assert reply["ok"]
             async with asyncio.timeout(10):
@@ -107,14 +93,8 @@ async def test_killed_stdio_server_gives_unavailable_not_a_hang(
         pids = demo_server_pids(mark)
         assert len(pids) == 1
         os.kill(pids[0], signal.SIGKILL)
-        topic = reply_topic(worker)
-        reply, _ = await caller.call(
-            f"{worker.topics.call}/list_devices", {}, reply_topic=topic, timeout_s=10
-        )
+        reply = await caller.call_tool(worker.topics, "list_devices", {}, wait_s=10)
         assert reply["error"]["code"] == "unavailable"
         assert reply["error"]["details"]["server"] == "victim"
         # The worker itself carries on.
-        reply, _ = await caller.call(
-            f"{worker.topics.call}/echo", {"arguments": {"text": "x"}}, reply_topic=topic
-        )
-        assert reply["ok"]
+        assert (await caller.call_tool(worker.topics, "echo", {"text": "x"}))["ok"]

@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -42,13 +41,7 @@ def misbehaving(state: Path, **env: str) -> dict[str, Any]:
 async def call(
     client: Caller, worker: Worker, tool: str, arguments: dict[str, Any] | None = None, **extra: Any
 ) -> dict[str, Any]:
-    reply, _ = await client.call(
-        f"{worker.topics.call}/{tool}",
-        {"arguments": arguments or {}, **extra},
-        reply_topic=f"{worker.topics.reply_prefixes[0]}{uuid.uuid4().hex[:8]}",
-        timeout_s=60,
-    )
-    return reply
+    return await client.call_tool(worker.topics, tool, arguments or {}, wait_s=60, **extra)
 
 
 class ServerStates:
@@ -63,7 +56,7 @@ class ServerStates:
             while True:
                 message = await self.client.messages.get()
                 if message.topic.value == self.topic:
-                    status = json.loads(message.payload)
+                    status: dict[str, Any] = json.loads(message.payload)
                     if status["state"] == state:
                         return status
 

@@ -10,7 +10,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from tests.harness import Broker, make_settings, running_worker
-from tests.mqtt import Caller
+from tests.mqtt import Caller, call_topic
 from toolbus.observability.metrics import Metrics
 from toolbus.observability.sdk import configure_metrics
 
@@ -26,10 +26,12 @@ def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
 
 
 def value(found: dict[str, list[Any]], name: str, **attributes: str) -> float:
-    return sum(
-        p.value
-        for p in found.get(name, [])
-        if all(p.attributes.get(k) == v for k, v in attributes.items())
+    return float(
+        sum(
+            p.value
+            for p in found.get(name, [])
+            if all(p.attributes.get(k) == v for k, v in attributes.items())
+        )
     )
 
 
@@ -41,14 +43,11 @@ async def test_worker_metrics(broker: Broker) -> None:
         Caller(broker.url) as caller,
         Caller(broker.url, v5=False) as old,
     ):
-        topic = f"{worker.topics.reply_prefixes[0]}m"
         for arguments in ({"text": "a"}, {"Text": "b"}, {}):
-            await caller.call(
-                f"{worker.topics.call}/echo", {"arguments": arguments}, reply_topic=topic
-            )
-        await caller.call(f"{worker.topics.call}/no_such_tool_{'x' * 5}", {}, reply_topic=topic)
+            await caller.call_tool(worker.topics, "echo", arguments)
+        await caller.call_tool(worker.topics, f"no_such_tool_{'x' * 5}")
         await caller.subscribe(worker.topics.dead)
-        await old.publish(f"{worker.topics.call}/echo", b"not json")
+        await old.publish(call_topic(worker.topics, "echo"), b"not json")
         letter = json.loads((await caller.next_message()).payload)
         assert letter["error"]["code"] == "bad_request"
     found = points(reader)

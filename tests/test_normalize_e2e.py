@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -41,12 +40,7 @@ async def two_servers(broker: Broker) -> AsyncIterator[Worker]:
 async def call(
     client: Caller, worker: Worker, tool: str, arguments: dict[str, Any], **extra: Any
 ) -> dict[str, Any]:
-    reply, _ = await client.call(
-        f"{worker.topics.call}/{tool}",
-        {"arguments": arguments, **extra},
-        reply_topic=f"{worker.topics.reply_prefixes[0]}{uuid.uuid4().hex[:6]}",
-    )
-    return reply
+    return await client.call_tool(worker.topics, tool, arguments, **extra)
 
 
 @pytest.mark.parametrize(
@@ -102,10 +96,7 @@ async def test_bare_name_goes_to_the_first_server_and_qualified_names_reach_both
 
 
 async def test_sanitized_tool_name(caller: Caller, two_servers: Worker) -> None:
-    listing, _ = await caller.call(
-        two_servers.topics.tools, {}, reply_topic=f"{two_servers.topics.reply_prefixes[0]}l"
-    )
-    tools = {t["name"]: t for t in listing["result"]["structured"]["tools"]}
+    tools = {t["name"]: t for t in await caller.list_tools(two_servers.topics)}
     sanitized = [t for t in tools.values() if t.get("originalName") == "weather report!"]
     assert len(sanitized) == 1
     reply = await call(caller, two_servers, sanitized[0]["name"], {"cityName": "Bern"})
@@ -134,12 +125,8 @@ async def test_caller_profiles_over_mqtt(caller: Caller, two_servers: Worker) ->
         caller="kitchen",
     )
     assert also_refused["error"]["code"] == "forbidden"
-    listing, _ = await caller.call(
-        f"{two_servers.topics.tools}/kitchen",
-        {},
-        reply_topic=f"{two_servers.topics.reply_prefixes[0]}k",
-    )
-    assert sorted(t["name"] for t in listing["result"]["structured"]["tools"]) == [
+    listing = await caller.list_tools(two_servers.topics, caller="kitchen")
+    assert sorted(t["name"] for t in listing) == [
         "control_zwave_device",
         "datetime",
     ]

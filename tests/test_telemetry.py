@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest_asyncio
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.harness import DEMO_SERVER, Broker, make_settings, running_worker
-from tests.mqtt import Caller
+from tests.mqtt import Caller, call_topic, reply_topic_for
 from toolbus.observability.propagation import extract_context
 from toolbus.observability.sdk import configure_tracing
 from toolbus.observability.spans import trace_id_of
@@ -70,22 +69,20 @@ def by_trace(spans: Any, trace_id: str) -> list[Any]:
 async def test_a_v5_callers_trace_continues_through_the_mcp_call(
     broker: Broker, traced_worker: Worker, spans: Any
 ) -> None:
-    import aiomqtt
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
-
     worker = traced_worker
-    reply_topic = f"{worker.topics.reply_prefixes[0]}{uuid.uuid4().hex[:8]}"
+    reply_topic = reply_topic_for(worker.topics)
     async with Caller(broker.url) as caller:
         await caller.subscribe(reply_topic)
-        props = Properties(PacketTypes.PUBLISH)
-        props.ResponseTopic = reply_topic
-        props.CorrelationData = b"c1"
-        props.UserProperty = ("traceparent", TRACEPARENT)
-        topic = f"{worker.topics.call}/control_zwave_device"
+        topic = call_topic(worker.topics, "control_zwave_device")
         body = {"id": "traced-1", "arguments": {"device_name": "Switch Two", "command": "off"}}
-        await caller.client.publish(topic, json.dumps(body), qos=1, properties=props)
-        message: aiomqtt.Message = await caller.next_message()
+        await caller.publish(
+            topic,
+            json.dumps(body),
+            response_topic=reply_topic,
+            correlation=b"c1",
+            user_properties=(("traceparent", TRACEPARENT),),
+        )
+        message = await caller.next_message()
     reply = json.loads(message.payload)
     assert reply["ok"] and reply["trace_id"] == CALLER_TRACE
     user = dict(getattr(message.properties, "UserProperty", []))
@@ -125,13 +122,11 @@ async def test_a_311_caller_sends_and_gets_the_context_in_the_body(
     broker: Broker, traced_worker: Worker, spans: Any
 ) -> None:
     async with Caller(broker.url, v5=False) as caller:
-        reply, _ = await caller.call(
-            f"{traced_worker.topics.call}/echo",
-            {
-                "arguments": {"text": "x"},
-                "traceparent": TRACEPARENT.replace(CALLER_TRACE, "a" * 32),
-            },
-            reply_topic=f"{traced_worker.topics.reply_prefixes[0]}v3",
+        reply = await caller.call_tool(
+            traced_worker.topics,
+            "echo",
+            {"text": "x"},
+            traceparent=TRACEPARENT.replace(CALLER_TRACE, "a" * 32),
         )
     assert reply["ok"] and reply["trace_id"] == "a" * 32
     assert reply["traceparent"].split("-")[1] == "a" * 32
@@ -146,10 +141,8 @@ async def test_bad_headers_start_a_new_trace_and_errors_mark_the_spans(
     broker: Broker, traced_worker: Worker, spans: Any
 ) -> None:
     async with Caller(broker.url) as caller:
-        reply, _ = await caller.call(
-            f"{traced_worker.topics.call}/no_such_tool",
-            {"traceparent": "00-not-a-trace-01"},
-            reply_topic=f"{traced_worker.topics.reply_prefixes[0]}bad",
+        reply = await caller.call_tool(
+            traced_worker.topics, "no_such_tool", traceparent="00-not-a-trace-01"
         )
     assert reply["error"]["code"] == "unknown_tool"
     assert reply["trace_id"] and reply["trace_id"] != CALLER_TRACE
@@ -185,11 +178,11 @@ def test_log_lines_carry_the_trace_and_call_ids(spans: Any) -> None:
 async def test_spans_published_back_as_otlp_json(
     broker: Broker, traced_worker: Worker, spans: Any
 ) -> None:
-    reply_topic = f"{traced_worker.topics.reply_prefixes[0]}{uuid.uuid4().hex[:8]}"
+    reply_topic = reply_topic_for(traced_worker.topics)
     async with Caller(broker.url) as caller:
         await caller.subscribe(f"{reply_topic}/trace")
         reply, message = await caller.call(
-            f"{traced_worker.topics.call}/get_device_sensor_data",
+            call_topic(traced_worker.topics, "get_device_sensor_data"),
             {"id": "pb-1", "arguments": {"device_name": "Hallway Sensor"}, "publish_trace": True},
             reply_topic=reply_topic,
         )
@@ -247,7 +240,7 @@ async def test_argument_values_are_recorded_only_when_switched_on() -> None:
         )
         await executor.execute(Call(id="a", tool="echo", arguments={"text": "secret"}, topic="t"))
         [span] = [s for s in exporter.get_finished_spans() if s.name == "execute_tool echo"]
-        recorded = span.attributes.get("gen_ai.tool.call.arguments")
+        recorded = (span.attributes or {}).get("gen_ai.tool.call.arguments")
         assert (recorded == '{"text": "secret"}') if switch else (recorded is None)
 
 
@@ -263,17 +256,14 @@ async def test_argument_values_are_recorded_only_when_switched_on() -> None:
 async def test_each_failure_marks_the_consumer_span(
     broker: Broker, traced_worker: Worker, spans: Any, topic_tool: str, body: bytes, code: str
 ) -> None:
+    reply_topic = reply_topic_for(traced_worker.topics)
     async with Caller(broker.url) as caller:
         reply, _ = await caller.call(
-            f"{traced_worker.topics.call}/{topic_tool}",
-            body,
-            reply_topic=f"{traced_worker.topics.reply_prefixes[0]}e",
+            call_topic(traced_worker.topics, topic_tool), body, reply_topic=reply_topic
         )
     assert reply["error"]["code"] == code
     found = {s.name: s for s in by_trace(spans, reply["trace_id"])}
     consumer = found[f"process {traced_worker.topics.call}/{topic_tool}"]
     assert consumer.status.status_code is StatusCode.ERROR
     assert consumer.attributes["error.type"] == code
-    assert (
-        f"send {traced_worker.topics.reply_prefixes[0]}e" in found
-    )  # the error reply is traced too
+    assert f"send {reply_topic}" in found  # the error reply is traced too

@@ -18,8 +18,6 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
 from tests.harness import Broker, free_port
 from tests.mqtt import Caller
@@ -93,13 +91,13 @@ async def test_one_trace_from_the_caller_to_the_mcp_server(broker: Broker, phoen
             await wait_ready(caller, prefix)
             reply_topic = f"{prefix}/reply/e2e"
             await caller.subscribe(reply_topic)
-            props = Properties(PacketTypes.PUBLISH)
-            props.ResponseTopic = reply_topic
-            props.CorrelationData = b"e2e"
-            props.UserProperty = ("traceparent", TRACEPARENT)
             body = {"arguments": {"device_name": "Hallway Sensor"}}
-            await caller.client.publish(
-                f"{prefix}/call/get_device_sensor_data", json.dumps(body), qos=1, properties=props
+            await caller.publish(
+                f"{prefix}/call/get_device_sensor_data",
+                json.dumps(body),
+                response_topic=reply_topic,
+                correlation=b"e2e",
+                user_properties=(("traceparent", TRACEPARENT),),
             )
             reply = json.loads((await caller.next_message()).payload)
         assert reply["ok"] and reply["trace_id"] == TRACE

@@ -1,37 +1,28 @@
-"""The worker end to end: real mosquitto, real demo MCP server, v5 and 3.1.1 callers."""
+"""The worker end to end: real mosquitto, real demo MCP server, v5 and 3.1.1 callers.
+
+What the pipeline decides (each error code, dead letters, 3.1.1 bodies, traces) is
+tested without a broker in test_pipeline.py; here is what only a broker shows:
+properties on the wire, concurrency bounds, drain at stop, reconnects.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import random
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.harness import DEMO_SERVER, Broker, make_settings, running_worker
-from tests.mqtt import Caller, correlation_of
+from tests.mqtt import Caller, call_topic, correlation_of, reply_topic_for
 from tests.tools import Probe, probe_tools
 from toolbus.service import Worker
 
 
-def reply_topic(worker: Worker) -> str:
-    return f"{worker.topics.reply_prefixes[0]}{uuid.uuid4().hex[:8]}"
-
-
-def call_topic(worker: Worker, tool: str | None = None) -> str:
-    return f"{worker.topics.call}/{tool}" if tool else worker.topics.call
-
-
 async def device_state(caller: Caller, worker: Worker, name: str) -> dict[str, Any]:
-    reply, _ = await caller.call(
-        call_topic(worker, "get_device_sensor_data"),
-        {"arguments": {"deviceName": name}},
-        reply_topic=reply_topic(worker),
-    )
+    reply = await caller.call_tool(worker.topics, "get_device_sensor_data", {"deviceName": name})
     assert reply["ok"], reply
     return dict(reply["result"]["structured"])
 
@@ -44,9 +35,9 @@ async def test_turn_on_switch_one(broker: Broker, demo_worker: Worker, v5: bool)
         before = await device_state(caller, demo_worker, device)
         assert before["state"] == "off"
         reply, message = await caller.call(
-            call_topic(demo_worker),
+            call_topic(demo_worker.topics),
             {"tool": "control_zwave_device", "arguments": {"device_name": device, "command": "on"}},
-            reply_topic=reply_topic(demo_worker),
+            reply_topic=reply_topic_for(demo_worker.topics),
         )
         assert reply["ok"] is True, reply
         assert reply["tool"] == "control_zwave_device"
@@ -66,10 +57,10 @@ async def test_turn_on_switch_one(broker: Broker, demo_worker: Worker, v5: bool)
 
 
 async def test_v5_correlation_data_and_body_id_echoed(caller: Caller, demo_worker: Worker) -> None:
-    topic = reply_topic(demo_worker)
+    topic = reply_topic_for(demo_worker.topics)
     await caller.subscribe(topic)
     await caller.publish(
-        call_topic(demo_worker, "echo"),
+        call_topic(demo_worker.topics, "echo"),
         json.dumps({"id": "abc-1", "arguments": {"text": "hi"}}),
         response_topic=topic,
         correlation=b"\x00\xffbinary",
@@ -82,10 +73,8 @@ async def test_v5_correlation_data_and_body_id_echoed(caller: Caller, demo_worke
 
 
 async def test_snake_to_camel_heuristic_for_mcp_tools(caller: Caller, demo_worker: Worker) -> None:
-    reply, _ = await caller.call(
-        call_topic(demo_worker, "get_device_sensor_data"),
-        {"arguments": {"device_name": "Hallway Sensor"}},
-        reply_topic=reply_topic(demo_worker),
+    reply = await caller.call_tool(
+        demo_worker.topics, "get_device_sensor_data", {"device_name": "Hallway Sensor"}
     )
     assert reply["ok"], reply
     assert reply["normalized"] == [
@@ -101,10 +90,8 @@ async def test_snake_to_camel_heuristic_for_mcp_tools(caller: Caller, demo_worke
 async def test_mcp_server_rejection_reaches_caller_unchanged(
     caller: Caller, demo_worker: Worker
 ) -> None:
-    reply, _ = await caller.call(
-        call_topic(demo_worker, "control_zwave_device"),
-        {"arguments": {"device_name": "Garage Door", "command": "on"}},
-        reply_topic=reply_topic(demo_worker),
+    reply = await caller.call_tool(
+        demo_worker.topics, "control_zwave_device", {"device_name": "Garage Door", "command": "on"}
     )
     assert reply["ok"] is False
     assert reply["error"]["code"] == "tool_error"
@@ -115,9 +102,7 @@ async def test_mcp_server_rejection_reaches_caller_unchanged(
 
 
 async def test_tools_listing_over_mqtt(caller: Caller, demo_worker: Worker) -> None:
-    reply, _ = await caller.call(demo_worker.topics.tools, {}, reply_topic=reply_topic(demo_worker))
-    assert reply["ok"]
-    tools = {t["name"]: t for t in reply["result"]["structured"]["tools"]}
+    tools = {t["name"]: t for t in await caller.list_tools(demo_worker.topics)}
     assert {
         "datetime",
         "echo",
@@ -130,19 +115,11 @@ async def test_tools_listing_over_mqtt(caller: Caller, demo_worker: Worker) -> N
     assert tools["echo"]["origin"] == "local"
 
 
-async def test_unknown_tool_suggests_close_names(caller: Caller, demo_worker: Worker) -> None:
-    reply, _ = await caller.call(
-        call_topic(demo_worker, "list_device"), {}, reply_topic=reply_topic(demo_worker)
-    )
-    assert reply["error"]["code"] == "unknown_tool"
-    assert "list_devices" in reply["error"]["details"]["candidates"]
-
-
 async def test_invalid_arguments_listed_with_paths(caller: Caller, demo_worker: Worker) -> None:
-    reply, _ = await caller.call(
-        call_topic(demo_worker, "control_zwave_device"),
-        {"arguments": {"deviceName": "Switch One", "action": "explode", "level": "high"}},
-        reply_topic=reply_topic(demo_worker),
+    reply = await caller.call_tool(
+        demo_worker.topics,
+        "control_zwave_device",
+        {"deviceName": "Switch One", "action": "explode", "level": "high"},
     )
     assert reply["error"]["code"] == "invalid_arguments"
     paths = {e["path"] for e in reply["error"]["details"]["errors"]}
@@ -165,40 +142,6 @@ async def open_gate_when_draining(worker: Worker, probe: Probe) -> None:
     probe.release.set()
 
 
-async def test_local_tool_errors(broker: Broker, caller: Caller, probe: Probe) -> None:
-    settings = make_settings(broker, tools={"sleepy": {"timeout_s": 0.3}})
-    async with running_worker(settings, probe_tools(probe)) as worker:
-        topic = reply_topic(worker)
-
-        async def call(tool: str, arguments: dict[str, Any], **extra: Any) -> dict[str, Any]:
-            reply, _ = await caller.call(
-                call_topic(worker, tool), {"arguments": arguments, **extra}, reply_topic=topic
-            )
-            return reply
-
-        # A local tool is never renamed, even where an MCP tool would be.
-        not_renamed = await call("local_device", {"device_name": "X"})
-        assert not_renamed["error"]["code"] == "invalid_arguments"
-        assert not_renamed["normalized"] == []
-        assert (await call("local_device", {"deviceName": "X"}))["result"]["text"] == "X"
-
-        raised = await call("explode", {"reason": "boom"})
-        assert raised["error"]["code"] == "tool_error"
-        assert raised["error"]["details"]["exception"] == "ValueError"
-
-        # Per-tool timeout from config; the tool is really cancelled.
-        timed_out = await call("sleepy", {})
-        assert timed_out["error"]["code"] == "timeout"
-        assert timed_out["error"]["details"]["timeout_s"] == 0.3
-        assert probe.cancelled == 1
-
-        # The request's own deadline wins over the tool's.
-        quick = await call("sleepy", {}, timeout_s=0.05)
-        assert quick["error"]["code"] == "timeout"
-        assert quick["error"]["details"]["timeout_s"] == 0.05
-        assert probe.cancelled == 2
-
-
 async def test_200_concurrent_requests_one_reply_each_within_bound(
     broker: Broker, probe: Probe
 ) -> None:
@@ -211,30 +154,28 @@ async def test_200_concurrent_requests_one_reply_each_within_bound(
         try:
             results = await asyncio.gather(
                 *(
-                    c.call(
-                        call_topic(worker, "busy"),
-                        {"arguments": {"n": i * 100 + n}},
-                        reply_topic=f"{worker.topics.reply_prefixes[0]}c{i}",
+                    c.call_tool(
+                        worker.topics,
+                        "busy",
+                        {"n": i * 100 + n},
+                        reply_topic=reply_topic_for(worker.topics, f"c{i}"),
                     )
                     for i, c in enumerate(callers)
                     for n in range(50)
                 )
             )
-            numbers = sorted(reply["result"]["structured"]["n"] for reply, _ in results)
+            numbers = sorted(reply["result"]["structured"]["n"] for reply in results)
             assert numbers == sorted(i * 100 + n for i in range(4) for n in range(50))
             # A sentinel per caller: any duplicate reply would arrive before it.
             for i, c in enumerate(callers):
-                await c.call(
-                    call_topic(worker, "echo"),
-                    {"arguments": {"text": "end"}},
-                    reply_topic=f"{worker.topics.reply_prefixes[0]}c{i}",
+                await c.call_tool(
+                    worker.topics,
+                    "echo",
+                    {"text": "end"},
+                    reply_topic=reply_topic_for(worker.topics, f"c{i}"),
                 )
             for c in callers:
-                stray = [
-                    m
-                    for m in list(c.messages._queue)
-                    if json.loads(m.payload).get("tool") == "busy"
-                ]  # type: ignore[attr-defined]
+                stray = [m for m in c.unclaimed() if json.loads(m.payload).get("tool") == "busy"]
                 assert stray == [], "a request was answered twice"
         finally:
             for c in callers:
@@ -244,52 +185,31 @@ async def test_200_concurrent_requests_one_reply_each_within_bound(
         assert worker.in_flight.max_count <= bound
 
 
-async def test_malformed_payloads_answered_or_dead_lettered(
+async def test_malformed_requests_over_the_wire(
     broker: Broker, caller: Caller, caller311: Caller, demo_worker: Worker
 ) -> None:
-    dead = demo_worker.topics.dead
-    watcher = Caller(broker.url)
-    async with watcher:
-        await watcher.subscribe(dead)
-        topic = reply_topic(demo_worker)
+    """One of each path through a real broker: a v5 error reply, a 3.1.1 dead letter;
+    every kind of bad input is in test_pipeline.py."""
+    async with Caller(broker.url) as watcher:
+        await watcher.subscribe(demo_worker.topics.dead)
+        topic = reply_topic_for(demo_worker.topics)
+        reply, _ = await caller.call(
+            call_topic(demo_worker.topics), b"{not json", reply_topic=topic
+        )
+        assert reply["error"]["code"] == "bad_request"
 
-        # With a reply address (v5 Response Topic): each gets bad_request.
-        for payload in (
-            b"{not json",
-            b"[1, 2]",
-            b'{"arguments": {}}',
-            b"\xff\xfe",
-            b"{" + b" " * 300_000 + b"}",
-        ):
-            reply, _ = await caller.call(call_topic(demo_worker), payload, reply_topic=topic)
-            assert reply["ok"] is False
-            assert reply["error"]["code"] == "bad_request", payload[:20]
-
-        # Without one (3.1.1, body unreadable): dead-lettered with the payload kept.
-        await caller311.publish(call_topic(demo_worker), b"not json at all")
+        # Without a reply address (3.1.1, body unreadable): dead-lettered, payload kept.
+        await caller311.publish(call_topic(demo_worker.topics), b"not json at all")
         letter = json.loads((await watcher.next_message()).payload)
         assert letter["error"]["code"] == "bad_request"
         assert letter["payload"] == "not json at all"
-        assert letter["topic"] == call_topic(demo_worker)
-
-        await caller311.publish(call_topic(demo_worker), json.dumps(["a", "list"]))
-        assert json.loads((await watcher.next_message()).payload)["error"]["code"] == "bad_request"
-
-        # A failed call with no reply address is dead-lettered too.
-        await caller311.publish(call_topic(demo_worker, "no_such_tool"), b"{}")
-        letter = json.loads((await watcher.next_message()).payload)
-        assert letter["error"]["code"] == "unknown_tool"
 
         # A valid request right after still succeeds.
-        reply, _ = await caller.call(
-            call_topic(demo_worker, "echo"),
-            {"arguments": {"text": "still here"}},
-            reply_topic=topic,
-        )
+        reply = await caller.call_tool(demo_worker.topics, "echo", {"text": "still here"})
         assert reply["ok"] and reply["result"]["structured"]["text"] == "still here"
 
 
-async def test_reply_topic_outside_prefix_is_refused_and_not_executed(
+async def test_reply_topic_outside_prefix_gets_nothing(
     broker: Broker, caller: Caller, probe: Probe
 ) -> None:
     async with (
@@ -300,23 +220,29 @@ async def test_reply_topic_outside_prefix_is_refused_and_not_executed(
         victim = f"{worker.topics.prefix}-victim/lights/set"
         await caller.subscribe(victim)
         await caller.publish(
-            call_topic(worker, "busy"), json.dumps({"arguments": {"n": 1}}), response_topic=victim
+            call_topic(worker.topics, "busy"),
+            json.dumps({"arguments": {"n": 1}}),
+            response_topic=victim,
         )
         letter = json.loads((await watcher.next_message()).payload)
         assert letter["error"]["code"] == "forbidden"
+        # A sentinel on the caller's own reply topic: anything sent to the victim is before it.
+        assert (await caller.call_tool(worker.topics, "echo", {"text": "end"}))["ok"]
         assert probe.calls == 0
-        assert caller.messages.empty()
+        assert caller.unclaimed() == []
 
 
 async def test_in_flight_calls_finish_on_stop(broker: Broker, caller: Caller, probe: Probe) -> None:
     """Stopping waits for in-flight calls (within the grace period) and replies to them."""
     settings = make_settings(broker, shutdown_grace_s=10.0)
     async with running_worker(settings, probe_tools(probe)) as worker:
-        topic = reply_topic(worker)
+        topic = reply_topic_for(worker.topics)
         await caller.subscribe(topic)
         for n in range(3):
             await caller.publish(
-                call_topic(worker, "gate"), json.dumps({"id": f"g{n}"}), response_topic=topic
+                call_topic(worker.topics, "gate"),
+                json.dumps({"id": f"g{n}"}),
+                response_topic=topic,
             )
         await probe.wait_active(3)
         # Stopping begins when the context exits; the gate opens once draining has begun.
@@ -332,10 +258,10 @@ async def test_calls_past_grace_get_unavailable(
 ) -> None:
     settings = make_settings(broker, shutdown_grace_s=0.2)
     async with running_worker(settings, probe_tools(probe)) as worker:
-        topic = reply_topic(worker)
+        topic = reply_topic_for(worker.topics)
         await caller.subscribe(topic)
         await caller.publish(
-            call_topic(worker, "gate"), json.dumps({"id": "late"}), response_topic=topic
+            call_topic(worker.topics, "gate"), json.dumps({"id": "late"}), response_topic=topic
         )
         await probe.wait_active(1)
     reply = json.loads((await caller.next_message()).payload)
@@ -355,60 +281,31 @@ async def test_mcp_server_that_cannot_start_leaves_the_rest_serving(
     )
     async with running_worker(settings) as worker:
         assert worker.mcp.states() == {"broken": "down", "dies": "down", "devices": "ready"}
-        reply, _ = await caller.call(
-            call_topic(worker, "list_devices"), {}, reply_topic=reply_topic(worker)
-        )
-        assert reply["ok"]
-        reply, _ = await caller.call(
-            call_topic(worker, "echo"),
-            {"arguments": {"text": "x"}},
-            reply_topic=reply_topic(worker),
-        )
-        assert reply["ok"]
+        assert (await caller.call_tool(worker.topics, "list_devices", {}))["ok"]
+        assert (await caller.call_tool(worker.topics, "echo", {"text": "x"}))["ok"]
 
 
 async def test_random_garbage_is_answered_and_the_worker_lives(
     caller: Caller, demo_worker: Worker
 ) -> None:
     rng = random.Random(2026)
-    topic = reply_topic(demo_worker)
+    topic = reply_topic_for(demo_worker.topics)
     payloads = [rng.randbytes(rng.randint(0, 2000)) for _ in range(100)]
     payloads += [
         b'{"tool": "echo", "arguments": {"text": ' + bytes([rng.randint(0, 255)]) + b"}}"
         for _ in range(20)
     ]
     replies = await asyncio.gather(
-        *(caller.call(call_topic(demo_worker, "echo"), p, reply_topic=topic) for p in payloads)
+        *(
+            caller.call(call_topic(demo_worker.topics, "echo"), p, reply_topic=topic)
+            for p in payloads
+        )
     )
     assert all(
         reply["error"]["code"] in {"bad_request", "invalid_arguments"} for reply, _ in replies
     )
-    reply, _ = await caller.call(
-        call_topic(demo_worker, "echo"), {"arguments": {"text": "alive"}}, reply_topic=topic
-    )
+    reply = await caller.call_tool(demo_worker.topics, "echo", {"text": "alive"}, reply_topic=topic)
     assert reply["ok"]
-
-
-async def test_slow_calls_log_a_warning(
-    broker: Broker, caller: Caller, probe: Probe, caplog: pytest.LogCaptureFixture
-) -> None:
-    settings = make_settings(broker, slow_call_ms=1)
-    async with running_worker(settings, probe_tools(probe)) as worker:
-        with caplog.at_level(logging.INFO, logger="toolbus.execute"):
-            reply, _ = await caller.call(
-                call_topic(worker, "busy"),
-                {"arguments": {"n": 1, "hold_ms": 20}},
-                reply_topic=reply_topic(worker),
-            )
-            assert reply["ok"]
-            fast, _ = await caller.call(
-                call_topic(worker, "busy"),
-                {"arguments": {"n": 2, "hold_ms": 0}},
-                reply_topic=reply_topic(worker),
-            )
-    levels = {r.call_id: r.levelno for r in caplog.records if hasattr(r, "call_id")}  # type: ignore[attr-defined]
-    assert levels[reply["id"]] == logging.WARNING
-    assert fast["id"] in levels
 
 
 async def test_requests_already_received_are_answered_at_stop(
@@ -417,11 +314,11 @@ async def test_requests_already_received_are_answered_at_stop(
     """Messages the client acknowledged but had no slot for yet must not be lost on stop."""
     settings = make_settings(broker, concurrency=1, shutdown_grace_s=10.0)
     async with running_worker(settings, probe_tools(probe)) as worker:
-        topic = reply_topic(worker)
+        topic = reply_topic_for(worker.topics)
         await caller.subscribe(topic)
         for n in range(5):
             await caller.publish(
-                call_topic(worker, "gate"), json.dumps({"id": f"q{n}"}), response_topic=topic
+                call_topic(worker.topics, "gate"), json.dumps({"id": f"q{n}"}), response_topic=topic
             )
         await probe.wait_active(1)
         # No event exists for "the MQTT client has queued N messages": poll that one
@@ -444,12 +341,7 @@ async def test_worker_reconnects_after_the_broker_restarts(tmp_path: Path) -> No
         async with running_worker(settings) as worker:
             status_topic = f"{worker.topics.prefix}/status/workers/+"
             async with Caller(own.url) as caller:
-                reply, _ = await caller.call(
-                    call_topic(worker, "echo"),
-                    {"arguments": {"text": "1"}},
-                    reply_topic=reply_topic(worker),
-                )
-                assert reply["ok"]
+                assert (await caller.call_tool(worker.topics, "echo", {"text": "1"}))["ok"]
             own.stop()
             own.start()  # same port, empty broker: no sessions, no retained messages
             async with Caller(own.url) as caller:
@@ -458,11 +350,7 @@ async def test_worker_reconnects_after_the_broker_restarts(tmp_path: Path) -> No
                     while json.loads((await caller.messages.get()).payload)["state"] != "online":
                         pass
                 await worker.subscribed.wait()
-                reply, _ = await caller.call(
-                    call_topic(worker, "echo"),
-                    {"arguments": {"text": "2"}},
-                    reply_topic=reply_topic(worker),
-                )
+                reply = await caller.call_tool(worker.topics, "echo", {"text": "2"})
                 assert reply["ok"] and reply["result"]["structured"]["text"] == "2"
     finally:
         own.stop()

@@ -30,7 +30,7 @@ class TransportError(Exception):
 
 
 def _properties(out: Outbound, packet_type: int = PacketTypes.PUBLISH) -> Properties:
-    props = Properties(packet_type)  # type: ignore[no-untyped-call]
+    props = Properties(packet_type)
     if out.content_type:
         props.ContentType = out.content_type
     if out.correlation_data is not None:

@@ -1,0 +1,321 @@
+"""The pipeline in-process: every error code, dead letters, 3.1.1 replies, trace publishing.
+
+No broker: messages go in as `Inbound` values and come out through a `ListPublisher`,
+so each case costs milliseconds. What only a broker can show (properties on the wire,
+reconnects, drain, flow control) stays in test_worker.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tests.harness import ListPublisher
+from tests.tools import Probe, probe_tools
+from toolbus.backends.local import LocalTool, tool
+from toolbus.config import Settings
+from toolbus.contracts import ToolResult
+from toolbus.errors import ToolFailed
+from toolbus.messages import Inbound
+from toolbus.observability.export import TraceCollector
+from toolbus.observability.metrics import Metrics
+from toolbus.pipeline import Pipeline
+from toolbus.tools import BUILTIN_TOOLS
+from toolbus.wiring import build_executor, build_registry, topics_for
+
+REPLY = "tb/reply/r1"
+CORRELATION = b"\x00corr"
+
+
+@tool
+async def when_failed() -> str:
+    """Fails with details that are not JSON (a datetime, a set)."""
+    raise ToolFailed("stale", since=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC), tags={"a"})
+
+
+@tool
+async def unencodable() -> ToolResult:
+    """Returns a result the reply cannot serialize (a backend bug the caller must survive)."""
+    structured: dict[str, Any] = {"x": object()}
+    return ToolResult.model_construct(text="", structured=structured, content=None)
+
+
+@dataclass
+class Rig:
+    pipeline: Pipeline
+    sent: ListPublisher
+    probe: Probe
+    spans: InMemorySpanExporter
+    metrics: InMemoryMetricReader
+
+    async def request(
+        self,
+        tool: str | None,
+        body: dict[str, Any] | bytes,
+        *,
+        response_topic: str | None = REPLY,
+        correlation: bytes | None = CORRELATION,
+        **inbound: Any,
+    ) -> None:
+        topic = f"tb/call/{tool}" if tool else "tb/call"
+        payload = json.dumps(body).encode() if isinstance(body, dict) else body
+        await self.pipeline.handle(
+            Inbound(
+                topic=topic,
+                payload=payload,
+                response_topic=response_topic,
+                correlation_data=correlation if response_topic else None,
+                **inbound,
+            )
+        )
+
+    async def call(self, tool: str | None, body: dict[str, Any] | bytes) -> dict[str, Any]:
+        """One v5 request; its one reply, parsed."""
+        await self.request(tool, body)
+        return self.reply()
+
+    def reply(self, topic: str = REPLY) -> dict[str, Any]:
+        replies = self.sent.on(topic)
+        assert len(replies) == 1, self.sent.sent
+        self.sent.sent.clear()
+        return dict(json.loads(replies[0].payload))
+
+    def dead(self) -> list[dict[str, Any]]:
+        return [json.loads(out.payload) for out in self.sent.on("tb/dead")]
+
+    def counted(self, name: str, **attributes: str) -> float:
+        data = self.metrics.get_metrics_data()
+        return sum(
+            point.value
+            for resource in (data.resource_metrics if data else [])
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+            if metric.name == name
+            for point in metric.data.data_points
+            if isinstance(point, NumberDataPoint)
+            and all((point.attributes or {}).get(k) == v for k, v in attributes.items())
+        )
+
+
+def rig_for(local_tools: list[LocalTool], probe: Probe, **overrides: Any) -> Rig:
+    settings = Settings.model_validate(
+        {"topic_prefix": "tb", "max_payload_bytes": 4096, **overrides}
+    )
+    spans, collector = InMemorySpanExporter(), TraceCollector()
+    provider = TracerProvider()
+    provider.add_span_processor(collector)
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    tracer = provider.get_tracer("test")
+    reader = InMemoryMetricReader()
+    metrics = Metrics(MeterProvider(metric_readers=[reader]).get_meter("test"))
+    registry = build_registry([*BUILTIN_TOOLS, *local_tools], settings)
+    executor = build_executor(settings, registry, tracer=tracer, metrics=metrics)
+    sent = ListPublisher()
+    pipeline = Pipeline(
+        executor,
+        topics_for(settings),
+        sent,
+        worker_id="w1",
+        max_payload_bytes=settings.max_payload_bytes,
+        tracer=tracer,
+        collector=collector,
+        metrics=metrics,
+    )
+    return Rig(pipeline, sent, probe, spans, reader)
+
+
+@pytest.fixture
+def rig() -> Rig:
+    probe = Probe()
+    return rig_for(
+        [*probe_tools(probe), when_failed, unencodable],
+        probe,
+        callers={"kitchen": {"tools": ["echo"]}},
+        tools={"sleepy": {"timeout_s": 0.1}},
+    )
+
+
+# -- answers ---------------------------------------------------------------------------
+
+
+async def test_a_v5_reply_carries_correlation_data_and_content_type(rig: Rig) -> None:
+    await rig.request("echo", {"arguments": {"text": "hi"}})
+    [out] = rig.sent.on(REPLY)
+    assert out.correlation_data == CORRELATION
+    assert out.content_type == "application/json"
+    reply = json.loads(out.payload)
+    assert reply["ok"] is True and reply["result"]["structured"]["text"] == "hi"
+    assert reply["id_generated"] is True
+
+
+async def test_a_311_reply_goes_to_reply_to_with_the_body_id(rig: Rig) -> None:
+    body = {"reply_to": "tb/reply/old", "id": "abc-1", "arguments": {"text": "hi"}}
+    await rig.request("echo", body, response_topic=None)
+    [out] = rig.sent.on("tb/reply/old")
+    assert out.correlation_data is None
+    reply = json.loads(out.payload)
+    assert (reply["id"], reply["id_generated"], reply["ok"]) == ("abc-1", False, True)
+    assert reply["traceparent"].startswith("00-")  # a 3.1.1 caller cannot read properties
+
+
+# -- every error code ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"{not json", b"[1, 2]", b'{"arguments": {}}', b"\xff\xfe", b"{" + b" " * 5000 + b"}"],
+    ids=["not-json", "not-object", "no-tool", "not-utf8", "oversized"],
+)
+async def test_bad_request(rig: Rig, payload: bytes) -> None:
+    reply = await rig.call(None, payload)
+    assert reply["ok"] is False and reply["error"]["code"] == "bad_request"
+
+
+async def test_unknown_tool_with_candidates(rig: Rig) -> None:
+    reply = await rig.call("ech", {})
+    assert reply["error"]["code"] == "unknown_tool"
+    assert "echo" in reply["error"]["details"]["candidates"]
+
+
+async def test_invalid_arguments_and_local_tools_are_never_renamed(rig: Rig) -> None:
+    reply = await rig.call("local_device", {"arguments": {"device_name": "X"}})
+    assert reply["error"]["code"] == "invalid_arguments"
+    assert reply["normalized"] == []
+    assert (await rig.call("local_device", {"arguments": {"deviceName": "X"}}))["ok"]
+
+
+async def test_forbidden_for_a_caller_profile(rig: Rig) -> None:
+    assert (await rig.call("kitchen/echo", {"arguments": {"text": "x"}}))["ok"]
+    reply = await rig.call("kitchen/busy", {"arguments": {"n": 1}})
+    assert reply["error"]["code"] == "forbidden"
+    assert rig.probe.calls == 0
+
+
+async def test_forbidden_reply_topic_is_dead_lettered_and_not_executed(rig: Rig) -> None:
+    await rig.request("busy", {"arguments": {"n": 1}}, response_topic="tb-victim/lights/set")
+    assert [letter["error"]["code"] for letter in rig.dead()] == ["forbidden"]
+    assert rig.probe.calls == 0
+    assert all(out.topic == "tb/dead" for out in rig.sent.sent)
+
+
+async def test_timeout_cancels_the_tool(rig: Rig) -> None:
+    configured = await rig.call("sleepy", {})
+    assert configured["error"]["code"] == "timeout"
+    assert configured["error"]["details"]["timeout_s"] == 0.1
+    assert rig.probe.cancelled == 1
+    # The request's own deadline beats the tool's.
+    requested = await rig.call("sleepy", {"timeout_s": 0.05})
+    assert requested["error"]["details"]["timeout_s"] == 0.05
+    assert rig.probe.cancelled == 2
+
+
+async def test_unavailable_when_cancelled_while_stopping(rig: Rig) -> None:
+    handling = asyncio.create_task(rig.request("gate", {"id": "late"}), name="late-call")
+    await rig.probe.wait_active(1)
+    rig.pipeline.stopping()
+    handling.cancel()
+    await handling  # answers instead of ending cancelled
+    reply = rig.reply()
+    assert reply["id"] == "late" and reply["error"]["code"] == "unavailable"
+
+
+async def test_cancelled_while_not_stopping_stays_cancelled(rig: Rig) -> None:
+    handling = asyncio.create_task(rig.request("gate", {}), name="cancelled-call")
+    await rig.probe.wait_active(1)
+    handling.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handling
+    assert rig.sent.on(REPLY) == []
+
+
+async def test_tool_error(rig: Rig) -> None:
+    reply = await rig.call("explode", {"arguments": {"reason": "boom"}})
+    assert reply["error"]["code"] == "tool_error"
+    assert reply["error"]["details"]["exception"] == "ValueError"
+
+
+async def test_tool_error_details_that_are_not_json_still_reach_the_caller(rig: Rig) -> None:
+    reply = await rig.call("when_failed", {})
+    assert reply["error"]["code"] == "tool_error"
+    assert reply["error"]["details"] == {"since": "2026-01-02T03:04:05Z", "tags": ["a"]}
+
+
+async def test_internal_when_the_reply_cannot_be_encoded(rig: Rig) -> None:
+    reply = await rig.call("unencodable", {"id": "u-1"})
+    assert reply["id"] == "u-1" and reply["error"]["code"] == "internal"
+    assert rig.counted("toolbus.internal_errors", stage="encode") == 1
+
+
+# -- dead letters ----------------------------------------------------------------------
+
+
+async def test_dead_letters_keep_the_payload_and_topic(rig: Rig) -> None:
+    await rig.request(None, b"not json at all", response_topic=None)
+    await rig.request("no_such_tool", {}, response_topic=None)
+    letters = rig.dead()
+    assert [letter["error"]["code"] for letter in letters] == ["bad_request", "unknown_tool"]
+    assert letters[0]["payload"] == "not json at all"
+    assert letters[0]["topic"] == "tb/call"
+    assert rig.counted("toolbus.dead_letters", code="unknown_tool") == 1
+
+
+async def test_a_success_without_reply_address_publishes_nothing(rig: Rig) -> None:
+    await rig.request("echo", {"arguments": {"text": "x"}}, response_topic=None)
+    assert rig.sent.sent == []
+
+
+# -- traces ------------------------------------------------------------------------------
+
+
+async def test_trace_published_after_the_reply_when_asked(rig: Rig) -> None:
+    await rig.request("echo", {"arguments": {"text": "x"}, "publish_trace": True})
+    assert [out.topic for out in rig.sent.sent] == [REPLY, f"{REPLY}/trace"]
+    reply, trace_message = (json.loads(out.payload) for out in rig.sent.sent)
+    assert rig.sent.sent[1].correlation_data == CORRELATION
+    spans = [
+        span
+        for resource in trace_message["resourceSpans"]
+        for scope in resource["scopeSpans"]
+        for span in scope["spans"]
+    ]
+    assert {span["traceId"] for span in spans} == {reply["trace_id"]}
+    assert "execute_tool echo" in {span["name"] for span in spans}
+
+
+async def test_no_trace_unless_asked(rig: Rig) -> None:
+    await rig.request("echo", {"arguments": {"text": "x"}})
+    assert [out.topic for out in rig.sent.sent] == [REPLY]
+
+
+async def test_a_failed_call_marks_its_spans(rig: Rig) -> None:
+    reply = await rig.call("explode", {})
+    found = [s for s in rig.spans.get_finished_spans() if s.name == "process tb/call/explode"]
+    assert found and found[0].attributes is not None
+    assert found[0].attributes["error.type"] == "tool_error"
+    assert format(found[0].context.trace_id, "032x") == reply["trace_id"]
+
+
+# -- logs --------------------------------------------------------------------------------
+
+
+async def test_slow_calls_log_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    probe = Probe()
+    # Far apart on both sides: an in-process echo takes well under a millisecond.
+    slow = rig_for(probe_tools(probe), probe, slow_call_ms=40)
+    with caplog.at_level(logging.INFO, logger="toolbus.execute"):
+        held = await slow.call("busy", {"arguments": {"n": 1, "hold_ms": 80}})
+        fast = await slow.call("echo", {"arguments": {"text": "x"}})
+    levels = {r.call_id: r.levelno for r in caplog.records if hasattr(r, "call_id")}
+    assert levels[held["id"]] == logging.WARNING
+    assert levels[fast["id"]] == logging.INFO
