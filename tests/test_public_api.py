@@ -64,3 +64,14 @@ def test_nothing_imports_the_folder_name(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_version_on_the_command_line() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "toolbus", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout.strip() == f"toolbus {toolbus.__version__}"

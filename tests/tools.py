@@ -74,7 +74,7 @@ def probe_tools(probe: Probe) -> list[LocalTool]:
         raise ValueError(reason)
 
     @tool
-    async def local_device(deviceName: str) -> str:  # noqa: N803
+    async def local_device(deviceName: str) -> str:  # noqa: N803 -- camelCase is the schema's name
         """A local tool with a camelCase parameter: local tools are never renamed."""
         return deviceName
 

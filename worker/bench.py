@@ -63,7 +63,7 @@ def private_broker(*, tcp_nodelay: bool) -> Iterator[str]:
             f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
             f"set_tcp_nodelay {'true' if tcp_nodelay else 'false'}\n"
         )
-        proc = subprocess.Popen(  # noqa: S603  (our own binary and config)
+        proc = subprocess.Popen(  # noqa: S603 -- our own binary and config
             [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         try:
@@ -232,10 +232,10 @@ class _OtlpSink(BaseHTTPRequestHandler):
 
 def run_tracing(requests: int = 300, concurrency: int = 64) -> list[Figures]:
     """The same run with tracing off, then on (batch OTLP export to a local sink)."""
-    from opentelemetry import trace  # noqa: PLC0415
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
-    from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     results = []
     with private_broker(tcp_nodelay=True) as url:

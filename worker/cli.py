@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from toolbus import __version__
+
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_REPLY, EXIT_BROKER = 0, 1, 2, 3, 4
 SCHEMAS_DIR = Path("schemas")
 REPLY_MARGIN_S = 5.0
@@ -24,6 +26,7 @@ REPLY_MARGIN_S = 5.0
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="toolbus", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"toolbus {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def config_flags(p: argparse.ArgumentParser) -> None:

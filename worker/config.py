@@ -322,7 +322,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
     text = path.read_text(encoding="utf-8")
     data = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a table/object")  # noqa: TRY004  (a config error, reported as one)
+        raise ValueError(f"{path}: the top level must be a table/object")  # noqa: TRY004 -- a config error, reported as one
     return data
 
 

@@ -67,7 +67,7 @@ def garbage(text: str) -> None:
 @server.tool()
 def work(value: str) -> str:
     """Answers with its argument."""
-    global calls  # noqa: PLW0603  (a test server's whole state)
+    global calls  # noqa: PLW0603 -- a test server's whole state
     calls += 1
     crash_on = int(os.environ.get("TB_CRASH_ON_CALL", "0"))
     if crash_on and calls == crash_on:
@@ -137,7 +137,7 @@ most = 0
 @server.tool()
 async def overlap(hold_s: float) -> int:
     """Holds for a while; answers the most calls it ever saw at once."""
-    global active, most  # noqa: PLW0603  (a test server's whole state)
+    global active, most  # noqa: PLW0603 -- a test server's whole state
     active += 1
     most = max(most, active)
     try:

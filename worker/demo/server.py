@@ -53,7 +53,7 @@ def build_server() -> Any:
 
     @server.tool()
     def control_zwave_device(
-        deviceName: Annotated[str, Field(description="Name of the device, e.g. 'Switch One'")],  # noqa: N803
+        deviceName: Annotated[str, Field(description="Name of the device, e.g. 'Switch One'")],  # noqa: N803 -- camelCase is the schema's name
         action: Annotated[Literal["on", "off", "dim"], Field(description="What to do")],
         level: Annotated[int | None, Field(ge=0, le=100, description="Brightness for dim")] = None,
     ) -> dict[str, Any]:
@@ -78,7 +78,7 @@ def build_server() -> Any:
 
     @server.tool()
     def get_device_sensor_data(
-        deviceName: Annotated[str, Field(description="Name of the device")],  # noqa: N803
+        deviceName: Annotated[str, Field(description="Name of the device")],  # noqa: N803 -- camelCase is the schema's name
     ) -> dict[str, Any]:
         """Current state and readings of a device."""
         return asdict(find(deviceName))

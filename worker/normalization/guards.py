@@ -204,7 +204,7 @@ class _Walk:
             if not any(normal == r or normal.startswith(r.rstrip("/") + "/") for r in roots):
                 self.refuse(path, "path_outside_roots", allowed_roots=settings.allowed_roots)
 
-    def array(  # noqa: PLR0917  (the walk's state, passed down as the other methods do)
+    def array(  # noqa: PLR0917 -- the walk's state, passed down as the other methods do
         self,
         items: list[Any],
         shape: Shape,

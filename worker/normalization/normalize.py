@@ -175,7 +175,7 @@ class _Walk:
                     self.note(f"{path}.{name}", "(absent)", _show(default), "default")
         return out
 
-    def key(  # noqa: PLR0911  (one return per rule, in the documented order)
+    def key(  # noqa: PLR0911 -- one return per rule, in the documented order
         self, key: str, shape: Shape, static: StaticMap
     ) -> tuple[str, str | None]:
         if key in shape.properties:

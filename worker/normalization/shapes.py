@@ -105,7 +105,7 @@ class ShapeBuilder:
             node = node[part]
         return node if isinstance(node, dict) else None
 
-    def _fill(self, shape: Shape, schema: dict[str, Any]) -> None:  # noqa: PLR0912  (one branch per keyword)
+    def _fill(self, shape: Shape, schema: dict[str, Any]) -> None:  # noqa: PLR0912 -- one branch per keyword
         declared = schema.get("type")
         if isinstance(declared, str):
             shape.types = shape.types | {declared}

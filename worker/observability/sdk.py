@@ -92,7 +92,7 @@ def _span_exporter(choice: str, env: Mapping[str, str]) -> SpanExporter:
         exporter: SpanExporter = grpc.OTLPSpanExporter()
         return exporter
     # Imported here: loading the exporter (and protobuf) costs start-up time nobody else needs.
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter()
 
@@ -108,7 +108,7 @@ def configure_metrics(
     readers: list[MetricReader] = []
     if choice == "otlp":
         # Imported here, as for traces: only a worker that exports pays for loading it.
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter  # noqa: PLC0415
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
     elif choice == "console":
