@@ -77,3 +77,14 @@ def test_every_noqa_says_why() -> None:
             if match and not re.match(r":\s*[A-Z0-9, ]+ -- \S", match["rest"]):
                 bare.append(f"{path.relative_to(ROOT)}:{number}")
     assert bare == []
+
+
+def test_every_module_is_in_the_architecture_map() -> None:
+    table = (ROOT / "docs" / "architecture.md").read_text()
+    missing = [
+        name
+        for path in modules()
+        if path.name not in {"__init__.py", "__main__.py"}
+        and f"`{(name := str(path.relative_to(SOURCE)))}`" not in table
+    ]
+    assert missing == []
