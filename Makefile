@@ -9,7 +9,7 @@ BROKER_PORT ?= 1883
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: FORCE bench-tracing bench-normalize compose-check check-tree bench run test test-quick lint typecheck schemas check broker stop-broker clean mosquitto-binary
+.PHONY: FORCE bench-tracing bench-normalize compose-check check-tree bench run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary
 
 # The package installs in strict editable mode: a tree of links to worker/ that imports as
 # `toolbus`, which mypy and editors can read (the default mode's import hook they cannot).
@@ -70,7 +70,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check worker tests bench
 
 typecheck: $(STAMP)
-	$(BIN)/mypy worker
+	$(BIN)/mypy worker tests
+
+# Rewrites in place what `lint` only checks: import order and the ruff layout.
+format: $(STAMP)
+	$(BIN)/ruff check --fix worker tests bench
+	$(BIN)/ruff format worker tests bench
 
 schemas: $(STAMP)
 	$(BIN)/toolbus schemas --write

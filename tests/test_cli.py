@@ -217,7 +217,7 @@ async def test_serve_bundled_config_and_sigterm_with_calls_in_flight(
     await served.wait_event("slow started", count=4)
     served.proc.send_signal(signal.SIGTERM)
 
-    replies = []
+    replies: list[dict[str, Any]] = []
     offline = False
     async with asyncio.timeout(30):
         while len(replies) < 4 or not offline:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import given, settings
@@ -31,13 +32,17 @@ def camel(words: tuple[str, ...]) -> str:
     return words[0] + "".join(w.title() for w in words[1:])
 
 
-STYLES = {
+# One type for every style: the lambdas would otherwise make each call an untyped one.
+STYLES: dict[str, Callable[[tuple[str, ...]], str]] = {
     "camel": camel,
     "snake": "_".join,
     "pascal": lambda w: "".join(x.title() for x in w),
     "kebab": "-".join,
     "upper": lambda w: "_".join(w).upper(),
 }
+
+# What one argument holds in these schemas: a nested object, a list of them, or a scalar.
+Value = dict[str, Any] | list[dict[str, Any]] | int | str
 
 names = st.lists(st.sampled_from(WORDS), min_size=1, max_size=3, unique=True).map(tuple)
 
@@ -82,6 +87,8 @@ def cases(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any], dict[str, An
         for words, (kind, sub) in kinds.items():
             if not draw(st.booleans()):
                 continue  # optional: leave some out
+            c: Value  # canonical
+            r: Value  # respelled
             if kind == "object":
                 c, r = values(sub)
             elif kind == "array":

@@ -1,0 +1,22 @@
+"""The mappings document (normalization/mappings.py): what `toolbus mappings` prints."""
+
+from __future__ import annotations
+
+from tests.normalize_cases import ANALYSIS_SCHEMA, ANALYSIS_SETTINGS, mcp_tool, registry_with
+from toolbus.normalization.mappings import render
+from toolbus.wiring import build_executor
+
+
+def test_mappings_document_the_analysis_example() -> None:
+    registry = registry_with(
+        mcp_tool("analyze_code", ANALYSIS_SCHEMA), aliases={"analyze": "analyze_code"}
+    )
+    text = render(registry, build_executor(ANALYSIS_SETTINGS, registry).normalizer, "Analyze")
+    assert text.startswith("## analyze_code")
+    assert "`analyze` (alias)" in text
+    assert (
+        "| `analysisContext.stuckPoints` | array | `stuckPoints`, `stuck_description` (static map)"
+        in text
+    )
+    assert "| `analysisContext.partialFindings[].confidence` | number |" in text
+    assert "(wrap_array)" in text

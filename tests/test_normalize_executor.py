@@ -1,0 +1,125 @@
+"""Normalization through the whole executor: the analysis example, validation, caller profiles."""
+
+from __future__ import annotations
+
+from tests.normalize_cases import (
+    ANALYSIS_SCHEMA,
+    ANALYSIS_SETTINGS,
+    analysis_context,
+    mcp_tool,
+    registry_with,
+    run,
+)
+from toolbus.config import Settings
+from toolbus.contracts import ErrorCode, ToolList
+from toolbus.decode import Call
+from toolbus.wiring import build_executor
+
+
+async def test_analysis_context_example() -> None:
+    outcome = await run(
+        ANALYSIS_SETTINGS, mcp_tool("analyze_code", ANALYSIS_SCHEMA), analysis_context()
+    )
+    assert outcome.ok, outcome.error and outcome.error.details
+    assert outcome.result is not None
+    assert outcome.result.structured == {
+        "analysisContext": {
+            "attemptedApproaches": ["restarted the service", "read the logs"],
+            "partialFindings": [{"finding": "cache misses", "confidence": 0.7}],
+            "stuckPoints": ["cannot reproduce locally"],
+            "focusArea": {
+                "files": ["src/cache.py", "/srv/repo/app.py"],
+                "entryPoints": ["main"],
+                "serviceNames": ["api"],
+            },
+        }
+    }
+    rules = [(e.path, e.rule) for e in outcome.normalized]
+    assert ("arguments.analysisContext.attempted_approaches", "snake_to_camel") in rules
+    assert ("arguments.analysisContext.stuck_description", "static_map") in rules
+    assert ("arguments.analysisContext.code_scope", "static_map") in rules
+    assert ("arguments.analysisContext.stuckPoints", "wrap_array") in rules
+    assert ("arguments.analysisContext.partialFindings[0].confidence", "string_to_number") in rules
+    dropped = [p for p, r in rules if r == "lenient_drop"]
+    assert dropped == [
+        "arguments.analysisContext.partialFindings[1]",
+        "arguments.analysisContext.partialFindings[2]",
+    ]
+
+
+async def test_validation_lists_every_problem_and_the_signature() -> None:
+    outcome = await run(Settings(), mcp_tool(), {"deviceName": 3, "action": "explode"})
+    assert outcome.error is not None and outcome.error.code is ErrorCode.INVALID_ARGUMENTS
+    assert {e["path"] for e in outcome.error.details["errors"]} == {"deviceName", "action"}
+    signature = {p["name"]: p for p in outcome.error.details["signature"]}
+    assert (
+        signature["action"]["enum"] == ["on", "off", "dim"]
+        and signature["deviceName"]["required"] is True
+    )
+
+
+# -- callers ---------------------------------------------------------------------
+
+
+async def test_caller_profiles() -> None:
+    settings = Settings.model_validate(
+        {"callers": {"kitchen": {"tools": ["ControlZwaveDevice", "nope"]}}}
+    )
+    registry = registry_with(mcp_tool(), mcp_tool("other"))
+    executor = build_executor(settings, registry)
+    assert executor.access.unknown == {"kitchen": ["nope"]}
+    allowed = await executor.execute(
+        Call(
+            id="1",
+            tool="control_zwave_device",
+            arguments={"deviceName": "a", "action": "on"},
+            topic="t",
+            caller="kitchen",
+        )
+    )
+    assert allowed.ok
+    refused = await executor.execute(
+        Call(id="2", tool="other", arguments={}, topic="t", caller="kitchen")
+    )
+    assert refused.error is not None and refused.error.code is ErrorCode.FORBIDDEN
+    stranger = await executor.execute(
+        Call(
+            id="3",
+            tool="other",
+            arguments={"deviceName": "a", "action": "on"},
+            topic="t",
+            caller="garage",
+        )
+    )
+    assert stranger.ok  # no profile of its own and no `*` profile: unrestricted
+    listed = executor.list_tools("kitchen").result
+    assert listed is not None
+    # Read as a caller reads it, through the wire contract: that also types the listing.
+    listing = ToolList.model_validate(listed.structured)
+    assert [t.name for t in listing.tools] == ["control_zwave_device"]
+
+
+async def test_caller_from_topic_path() -> None:
+    settings = Settings.model_validate(
+        {"callers": {"*": {"tools": ["other"]}, "kitchen": {"tools": ["control_zwave_device"]}}}
+    )
+    executor = build_executor(settings, registry_with(mcp_tool(), mcp_tool("other")))
+    via_topic = await executor.execute(
+        Call(
+            id="1",
+            tool="kitchen/control_zwave_device",
+            arguments={"deviceName": "a", "action": "on"},
+            topic="t",
+            topic_path=True,
+        )
+    )
+    assert via_topic.ok and via_topic.tool == "control_zwave_device"
+    default_profile = await executor.execute(
+        Call(
+            id="2",
+            tool="control_zwave_device",
+            arguments={"deviceName": "a", "action": "on"},
+            topic="t",
+        )
+    )
+    assert default_profile.error is not None and default_profile.error.code is ErrorCode.FORBIDDEN

@@ -1,0 +1,161 @@
+"""The normalizer (normalization/normalize.py): argument keys respelled, values shaped."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.normalize_cases import SCHEMA, echo_arguments, mcp_tool, normalize
+from toolbus.config import ToolSettings
+from toolbus.errors import InvalidArguments
+from toolbus.normalization.normalize import Normalizer, camel_to_snake, snake_to_camel
+from toolbus.registry import Tool
+
+# -- the seed scenarios, verbatim -------------------------------------------------
+
+
+def test_seed_static_map() -> None:
+    out, report = normalize(mcp_tool(), {"device_name": "Switch One", "command": "on"})
+    assert out == {"deviceName": "Switch One", "action": "on"}
+    assert report == [
+        ("arguments.device_name", "device_name", "deviceName", "static_map"),
+        ("arguments.command", "command", "action", "static_map"),
+    ]
+
+
+def test_seed_snake_to_camel_and_level_unchanged() -> None:
+    out, report = normalize(mcp_tool("other"), {"new_parameter_name": "x", "level": 5})
+    assert out == {"newParameterName": "x", "level": 5}
+    assert report == [
+        ("arguments.new_parameter_name", "new_parameter_name", "newParameterName", "snake_to_camel")
+    ]
+
+
+def test_seed_local_tools_unchanged() -> None:
+    local = Tool(name="echo", description="", input_schema=SCHEMA, invoke=echo_arguments)
+    out, report = normalize(local, {"device_name": "a", "Level": "5"})
+    assert out == {"device_name": "a", "Level": "5"} and report == []
+
+
+@pytest.mark.parametrize(
+    ("snake", "camel", "snake_again"),
+    [
+        ("device_name", "deviceName", "device_name"),
+        # A run of capitals reads back as one word: the trip is lossy, which is why keys
+        # are matched by spelling key and these helpers only name the rule in the report.
+        ("a_b_c", "aBC", "a_bc"),
+        ("plain", "plain", "plain"),
+    ],
+)
+def test_case_helpers(snake: str, camel: str, snake_again: str) -> None:
+    assert snake_to_camel(snake) == camel
+    assert camel_to_snake(camel) == snake_again
+
+
+# -- spellings, both directions ----------------------------------------------------
+
+SNAKE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ticket_title": {"type": "string"},
+        "assignee_name": {"type": "string"},
+        "due_in_days": {"type": "integer"},
+    },
+}
+
+
+def test_camel_pascal_kebab_to_snake() -> None:
+    tool = mcp_tool("create_ticket", SNAKE_SCHEMA)
+    out, report = normalize(tool, {"ticketTitle": "t", "AssigneeName": "a", "due-in-days": 3})
+    assert out == {"ticket_title": "t", "assignee_name": "a", "due_in_days": 3}
+    assert [r[3] for r in report] == ["camel_to_snake", "camel_to_snake", "spelling"]
+
+
+def test_heuristic_only_for_undeclared_keys_of_open_camel_objects() -> None:
+    out, _ = normalize(mcp_tool("other"), {"max_results": 3})
+    assert out == {"maxResults": 3}  # open camelCase schema: extra keys follow its style
+    closed = {**SCHEMA, "additionalProperties": False}
+    assert normalize(mcp_tool("other", closed), {"max_results": 3})[0] == {"max_results": 3}
+    assert normalize(mcp_tool("other", SNAKE_SCHEMA), {"max_results": 3})[0] == {"max_results": 3}
+
+
+def test_two_keys_for_one_property_are_refused() -> None:
+    with pytest.raises(InvalidArguments) as caught:
+        normalize(mcp_tool(), {"device_name": "a", "DeviceName": "b"})
+    assert caught.value.details["property"] == "deviceName"
+
+
+def test_values_are_never_renamed() -> None:
+    out, _ = normalize(
+        mcp_tool("other"), {"device_name": "device_name", "newParameterName": "new_parameter_name"}
+    )
+    assert out == {"deviceName": "device_name", "newParameterName": "new_parameter_name"}
+
+
+# -- value shapes ------------------------------------------------------------------
+
+SHAPES = {
+    "type": "object",
+    "properties": {
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "count": {"type": "integer"},
+        "ratio": {"type": "number"},
+        "enabled": {"type": "boolean"},
+        "mode": {"type": "string", "enum": ["Eco", "Comfort"]},
+        "filter": {"type": "object", "properties": {"room": {"type": "string"}}},
+        "limit": {"type": "integer", "default": 10},
+    },
+}
+
+
+def test_value_coercions() -> None:
+    out, report = normalize(
+        mcp_tool("shapes", SHAPES),
+        {
+            "tags": "one",
+            "count": "5",
+            "ratio": "2.5",
+            "enabled": "TRUE",
+            "mode": "eco",
+            "filter": '{"room": "hall"}',
+        },
+    )
+    assert out == {
+        "tags": ["one"],
+        "count": 5,
+        "ratio": 2.5,
+        "enabled": True,
+        "mode": "Eco",
+        "filter": {"room": "hall"},
+        "limit": 10,
+    }
+    assert {r[3] for r in report} == {
+        "wrap_array",
+        "string_to_integer",
+        "string_to_number",
+        "string_to_boolean",
+        "enum_case",
+        "parse_json",
+        "default",
+    }
+
+
+@pytest.mark.parametrize("value", ["5.5", "5e3", "five", "", " 5", "NaN", "Infinity"])
+def test_nothing_lossy_for_integers(value: str) -> None:
+    out, report = normalize(mcp_tool("shapes", SHAPES), {"count": value})
+    assert out["count"] == value and [r for r in report if r[3] != "default"] == []
+
+
+def test_each_coercion_can_be_switched_off() -> None:
+    none = mcp_tool("shapes", SHAPES, ToolSettings(skip_coercions=["all"]))
+    out, report = Normalizer().arguments(none, {"tags": "one", "count": "5"})
+    assert out == {"tags": "one", "count": "5"} and report == []
+    some = mcp_tool("shapes", SHAPES, ToolSettings(skip_coercions=["wrap_array", "default"]))
+    out, _ = Normalizer().arguments(some, {"tags": "one", "count": "5"})
+    assert out == {"tags": "one", "count": 5}
+
+
+def test_idempotent() -> None:
+    tool = mcp_tool("shapes", SHAPES)
+    once, _ = normalize(tool, {"Tags": "one", "count": "5", "mode": "COMFORT"})
+    twice, report = normalize(tool, once)
+    assert twice == once and report == []
