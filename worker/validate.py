@@ -8,6 +8,8 @@ unless the schema's `$schema` says otherwise.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 from itertools import islice
 from typing import Any
@@ -73,14 +75,27 @@ def _reference(tool_name: str, schema: dict[str, Any]) -> Validator | None:
     """A schema that is itself invalid is reported once and not enforced: the tool's own
     backend then remains the judge, as it would be without toolbus."""
     cls = validators.validator_for(schema, default=validators.Draft202012Validator)
+    problem = _schema_problem(json.dumps(schema, sort_keys=True, default=str))
+    if problem is not None:
+        log.warning("tool %s has an invalid input schema, not validating: %s", tool_name, problem)
+        return None
+    return cls(schema)
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_problem(schema_text: str) -> str | None:
+    """Why a schema breaks its meta-schema, or None; remembered by its canonical text.
+
+    The meta-schema check is pure Python (about 2.5 ms a tool); an MCP server re-lists
+    the same tools on every reconnect and tool-list change, so each schema pays it once.
+    """
+    schema = json.loads(schema_text)
+    cls = validators.validator_for(schema, default=validators.Draft202012Validator)
     try:
         cls.check_schema(schema)
     except jsonschema_exceptions.SchemaError as exc:
-        log.warning(
-            "tool %s has an invalid input schema, not validating: %s", tool_name, exc.message
-        )
-        return None
-    return cls(schema)
+        return str(exc.message)
+    return None
 
 
 def _path(parts: Any) -> str:
