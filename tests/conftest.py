@@ -6,7 +6,7 @@ The helpers behind them live in `tests/harness.py`; import those from there.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
@@ -19,7 +19,9 @@ from tests.harness import (
     running_worker,
 )
 from tests.mqtt import Caller
-from toolbus.service import Worker
+
+if TYPE_CHECKING:
+    from toolbus.service import Worker
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -26,9 +26,11 @@ from tests.processes import BUNDLED_CONFIG
 from toolbus.backends.local import LocalTool
 from toolbus.config import Settings, read_config_file
 from toolbus.messages import Outbound
-from toolbus.service import Worker
 from toolbus.tools import BUILTIN_TOOLS
 from toolbus.wiring import build_worker
+
+if TYPE_CHECKING:  # annotations only: the in-process tests never import the mcp SDK
+    from toolbus.service import Worker
 
 START_TIMEOUT_S = 15.0
 DEMO_SERVER = {"command": sys.executable, "args": ["-m", "toolbus", "demo-server"]}

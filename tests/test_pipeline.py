@@ -25,9 +25,9 @@ from tests.harness import ListPublisher
 from tests.tools import Probe, probe_tools
 from toolbus.backends.local import LocalTool, tool
 from toolbus.config import Settings
-from toolbus.contracts import ToolResult
+from toolbus.contracts import ErrorCode, ToolResult
 from toolbus.errors import ToolFailed
-from toolbus.messages import Inbound
+from toolbus.messages import Inbound, Outbound
 from toolbus.observability.export import TraceCollector
 from toolbus.observability.metrics import Metrics
 from toolbus.pipeline import Pipeline
@@ -108,7 +108,27 @@ class Rig:
         )
 
 
-def rig_for(local_tools: list[LocalTool], probe: Probe, **overrides: Any) -> Rig:
+class FailingPublisher(ListPublisher):
+    """Raises on the first publish to `topic` (a bug the last-resort path must survive);
+    keeps everything else."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__()
+        self.topic, self.failed = topic, False
+
+    async def publish(self, out: Outbound) -> None:
+        if out.topic == self.topic and not self.failed:
+            self.failed = True
+            raise RuntimeError("publisher bug")
+        await super().publish(out)
+
+
+def rig_for(
+    local_tools: list[LocalTool],
+    probe: Probe,
+    publisher: ListPublisher | None = None,
+    **overrides: Any,
+) -> Rig:
     settings = Settings.model_validate(
         {"topic_prefix": "tb", "max_payload_bytes": 4096, **overrides}
     )
@@ -121,7 +141,7 @@ def rig_for(local_tools: list[LocalTool], probe: Probe, **overrides: Any) -> Rig
     metrics = Metrics(MeterProvider(metric_readers=[reader]).get_meter("test"))
     registry = build_registry([*BUILTIN_TOOLS, *local_tools], settings)
     executor = build_executor(settings, registry, tracer=tracer, metrics=metrics)
-    sent = ListPublisher()
+    sent = publisher or ListPublisher()
     pipeline = Pipeline(
         executor,
         topics_for(settings),
@@ -135,15 +155,20 @@ def rig_for(local_tools: list[LocalTool], probe: Probe, **overrides: Any) -> Rig
     return Rig(pipeline, sent, probe, spans, reader)
 
 
-@pytest.fixture
-def rig() -> Rig:
+def standard_rig(publisher: ListPublisher | None = None) -> Rig:
     probe = Probe()
     return rig_for(
         [*probe_tools(probe), when_failed, unencodable],
         probe,
+        publisher,
         callers={"kitchen": {"tools": ["echo"]}},
         tools={"sleepy": {"timeout_s": 0.1}},
     )
+
+
+@pytest.fixture
+def rig() -> Rig:
+    return standard_rig()
 
 
 # -- answers ---------------------------------------------------------------------------
@@ -225,7 +250,8 @@ async def test_unavailable_when_cancelled_while_stopping(rig: Rig) -> None:
     await rig.probe.wait_active(1)
     rig.pipeline.stopping()
     handling.cancel()
-    await handling  # answers instead of ending cancelled
+    async with asyncio.timeout(5):
+        await handling  # answers instead of ending cancelled
     reply = rig.reply()
     assert reply["id"] == "late" and reply["error"]["code"] == "unavailable"
 
@@ -235,7 +261,8 @@ async def test_cancelled_while_not_stopping_stays_cancelled(rig: Rig) -> None:
     await rig.probe.wait_active(1)
     handling.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await handling
+        async with asyncio.timeout(5):
+            await handling
     assert rig.sent.on(REPLY) == []
 
 
@@ -255,6 +282,42 @@ async def test_internal_when_the_reply_cannot_be_encoded(rig: Rig) -> None:
     reply = await rig.call("unencodable", {"id": "u-1"})
     assert reply["id"] == "u-1" and reply["error"]["code"] == "internal"
     assert rig.counted("toolbus.internal_errors", stage="encode") == 1
+    # Answered through the usual reply path: in the call's trace, its span marked.
+    [process] = [s for s in rig.spans.get_finished_spans() if s.name.startswith("process ")]
+    assert format(process.context.trace_id, "032x") == reply["trace_id"]
+    assert (process.attributes or {})["error.type"] == "internal"
+
+
+async def test_internal_dead_letter_when_dead_lettering_fails_once() -> None:
+    rig = standard_rig(FailingPublisher("tb/dead"))
+    await rig.request(None, b"not json", response_topic=None)
+    assert [letter["error"]["code"] for letter in rig.dead()] == ["internal"]
+    assert rig.counted("toolbus.internal_errors", stage="handle") == 1
+
+
+async def test_a_failed_trace_publish_leaves_the_answer_alone() -> None:
+    rig = standard_rig(FailingPublisher(f"{REPLY}/trace"))
+    await rig.request("echo", {"arguments": {"text": "x"}, "publish_trace": True})
+    assert rig.reply()["ok"] is True  # one reply, the real one; no `internal` after it
+    assert rig.counted("toolbus.internal_errors", stage="trace") == 1
+    assert rig.counted("toolbus.internal_errors", stage="handle") == 0
+
+
+# Every wire code has a case above; a new code fails here until it has one too.
+CODES_WITH_A_CASE = {
+    "bad_request": test_bad_request,
+    "unknown_tool": test_unknown_tool_with_candidates,
+    "invalid_arguments": test_invalid_arguments_and_local_tools_are_never_renamed,
+    "forbidden": test_forbidden_for_a_caller_profile,
+    "timeout": test_timeout_cancels_the_tool,
+    "unavailable": test_unavailable_when_cancelled_while_stopping,
+    "tool_error": test_tool_error,
+    "internal": test_internal_when_the_reply_cannot_be_encoded,
+}
+
+
+def test_every_error_code_has_a_case() -> None:
+    assert set(CODES_WITH_A_CASE) == {code.value for code in ErrorCode}
 
 
 # -- dead letters ----------------------------------------------------------------------
@@ -309,13 +372,14 @@ async def test_a_failed_call_marks_its_spans(rig: Rig) -> None:
 # -- logs --------------------------------------------------------------------------------
 
 
-async def test_slow_calls_log_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(("slow_call_ms", "level"), [(1, logging.WARNING), (60_000, logging.INFO)])
+async def test_slow_calls_log_a_warning(
+    caplog: pytest.LogCaptureFixture, slow_call_ms: int, level: int
+) -> None:
+    # A 20 ms call against a 1 ms threshold, and against a minute: no race either way.
     probe = Probe()
-    # Far apart on both sides: an in-process echo takes well under a millisecond.
-    slow = rig_for(probe_tools(probe), probe, slow_call_ms=40)
+    rig = rig_for(probe_tools(probe), probe, slow_call_ms=slow_call_ms)
     with caplog.at_level(logging.INFO, logger="toolbus.execute"):
-        held = await slow.call("busy", {"arguments": {"n": 1, "hold_ms": 80}})
-        fast = await slow.call("echo", {"arguments": {"text": "x"}})
+        reply = await rig.call("busy", {"arguments": {"n": 1, "hold_ms": 20}})
     levels = {r.call_id: r.levelno for r in caplog.records if hasattr(r, "call_id")}
-    assert levels[held["id"]] == logging.WARNING
-    assert levels[fast["id"]] == logging.INFO
+    assert levels[reply["id"]] == level

@@ -10,7 +10,7 @@ import pytest
 from toolbus.contracts import ToolResult
 from toolbus.errors import UnknownTool
 from toolbus.registry import Registry, Tool
-from toolbus.validate import _schema_problem
+from toolbus.validate import _known_schema_problem
 
 
 def make(name: str, origin: str = "local", schema: dict[str, Any] | None = None) -> Tool:
@@ -56,7 +56,7 @@ def test_the_meta_schema_check_runs_once_per_schema() -> None:
     """Re-listed MCP tools (every reconnect) must not pay the pure-Python check again."""
     schema = {"type": "object", "properties": {"only_here_once": {"type": "string"}}}
     make("first", schema=schema)
-    before = _schema_problem.cache_info()
+    before = _known_schema_problem.cache_info()
     make("second", schema=dict(schema))
-    after = _schema_problem.cache_info()
+    after = _known_schema_problem.cache_info()
     assert (after.hits, after.misses) == (before.hits + 1, before.misses)

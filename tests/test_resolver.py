@@ -10,6 +10,7 @@ not by reading the settings back. No broker: the executor runs the calls.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -62,7 +63,8 @@ async def stages() -> AsyncIterator[tuple[Executor, McpBackend]]:
     registry = build_registry([], config)
     async with McpBackend(config.mcp_servers, registry, config.tools, config.mcp) as backend:
         executor = build_executor(config, registry, startup=backend)
-        await backend.wait_settled()
+        async with asyncio.timeout(60):
+            await backend.wait_settled()
         assert backend.states() == {"snake": "ready", "other": "ready"}
         yield executor, backend
 

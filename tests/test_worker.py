@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 
-from tests.harness import DEMO_SERVER, Broker, make_settings, running_worker
+from tests.harness import DEMO_SERVER, Broker, free_port, make_settings, running_worker
 from tests.mqtt import Caller, call_topic, correlation_of, reply_topic_for
 from tests.tools import Probe, probe_tools
+from toolbus.config import Settings
 from toolbus.service import Worker
+from toolbus.wiring import build_worker
 
 
 async def device_state(caller: Caller, worker: Worker, name: str) -> dict[str, Any]:
@@ -354,3 +356,14 @@ async def test_worker_reconnects_after_the_broker_restarts(tmp_path: Path) -> No
                 assert reply["ok"] and reply["result"]["structured"]["text"] == "2"
     finally:
         own.stop()
+
+
+async def test_a_cancelled_start_leaves_nothing_running() -> None:
+    """A caller that gives up on `async with worker` (its own timeout) must not leave the
+    worker reconnecting in the background."""
+    nobody = f"mqtt://127.0.0.1:{free_port()}"  # refused: the worker keeps retrying
+    settings = Settings.model_validate({"broker_url": nobody, "worker_id": "cancelled-start"})
+    worker = build_worker(settings, [])
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(worker.__aenter__(), timeout=0.3)
+    assert [t for t in asyncio.all_tasks() if t.get_name() == "worker:cancelled-start"] == []

@@ -18,6 +18,7 @@ set a list, anything else its `str()`), so building the reply cannot fail on the
 
 from __future__ import annotations
 
+import base64
 from typing import Any, ClassVar
 
 from pydantic_core import to_jsonable_python
@@ -72,10 +73,22 @@ class InternalError(ToolbusError):
 def json_details(details: dict[str, Any]) -> dict[str, Any]:
     """Details as JSON values, whatever a tool passed: never a reply that cannot be built."""
     try:
-        coerced = to_jsonable_python(details, fallback=str, bytes_mode="base64")
+        coerced = to_jsonable_python(_bytes_as_base64(details), fallback=str)
     except Exception:  # a value whose own serialization raises: keep its text
         return {str(key): _text(value) for key, value in details.items()}
     return coerced if isinstance(coerced, dict) else {"details": _text(details)}
+
+
+def _bytes_as_base64(value: Any) -> Any:
+    """Bytes anywhere in the details as standard base64 text, as dead letters carry them
+    (pydantic's own bytes mode is the URL-safe alphabet)."""
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {key: _bytes_as_base64(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_bytes_as_base64(item) for item in value]
+    return value
 
 
 def _text(value: object) -> str:

@@ -115,7 +115,8 @@ class Pipeline:
                 await self._publish_trace(decoded, decoded.reply, span)
         except Exception:
             log.exception("failed handling a message on %s", message.topic)
-            self._metrics.internal_error("handle")
+            # After the answer only the trace could fail: the caller has heard already.
+            self._metrics.internal_error("trace" if answered else "handle")
             if not answered:
                 await self._last_resort(message, decoded)
 
@@ -166,22 +167,31 @@ class Pipeline:
             await self._last_resort(message, call)
 
     async def _last_resort(self, message: Inbound, decoded: Call | Rejected | None) -> None:
-        """`internal`, with the call id when known, to the reply address or the dead letters."""
+        """`internal`, with the call id when known, to the reply address or the dead letters.
+
+        Through the usual reply path when it works (trace id, PRODUCER span, 3.1.1
+        traceparent), and as a bare publish when even that fails.
+        """
         error = InternalError("the worker failed while answering this call").body()
+        mark_failed(trace.get_current_span(), error.code.value)  # a no-op outside a span
+        address = decoded.reply if decoded is not None else None
+        ident = decoded.id if decoded is not None else None
+        reply = Reply(
+            id=ident or "",
+            id_generated=decoded.id_generated if decoded is not None else False,
+            ok=False,
+            error=error,
+            duration_ms=0.0,
+        )
         try:
-            address = decoded.reply if decoded is not None else None
-            ident = decoded.id if decoded is not None else None
-            if address is not None and ident is not None:
-                reply = Reply(
-                    id=ident,
-                    id_generated=decoded.id_generated if decoded is not None else False,
-                    ok=False,
-                    error=error,
-                    duration_ms=0.0,
-                )
-                await self._publisher.publish(outbound_reply(address, reply))
-            else:
+            if address is None or ident is None:
                 await self._dead(message, error, ident)
+                return
+            try:
+                await self._reply(address, reply)
+            except Exception:
+                log.exception("could not send the internal reply to %s normally", ident)
+                await self._publisher.publish(outbound_reply(address, reply))
         except Exception:
             log.exception("could not answer a message on %s at all", message.topic)
 

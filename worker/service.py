@@ -18,9 +18,8 @@ import contextlib
 import logging
 import random
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
-from toolbus.backends.mcp import McpBackend
 from toolbus.config import BrokerUrl
 from toolbus.inflight import InFlight
 from toolbus.observability.metrics import Metrics
@@ -31,11 +30,13 @@ from toolbus.status import StatusReporter
 from toolbus.topics import Topics
 from toolbus.transport import MqttConnection, TransportError
 
+if TYPE_CHECKING:  # annotations only: importing the mcp SDK costs a second
+    from toolbus.backends.mcp import McpBackend
+
 log = logging.getLogger("toolbus.service")
 
 RECONNECT_FIRST_DELAY_S = 0.5
 START_TIMEOUT_S = 30.0
-STOP_EXTRA_S = 20.0  # beyond the grace period: unsubscribe, answer the late, close MCP
 
 
 class Worker:
@@ -102,6 +103,9 @@ class Worker:
                 timeout=START_TIMEOUT_S,
                 return_when=asyncio.FIRST_COMPLETED,
             )
+        except BaseException:  # the start itself was cancelled: do not leave it running
+            await self.__aexit__(None, None, None)
+            raise
         finally:
             subscribed.cancel()
         if self._task.done():
@@ -119,8 +123,14 @@ class Worker:
     ) -> None:
         self._stop.set()
         if self._task is not None:
-            async with asyncio.timeout(self._grace_s + STOP_EXTRA_S):
+            async with asyncio.timeout(self.stop_bound_s):
                 await self._task
+
+    @property
+    def stop_bound_s(self) -> float:
+        """The longest a stop may take: the grace period, then three bounded publishes
+        (unsubscribe, the late answers, `offline`), then closing the MCP servers."""
+        return self._grace_s + 3 * self._publish_timeout_s + self.mcp.close_bound_s
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, then drain and return."""
@@ -159,7 +169,8 @@ class Worker:
                 ) as conn:
                     self._conn = conn
                     self._publisher.attach(conn)
-                    self._status.live = not self.draining.is_set()
+                    if not self.draining.is_set():
+                        self._status.resume()
                     await conn.publish(self._status.worker("online"))
                     await conn.subscribe(self.topics.subscriptions())
                     self.subscribed.set()
@@ -173,7 +184,7 @@ class Worker:
                     "broker connection lost or refused (%s); retrying in %.1f s", exc, delay_s
                 )
             finally:
-                self._status.live = False
+                self._status.pause()
                 self._conn = None
                 self._publisher.detach()
                 self.subscribed.clear()
@@ -229,7 +240,7 @@ class Worker:
 
     def _begin_stopping(self) -> None:
         self.draining.set()
-        self._status.live = False
+        self._status.pause()
         self.pipeline.stopping()  # calls cancelled from here on answer `unavailable`
 
     async def _finish_handlers(self, deadline: float | None = None) -> None:

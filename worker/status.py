@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from toolbus.backends.mcp import McpServer
 from toolbus.contracts import ServerStatus, WorkerStatus
 from toolbus.messages import Outbound
 from toolbus.pipeline import Publisher
 from toolbus.topics import Topics
+
+if TYPE_CHECKING:  # annotations only: importing the mcp SDK costs a second
+    from toolbus.backends.mcp import McpServer
 
 log = logging.getLogger("toolbus.service")
 
@@ -42,8 +45,16 @@ class StatusReporter:
         self._worker_id = worker_id
         self._publisher = publisher
         self._states: dict[str, str] = dict.fromkeys(servers, "connecting")
-        self.live = False  # publish server changes only while connected and not stopping
+        self._live = False  # publish server changes only while connected and not stopping
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def resume(self) -> None:
+        """Connected and serving: publish server changes from now on."""
+        self._live = True
+
+    def pause(self) -> None:
+        """Disconnected or stopping: keep server changes for the next `worker` status."""
+        self._live = False
 
     def worker(self, state: str) -> Outbound:
         """The worker's own retained status (`online`, `offline`)."""
@@ -58,7 +69,7 @@ class StatusReporter:
         """A backend listener: log the change, publish it in the background when live."""
         log.info("MCP server %s is %s", server.name, server.state)
         self._states[server.name] = server.state
-        if not self.live:
+        if not self._live:
             return
         task = asyncio.create_task(self._publish(server), name=f"status:{server.name}")
         self._tasks.add(task)

@@ -75,7 +75,10 @@ def _reference(tool_name: str, schema: dict[str, Any]) -> Validator | None:
     """A schema that is itself invalid is reported once and not enforced: the tool's own
     backend then remains the judge, as it would be without toolbus."""
     cls = validators.validator_for(schema, default=validators.Draft202012Validator)
-    problem = _schema_problem(json.dumps(schema, sort_keys=True, default=str))
+    try:
+        problem = _known_schema_problem(json.dumps(schema, sort_keys=True))
+    except (TypeError, ValueError):  # not JSON (a hand-made local schema): checked uncached
+        problem = _schema_problem(schema)
     if problem is not None:
         log.warning("tool %s has an invalid input schema, not validating: %s", tool_name, problem)
         return None
@@ -83,13 +86,17 @@ def _reference(tool_name: str, schema: dict[str, Any]) -> Validator | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _schema_problem(schema_text: str) -> str | None:
-    """Why a schema breaks its meta-schema, or None; remembered by its canonical text.
+def _known_schema_problem(schema_text: str) -> str | None:
+    """`_schema_problem`, remembered by the schema's canonical text.
 
     The meta-schema check is pure Python (about 2.5 ms a tool); an MCP server re-lists
     the same tools on every reconnect and tool-list change, so each schema pays it once.
     """
-    schema = json.loads(schema_text)
+    return _schema_problem(json.loads(schema_text))
+
+
+def _schema_problem(schema: dict[str, Any]) -> str | None:
+    """Why a schema breaks its meta-schema, or None."""
     cls = validators.validator_for(schema, default=validators.Draft202012Validator)
     try:
         cls.check_schema(schema)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.metrics import Meter
 
 from toolbus.access import Access
 from toolbus.backends.local import LocalTool
-from toolbus.backends.mcp import McpBackend
 from toolbus.config import Settings, tool_settings
 from toolbus.execute import Executor, Startup
 from toolbus.normalization.guards import Guards
@@ -25,9 +25,11 @@ from toolbus.observability.metrics import Metrics
 from toolbus.pipeline import Pipeline
 from toolbus.publisher import ConnectionPublisher
 from toolbus.registry import Registry
-from toolbus.service import Worker
 from toolbus.status import StatusReporter
 from toolbus.topics import Topics
+
+if TYPE_CHECKING:
+    from toolbus.service import Worker
 
 
 def build_registry(local_tools: Iterable[LocalTool], settings: Settings) -> Registry:
@@ -84,6 +86,11 @@ def build_worker(
         child_env: environment for stdio MCP servers (e.g. `OTEL_*`).
         tcp_nodelay: off only for the benchmark's baseline.
     """
+    # Imported here: the mcp SDK takes a second to import, and the registry, executor and
+    # pipeline (`toolbus mappings`, the in-process tests) are built without it.
+    from toolbus.backends.mcp import McpBackend  # noqa: PLC0415 -- see the comment above
+    from toolbus.service import Worker  # noqa: PLC0415 -- imports the transport (aiomqtt)
+
     worker_id = settings.worker_id or f"toolbus-{uuid.uuid4().hex[:12]}"
     topics = topics_for(settings)
     registry = build_registry(local_tools, settings)

@@ -5,7 +5,7 @@
     toolbus.calls.in_flight       up-down    {}                messages being handled
     toolbus.normalize.rewrites    counter    {rule}            normalization report entries
     toolbus.dead_letters          counter    {code}
-    toolbus.internal_errors       counter    {stage}           answered `internal` as a last resort
+    toolbus.internal_errors       counter    {stage}           bugs caught: see docs/operations.md
     toolbus.mcp.server.up         gauge      {server}          1 ready, 0 otherwise
 
 Exported as `observability.sdk.configure_metrics` sets up (OTLP, console, Prometheus on

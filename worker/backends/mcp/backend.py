@@ -76,6 +76,9 @@ class McpBackend:
     def states(self) -> dict[str, str]:
         return {name: server.state for name, server in self.servers.items()}
 
+    close_bound_s = CLOSE_DEADLINE_S * 3
+    """The longest `__aexit__` takes: servers close together, stragglers are cancelled."""
+
     async def __aexit__(self, *exc: object) -> None:
         for server in self.servers.values():
             server.stop()
