@@ -66,3 +66,16 @@ async def stop_process(proc: asyncio.subprocess.Process) -> None:
         proc.kill()
     async with asyncio.timeout(10):
         await proc.communicate()
+
+
+def install_plugin(directory: Path, module: str, source: str, tools: dict[str, str]) -> Path:
+    """A local-tool package on disk, found through the `toolbus.tools` entry point once
+    `directory` is on PYTHONPATH. `tools` maps entry names to `module:function`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{module}.py").write_text(source)
+    dist = directory / f"{module}-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n")
+    lines = "".join(f"{name} = {target}\n" for name, target in tools.items())
+    (dist / "entry_points.txt").write_text(f"[toolbus.tools]\n{lines}")
+    return directory

@@ -310,11 +310,12 @@ async def test_random_garbage_is_answered_and_the_worker_lives(
     assert reply["ok"]
 
 
-async def test_requests_already_received_are_answered_at_stop(
+async def test_the_broker_holds_what_the_worker_cannot_take(
     broker: Broker, caller: Caller, probe: Probe
 ) -> None:
-    """Messages the client acknowledged but had no slot for yet must not be lost on stop."""
-    settings = make_settings(broker, concurrency=1, shutdown_grace_s=10.0)
+    """Receive Maximum = concurrency: with one slot busy the other requests wait in the
+    broker, not in the worker's memory, and each is answered once the slot frees."""
+    settings = make_settings(broker, concurrency=1)
     async with running_worker(settings, probe_tools(probe)) as worker:
         topic = reply_topic_for(worker.topics)
         await caller.subscribe(topic)
@@ -323,16 +324,18 @@ async def test_requests_already_received_are_answered_at_stop(
                 call_topic(worker.topics, "gate"), json.dumps({"id": f"q{n}"}), response_topic=topic
             )
         await probe.wait_active(1)
-        # No event exists for "the MQTT client has queued N messages": poll that one
-        # count, yielding to the loop, under a bound.
-        async with asyncio.timeout(10):
-            while worker.queued() < 4:
-                await asyncio.sleep(0)
-        opener = asyncio.create_task(open_gate_when_draining(worker, probe), name="open-gate")
-    await opener
-    replies = [json.loads((await caller.next_message()).payload) for _ in range(5)]
+        # A round trip of the caller's own through the broker: every request above has
+        # been routed by the time it returns, so any over-delivery would be here by now.
+        sentinel = reply_topic_for(worker.topics, "sentinel")
+        await caller.subscribe(sentinel)
+        await caller.publish(sentinel, b"after")
+        assert (await caller.next_message()).topic.value == sentinel
+        assert worker.queued() == 0
+        probe.release.set()
+        replies = [json.loads((await caller.next_message()).payload) for _ in range(5)]
     assert sorted(r["id"] for r in replies) == [f"q{n}" for n in range(5)]
     assert all(r["ok"] for r in replies)
+    assert probe.max_active == 1
 
 
 async def test_worker_reconnects_after_the_broker_restarts(tmp_path: Path) -> None:

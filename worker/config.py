@@ -243,7 +243,15 @@ class Settings(BaseSettings):
         description="Shared-subscription group; empty subscribes without `$share`.",
     )
     worker_id: str | None = Field(
-        default=None, description="MQTT client id; generated when absent."
+        default=None,
+        description="MQTT client id; generated when absent. Set it (unique per replica) "
+        "for a persistent session: requests held at a crash are redelivered on return.",
+    )
+    session_expiry_s: int = Field(
+        default=3600,
+        ge=0,
+        description="With a worker_id: how long the broker keeps the session (and the "
+        "requests it holds) after a disconnect; also how long an `offline` status lasts.",
     )
     reply_prefixes: list[str] | None = Field(
         default=None,

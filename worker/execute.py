@@ -151,6 +151,14 @@ class Executor:
         )
         return outcome
 
+    async def report_configuration(self) -> None:
+        """Once every backend has settled, report names in the config that lead nowhere."""
+        if self._startup is not None:
+            await self._startup.wait_settled()
+        for alias, target in self.registry.unknown_aliases().items():
+            log.warning("alias %s points at %s, which is no tool", alias, target)
+        self.access.report_unknown()
+
     async def _await_startup(self, call: Call) -> None:
         """A tool not known yet may belong to a server still starting: wait for it, within
         the call's deadline, before calling the name unknown."""

@@ -20,12 +20,16 @@ log = logging.getLogger("toolbus.service")
 
 
 class InFlight:
-    """Slots, handler tasks and their counts."""
+    """Slots, handler tasks and their counts; `answered` is told of each message answered."""
 
     def __init__(
-        self, handle: Callable[[Inbound], Awaitable[None]], concurrency: int, metrics: Metrics
+        self,
+        handle: Callable[[Inbound], Awaitable[None]],
+        answered: Callable[[Inbound], None],
+        concurrency: int,
+        metrics: Metrics,
     ) -> None:
-        self._handle_message, self._metrics = handle, metrics
+        self._handle_message, self._answered, self._metrics = handle, answered, metrics
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
         self._sequence = 0
@@ -55,6 +59,9 @@ class InFlight:
     async def _run(self, message: Inbound) -> None:
         try:
             await self._handle_message(message)
+            # Only now: a handler cancelled before answering leaves its message unacked,
+            # for the broker to deliver again.
+            self._answered(message)
         finally:
             self.handled += 1
             self.count -= 1

@@ -23,6 +23,9 @@ class Inbound:
     correlation_data: bytes | None = None
     content_type: str | None = None
     user_properties: tuple[tuple[str, str], ...] = ()
+    # Which delivery of which connection this is: the transport acknowledges it with this
+    # token once the message is answered, and only on the connection it came from.
+    delivery: object = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,3 +40,4 @@ class Outbound:
     response_topic: str | None = None
     content_type: str | None = JSON
     user_properties: tuple[tuple[str, str], ...] = field(default=())
+    expiry_s: int | None = None  # MQTT v5 Message Expiry Interval

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Self
 
 from toolbus.config import BrokerUrl
 from toolbus.inflight import InFlight
+from toolbus.messages import Inbound
 from toolbus.observability.metrics import Metrics
 from toolbus.pipeline import Pipeline
 from toolbus.publisher import ConnectionPublisher
@@ -51,6 +52,8 @@ class Worker:
         shutdown_grace_s: how long calls may run on after stop is asked.
         publish_timeout_s: the bound on every publish and on unsubscribing.
         reconnect_max_delay_s: the cap on the reconnect backoff.
+        session_expiry_s: keep the broker session this long after a disconnect, so
+            requests received but unanswered at a crash come back (0: clean sessions).
         tcp_nodelay: off only for the benchmark's baseline.
     """
 
@@ -69,6 +72,7 @@ class Worker:
         shutdown_grace_s: float,
         publish_timeout_s: float,
         reconnect_max_delay_s: float,
+        session_expiry_s: int = 0,
         tcp_nodelay: bool = True,
     ) -> None:
         self.broker, self.worker_id, self.topics = broker, worker_id, topics
@@ -78,7 +82,8 @@ class Worker:
         self._reconnect_max_delay_s, self._tcp_nodelay = reconnect_max_delay_s, tcp_nodelay
         self.subscribed = asyncio.Event()
         self.draining = asyncio.Event()  # set once stopping has begun
-        self.in_flight = InFlight(pipeline.handle, concurrency, metrics)
+        self.in_flight = InFlight(pipeline.handle, self._ack, concurrency, metrics)
+        self._concurrency, self._session_expiry_s = concurrency, session_expiry_s
         self._conn: MqttConnection | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -142,19 +147,14 @@ class Worker:
             ", ".join(self.mcp.servers) or "none",
         )
         async with self.mcp:
-            report = asyncio.create_task(self._report_configuration(), name="report-config")
+            report = asyncio.create_task(
+                self.pipeline.executor.report_configuration(), name="report-config"
+            )
             try:
                 await self._serve(stop)
             finally:
                 report.cancel()
         log.info("worker %s stopped after %d messages", self.worker_id, self.in_flight.handled)
-
-    async def _report_configuration(self) -> None:
-        """Once every MCP server has settled, report names in the config that lead nowhere."""
-        await self.mcp.wait_settled()
-        for alias, target in self.registry.unknown_aliases().items():
-            log.warning("alias %s points at %s, which is no tool", alias, target)
-        self.pipeline.executor.access.report_unknown()
 
     async def _serve(self, stop: asyncio.Event) -> None:
         delay_s = RECONNECT_FIRST_DELAY_S
@@ -164,6 +164,9 @@ class Worker:
                     self.broker,
                     client_id=self.worker_id,
                     will=self._status.worker("offline"),
+                    receive_maximum=self._concurrency,
+                    manual_ack=True,
+                    session_expiry_s=self._session_expiry_s,
                     timeout_s=self._publish_timeout_s,
                     tcp_nodelay=self._tcp_nodelay,
                 ) as conn:
@@ -236,7 +239,14 @@ class Worker:
             log.warning("could not take every queued message before stopping: %s", exc)
         await self._finish_handlers(deadline)
         with contextlib.suppress(TransportError, TimeoutError):
-            await conn.publish(self._status.worker("offline"), timeout_s=self._publish_timeout_s)
+            for out in self._status.stopped():
+                await conn.publish(out, timeout_s=self._publish_timeout_s)
+
+    def _ack(self, message: Inbound) -> None:
+        """Answered: acknowledge it, on the connection it came from if that one is live."""
+        conn = self._conn
+        if conn is None or not conn.ack(message):
+            log.debug("answered a request from an earlier connection: the broker resends it")
 
     def _begin_stopping(self) -> None:
         self.draining.set()

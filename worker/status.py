@@ -3,7 +3,8 @@
 `{prefix}/status/{worker_id}` says online/offline (offline is also the connection's
 will) with every server's state; `{prefix}/status/servers/{server}` carries one
 server's state, last error and tools. Both are retained, so a dashboard that
-subscribes later sees the current state at once.
+subscribes later sees the current state at once. An `offline` status expires (the
+will of a worker that never returns does not pile up); a clean stop clears its own.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from toolbus.contracts import ServerStatus, WorkerStatus
@@ -32,6 +34,8 @@ class StatusReporter:
         worker_id: this worker's id (also its MQTT client id).
         publisher: where server changes are published.
         servers: the MCP servers to report, `connecting` until they say otherwise.
+        offline_expiry_s: how long the broker keeps an `offline` status (the last will of
+            a worker that crashed): statuses of workers that never return expire.
     """
 
     def __init__(
@@ -40,7 +44,10 @@ class StatusReporter:
         worker_id: str,
         publisher: Publisher,
         servers: Iterable[str],
+        *,
+        offline_expiry_s: int = 3600,
     ) -> None:
+        self._offline_expiry_s = offline_expiry_s
         self._topics = topics
         self._worker_id = worker_id
         self._publisher = publisher
@@ -63,7 +70,15 @@ class StatusReporter:
             topic=self._topics.status(self._worker_id),
             payload=status.model_dump_json().encode(),
             retain=True,
+            expiry_s=self._offline_expiry_s if state == "offline" else None,
         )
+
+    def stopped(self) -> list[Outbound]:
+        """A clean stop: `offline` for whoever listens now, then the retained status
+        cleared, so a worker that left on purpose leaves nothing behind."""
+        offline = self.worker("offline")
+        cleared = Outbound(topic=offline.topic, payload=b"", retain=True, content_type=None)
+        return [replace(offline, retain=False), cleared]
 
     def server_changed(self, server: McpServer) -> None:
         """A backend listener: log the change, publish it in the background when live."""

@@ -3,6 +3,13 @@
 It turns aiomqtt's messages into plain `Inbound` values and `Outbound` values into
 publishes with MQTT v5 properties, so the rest of the worker never sees paho
 objects. Reconnection policy belongs to the caller (the service loop).
+
+Requests are acknowledged by the worker, not on arrival: paho's manual acks are
+switched on and `ack(message)` sends the PUBACK once the message is answered. aiomqtt
+2.x has no public API for this (aiomqtt issue #345), so this module reaches its paho
+client (`Client._client`) in one place, `_paho`; tests/test_transport.py fails loudly
+if aiomqtt changes underneath. Receive Maximum tells the broker how many unacknowledged
+requests it may push, so a flood waits in the broker, not in our memory.
 """
 
 from __future__ import annotations
@@ -11,10 +18,12 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
 import aiomqtt
+import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -31,6 +40,8 @@ class TransportError(Exception):
 
 def _properties(out: Outbound, packet_type: int = PacketTypes.PUBLISH) -> Properties:
     props = Properties(packet_type)
+    if out.expiry_s is not None:
+        props.MessageExpiryInterval = out.expiry_s
     if out.content_type:
         props.ContentType = out.content_type
     if out.correlation_data is not None:
@@ -42,7 +53,17 @@ def _properties(out: Outbound, packet_type: int = PacketTypes.PUBLISH) -> Proper
     return props
 
 
-def _inbound(message: aiomqtt.Message) -> Inbound:
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    """One received message as its connection knows it: acknowledged through that
+    connection only (a message id means nothing on the next one)."""
+
+    connection: MqttConnection
+    mid: int
+    qos: int
+
+
+def _inbound(message: aiomqtt.Message, connection: MqttConnection) -> Inbound:
     props = message.properties
     # paho raises AttributeError for a property the message does not carry.
     user = getattr(props, "UserProperty", None) or ()
@@ -54,6 +75,7 @@ def _inbound(message: aiomqtt.Message) -> Inbound:
         correlation_data=getattr(props, "CorrelationData", None),
         content_type=getattr(props, "ContentType", None),
         user_properties=tuple((str(k), str(v)) for k, v in user),
+        delivery=_Delivery(connection, message.mid, message.qos),
     )
 
 
@@ -64,7 +86,13 @@ class MqttConnection:
         broker: where to connect.
         client_id: MQTT client identifier (stable ids keep sessions across reconnects).
         will: `Outbound` published by the broker if the connection dies uncleanly.
-        max_inflight: QoS>0 messages in flight each way (paho caps it at 20 by default).
+        max_inflight: QoS>0 messages we publish in flight (paho caps it at 20 by default).
+        receive_maximum: unacknowledged messages the broker may push to us (MQTT v5).
+        manual_ack: acknowledge received messages only through `ack` (the worker: once
+            answered); otherwise on arrival (requesters reading replies).
+        session_expiry_s: keep the session this long after a disconnect (0: clean
+            session). With a stable `client_id`, requests received but not acknowledged
+            before a crash are delivered again when the same id returns.
         timeout_s: bound on connect/subscribe/publish acknowledgements.
         tcp_nodelay: off only for the benchmark's baseline; never in production.
     """
@@ -76,10 +104,18 @@ class MqttConnection:
         client_id: str | None = None,
         will: Outbound | None = None,
         max_inflight: int = 1000,
+        receive_maximum: int | None = None,
+        manual_ack: bool = False,
+        session_expiry_s: int = 0,
         timeout_s: float = 10.0,
         tcp_nodelay: bool = True,
     ) -> None:
         tls = ssl.create_default_context() if broker.tls else None
+        connect = Properties(PacketTypes.CONNECT)
+        if receive_maximum is not None:
+            connect.ReceiveMaximum = receive_maximum
+        if session_expiry_s:
+            connect.SessionExpiryInterval = session_expiry_s
         self._client = aiomqtt.Client(
             broker.host,
             broker.port,
@@ -92,7 +128,11 @@ class MqttConnection:
             timeout=timeout_s,
             max_inflight_messages=max_inflight,
             socket_options=_NODELAY if tcp_nodelay else (),
+            properties=connect,
+            # Clean Start 0 only for a session meant to outlive the connection.
+            clean_start=not session_expiry_s,
         )
+        _paho(self._client).manual_ack_set(manual_ack)
         # Replies are published concurrently by design; aiomqtt would warn on each.
         self._client.pending_calls_threshold = max_inflight
         self._stack = AsyncExitStack()
@@ -134,13 +174,23 @@ class MqttConnection:
     async def messages(self) -> AsyncIterator[Inbound]:
         try:
             async for message in self._client.messages:
-                yield _inbound(message)
+                yield _inbound(message, self)
         except aiomqtt.MqttError as exc:
             raise TransportError(str(exc)) from exc
 
     def queued(self) -> int:
-        """Messages received and acknowledged by the client but not yet taken."""
+        """Messages received but not yet taken (none of them acknowledged yet)."""
         return len(self._client.messages)
+
+    def ack(self, message: Inbound) -> bool:
+        """Acknowledge a request now that it is answered. False when it came on another
+        connection: the broker then delivers it again (or has dropped the session)."""
+        delivery = message.delivery
+        if not isinstance(delivery, _Delivery) or delivery.connection is not self:
+            return False
+        if delivery.qos > 0:
+            _paho(self._client).ack(delivery.mid, delivery.qos)
+        return True
 
     async def publish(self, out: Outbound, timeout_s: float | None = None) -> None:
         try:
@@ -154,6 +204,14 @@ class MqttConnection:
             )
         except aiomqtt.MqttError as exc:
             raise TransportError(str(exc)) from exc
+
+
+def _paho(client: aiomqtt.Client) -> paho.Client:
+    """aiomqtt's paho client: the one reach past aiomqtt's API (manual acks, issue #345)."""
+    inner = client._client  # no public way to ack manually in aiomqtt 2.x
+    if not isinstance(inner, paho.Client):  # aiomqtt changed underneath: fail, never guess
+        raise TypeError(f"aiomqtt.Client._client is {type(inner).__name__}, not paho's Client")
+    return inner
 
 
 def _will(out: Outbound) -> aiomqtt.Will:

@@ -7,6 +7,7 @@ reads configuration or is completed by assigning attributes afterwards.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
@@ -27,6 +28,8 @@ from toolbus.publisher import ConnectionPublisher
 from toolbus.registry import Registry
 from toolbus.status import StatusReporter
 from toolbus.topics import Topics
+
+log = logging.getLogger("toolbus.service")
 
 if TYPE_CHECKING:
     from toolbus.service import Worker
@@ -92,11 +95,18 @@ def build_worker(
     from toolbus.service import Worker  # noqa: PLC0415 -- imports the transport (aiomqtt)
 
     worker_id = settings.worker_id or f"toolbus-{uuid.uuid4().hex[:12]}"
+    if not settings.worker_id:
+        log.warning(
+            "no worker_id set: requests held at a crash are lost, not delivered again; "
+            "set a stable worker_id (unique per replica) for a persistent session"
+        )
     topics = topics_for(settings)
     registry = build_registry(local_tools, settings)
     publisher = ConnectionPublisher(timeout_s=settings.publish_timeout_s)
     servers = {name: cfg for name, cfg in settings.mcp_servers.items() if not cfg.disabled}
-    status = StatusReporter(topics, worker_id, publisher, servers)
+    status = StatusReporter(
+        topics, worker_id, publisher, servers, offline_expiry_s=settings.session_expiry_s or 3600
+    )
     mcp = McpBackend(
         servers,
         registry,
@@ -131,5 +141,7 @@ def build_worker(
         shutdown_grace_s=settings.shutdown_grace_s,
         publish_timeout_s=settings.publish_timeout_s,
         reconnect_max_delay_s=settings.reconnect_max_delay_s,
+        # A session outlives the connection only under a stable, configured identity.
+        session_expiry_s=settings.session_expiry_s if settings.worker_id else 0,
         tcp_nodelay=tcp_nodelay,
     )

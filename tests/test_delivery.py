@@ -1,0 +1,100 @@
+"""Delivery across crashes: requests are acknowledged only once answered, so a worker
+killed with requests in flight gets them again when it returns under the same id.
+
+Real processes: `toolbus serve` (SIGKILLed and restarted) against a real mosquitto, with
+a local tool that records every execution in a file, so executions are counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import textwrap
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from tests.harness import Broker, measured
+from tests.mqtt import Caller
+from tests.processes import install_plugin, start_serve
+from tests.test_cli import ServeProcess, cli_env, wait_ready
+
+RECORDING_TOOL = textwrap.dedent(
+    """
+    import asyncio, logging, os
+
+    from toolbus import tool
+
+    @tool
+    async def record(key: str, hold_s: float = 0.0) -> str:
+        "Appends `key` to $TB_RECORD_FILE (one line per execution), then holds."
+        with open(os.environ["TB_RECORD_FILE"], "a") as f:
+            f.write(key + "\\n")
+        logging.getLogger("tb_record").warning("record started %s", key)
+        await asyncio.sleep(hold_s)  # simulated work
+        return key
+    """
+)
+
+
+async def start_worker(broker: Broker, env: dict[str, str]) -> ServeProcess:
+    return ServeProcess(await start_serve(broker.url, env, stderr=asyncio.subprocess.PIPE))
+
+
+async def test_a_killed_worker_gets_its_requests_again(broker: Broker, tmp_path: Path) -> None:
+    requests, concurrency = 10, 4
+    prefix = f"crash{uuid.uuid4().hex[:8]}"
+    record_file = tmp_path / "executions"
+    env = {
+        **cli_env(
+            prefix,
+            install_plugin(
+                tmp_path / "plugin", "tb_record", RECORDING_TOOL, {"record": "tb_record:record"}
+            ),
+        ),
+        "TOOLBUS_WORKER_ID": f"{prefix}-w1",
+        "TOOLBUS_CONCURRENCY": str(concurrency),
+        "TB_RECORD_FILE": str(record_file),
+    }
+    reply_topic = f"{prefix}/reply/crash"
+    async with Caller(broker.url) as caller:
+        first = await start_worker(broker, env)
+        try:
+            await wait_ready(caller, prefix)
+            await caller.subscribe(reply_topic)
+            for n in range(requests):
+                body = {"id": f"k{n}", "arguments": {"key": f"k{n}", "hold_s": 1.0}}
+                await caller.publish(
+                    f"{prefix}/call/record", json.dumps(body), response_topic=reply_topic
+                )
+            await first.wait_event("record started", count=concurrency)
+        finally:
+            first.proc.send_signal(signal.SIGKILL)
+            await first.proc.wait()
+            first._reader.cancel()
+        in_flight_at_kill = len(record_file.read_text().split())
+
+        second = await start_worker(broker, env)
+        try:
+            replies: dict[str, dict[str, object]] = {}
+            async with asyncio.timeout(60):
+                while len(replies) < requests:
+                    message = await caller.next_message()
+                    if message.topic.value == reply_topic:
+                        reply = json.loads(message.payload)
+                        replies[str(reply["id"])] = reply
+        finally:
+            second.proc.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(30):
+                await second.proc.wait()
+            second._reader.cancel()
+    assert sorted(replies) == sorted(f"k{n}" for n in range(requests))
+    assert all(reply["ok"] for reply in replies.values())
+    executions = Counter(record_file.read_text().split())
+    assert set(executions) == set(replies)
+    measured(
+        f"worker SIGKILLed with {in_flight_at_kill} of {requests} requests in flight: "
+        f"{len(replies)} answered after restart, "
+        f"{sum(executions.values()) - requests} executed twice (no dedup store)"
+    )
