@@ -9,7 +9,7 @@ BROKER_PORT ?= 1883
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: FORCE bench-tracing bench-normalize compose-check check-tree bench run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary
+.PHONY: FORCE bench-tracing bench-normalize compose-check check-tree bench run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary redis-binary
 
 # The package installs in strict editable mode: a tree of links to worker/ that imports as
 # `toolbus`, which mypy and editors can read (the default mode's import hook they cannot).
@@ -31,6 +31,10 @@ FORCE:
 
 mosquitto-binary:
 	@scripts/ensure-mosquitto
+
+# The tests start their own redis-server (the shared dedup store) on a free port.
+redis-binary:
+	@scripts/ensure-redis
 
 # Starts a local broker on $(BROKER_PORT) unless something already listens there.
 broker: mosquitto-binary
@@ -54,11 +58,11 @@ $(PHOENIX_STAMP):
 
 # Every test, the end-to-end tracing test against Phoenix included. Extra pytest
 # arguments: make test PYTEST_ARGS='-k normalize -x'
-test: $(STAMP) mosquitto-binary $(PHOENIX_STAMP)
+test: $(STAMP) mosquitto-binary redis-binary $(PHOENIX_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The quick loop: everything but the tests that need a tracing backend (no Phoenix install).
-test-quick: $(STAMP) mosquitto-binary
+test-quick: $(STAMP) mosquitto-binary redis-binary
 	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
 
 # What CI runs first: nothing tracked may point outside the tree or sit under an ignored path.

@@ -15,6 +15,7 @@ from tests.harness import (
     DEMO_SERVER,
     MEASUREMENTS,
     Broker,
+    RedisServer,
     make_settings,
     running_worker,
 )
@@ -30,6 +31,14 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     b.start()
     yield b
     b.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest_asyncio.fixture(scope="session")

@@ -119,6 +119,61 @@ class Broker:
             self.process.wait(timeout=10)
 
 
+class RedisServer:
+    """A redis-server of our own on a free loopback port, nothing saved to disk."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        self.process = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            bufsize=0,
+        )
+        assert self.process.stdout is not None
+        seen = b""
+        end = time.monotonic() + START_TIMEOUT_S
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.process.stdout, selectors.EVENT_READ)
+            while b"Ready to accept connections" not in seen:
+                left = end - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    pytest.fail(f"redis-server did not start: {seen.decode(errors='replace')}")
+                line = self.process.stdout.readline()
+                if not line:
+                    pytest.fail(f"redis-server exited: {seen.decode(errors='replace')}")
+                seen += line
+        # Its later log lines are not read; keep the pipe from filling.
+        threading.Thread(
+            target=_read_to_end, args=(self.process.stdout,), daemon=True, name="redis-log"
+        ).start()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+
+def _read_to_end(stream: Any) -> None:
+    with stream:
+        stream.read()
+
+
 def unique_prefix() -> str:
     return f"t{uuid.uuid4().hex[:10]}"
 

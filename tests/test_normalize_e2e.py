@@ -137,7 +137,7 @@ async def test_unknown_alias_and_profile_names_are_reported_at_start_up(broker: 
         broker, aliases={"ghost": "no_such_tool"}, callers={"x": {"tools": ["nothing_here"]}}
     )
     with (
-        watching("toolbus.service", "alias ghost", logging.WARNING) as alias_warning,
+        watching("toolbus.execute", "alias ghost", logging.WARNING) as alias_warning,
         watching("toolbus.access", "nothing_here", logging.WARNING) as profile_warning,
     ):
         async with running_worker(settings), asyncio.timeout(10):

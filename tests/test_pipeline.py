@@ -11,6 +11,7 @@ import asyncio
 import datetime as dt
 import json
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,11 +22,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.harness import ListPublisher
+from tests.harness import ListPublisher, RedisServer
 from tests.tools import Probe, probe_tools
 from toolbus.backends.local import LocalTool, tool
 from toolbus.config import Settings
 from toolbus.contracts import ErrorCode, ToolResult
+from toolbus.dedup import DedupStore, MemoryStore, Once
+from toolbus.dedup.redis import RedisStore
 from toolbus.errors import ToolFailed
 from toolbus.messages import Inbound, Outbound
 from toolbus.observability.export import TraceCollector
@@ -127,6 +130,7 @@ def rig_for(
     local_tools: list[LocalTool],
     probe: Probe,
     publisher: ListPublisher | None = None,
+    store: DedupStore | None = None,
     **overrides: Any,
 ) -> Rig:
     settings = Settings.model_validate(
@@ -142,6 +146,7 @@ def rig_for(
     registry = build_registry([*BUILTIN_TOOLS, *local_tools], settings)
     executor = build_executor(settings, registry, tracer=tracer, metrics=metrics)
     sent = publisher or ListPublisher()
+    once = None if store is None else Once(store, 60.0, executor.idempotent)
     pipeline = Pipeline(
         executor,
         topics_for(settings),
@@ -151,18 +156,20 @@ def rig_for(
         tracer=tracer,
         collector=collector,
         metrics=metrics,
+        once=once,
     )
     return Rig(pipeline, sent, probe, spans, reader)
 
 
-def standard_rig(publisher: ListPublisher | None = None) -> Rig:
+def standard_rig(publisher: ListPublisher | None = None, store: DedupStore | None = None) -> Rig:
     probe = Probe()
     return rig_for(
         [*probe_tools(probe), when_failed, unencodable],
         probe,
         publisher,
+        store,
         callers={"kitchen": {"tools": ["echo"]}},
-        tools={"sleepy": {"timeout_s": 0.1}},
+        tools={"sleepy": {"timeout_s": 0.1}, "echo": {"idempotent": True}},
     )
 
 
@@ -303,6 +310,81 @@ async def test_a_failed_trace_publish_leaves_the_answer_alone() -> None:
     assert rig.counted("toolbus.internal_errors", stage="handle") == 0
 
 
+# -- one run per request id --------------------------------------------------------------
+
+
+@pytest.fixture
+def deduped() -> Rig:
+    return standard_rig(store=MemoryStore("w1"))
+
+
+async def test_a_repeat_of_an_answered_request_is_replayed(deduped: Rig) -> None:
+    first = await deduped.call("busy", {"id": "r1", "arguments": {"n": 1}})
+    again = await deduped.call("busy", {"id": "r1", "arguments": {"n": 1}})
+    assert deduped.probe.calls == 1
+    assert (first["replayed"], again["replayed"]) == (False, True)
+    assert again["result"] == first["result"] and again["id"] == "r1"
+
+
+class WatchedStore(MemoryStore):
+    """The in-process store, saying when someone starts waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__("w1")
+        self.waiting = asyncio.Event()
+
+    async def wait(self, key: str, timeout_s: float) -> bytes | None:
+        self.waiting.set()
+        return await super().wait(key, timeout_s)
+
+
+async def test_a_repeat_while_running_gets_the_same_reply() -> None:
+    store = WatchedStore()
+    deduped = standard_rig(store=store)
+    first = asyncio.create_task(deduped.request("gate", {"id": "g1"}), name="first")
+    await deduped.probe.wait_active(1)
+    repeat = asyncio.create_task(deduped.request("gate", {"id": "g1"}), name="repeat")
+    async with asyncio.timeout(5):
+        await store.waiting.wait()  # the repeat found the run going and waits for it
+    deduped.probe.release.set()
+    async with asyncio.timeout(5):
+        await asyncio.gather(first, repeat)
+    replies = [json.loads(out.payload) for out in deduped.sent.on(REPLY)]
+    assert sorted(r["replayed"] for r in replies) == [False, True]
+    assert deduped.probe.calls == 1
+
+
+async def test_a_call_that_never_ran_leaves_its_id_free(deduped: Rig) -> None:
+    assert (await deduped.call("busy", {"id": "x1", "arguments": {}}))["error"]["code"] == (
+        "invalid_arguments"
+    )
+    second = await deduped.call("busy", {"id": "x1", "arguments": {"n": 2}})
+    assert second["ok"] and second["replayed"] is False
+
+
+async def test_generated_ids_are_never_deduplicated(deduped: Rig) -> None:
+    for _ in range(2):
+        assert (await deduped.call("busy", {"arguments": {"n": 1}}))["replayed"] is False
+    assert deduped.probe.calls == 2
+
+
+async def test_in_doubt_when_the_first_run_was_cut_short(redis_server: RedisServer) -> None:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    dead = RedisStore(redis_server.url, "w-dead", prefix=prefix)
+    async with dead:
+        for ident in ("d1", "d2"):
+            await dead.claim(Once.key(None, ident), 60.0)
+    # w-dead has stopped with both runs open; w2 gets the repeats.
+    rig = standard_rig(store=RedisStore(redis_server.url, "w2", prefix=prefix))
+    async with rig.pipeline:
+        doubt = await rig.call("busy", {"id": "d1", "arguments": {"n": 1}})
+        rerun = await rig.call("echo", {"id": "d2", "arguments": {"text": "x"}})
+    assert doubt["error"]["code"] == "in_doubt"
+    assert doubt["error"]["details"]["worker_id"] == "w-dead"
+    assert rig.probe.calls == 0  # not run again: it may have taken effect
+    assert rerun["ok"]  # echo is configured idempotent: safe to run again
+
+
 # Every wire code has a case above; a new code fails here until it has one too.
 CODES_WITH_A_CASE = {
     "bad_request": test_bad_request,
@@ -313,6 +395,7 @@ CODES_WITH_A_CASE = {
     "unavailable": test_unavailable_when_cancelled_while_stopping,
     "tool_error": test_tool_error,
     "internal": test_internal_when_the_reply_cannot_be_encoded,
+    "in_doubt": test_in_doubt_when_the_first_run_was_cut_short,
 }
 
 

@@ -190,6 +190,12 @@ class ToolSettings(BaseModel):
     rename_arguments: bool | None = None
     skip_coercions: list[CoercionName] = Field(default_factory=list)
     model_invocable: bool = True
+    idempotent: bool | None = Field(
+        default=None,
+        description="Safe to run twice for one request: a repeat of a call cut short by a "
+        "dead worker runs again instead of answering `in_doubt`. Unset: the MCP tool's "
+        "readOnlyHint/idempotentHint annotations decide; local tools are not.",
+    )
     guards: GuardSettings = Field(default_factory=GuardSettings)
     parameters: dict[str, ParameterSettings] = Field(default_factory=dict)
 
@@ -247,6 +253,14 @@ class Settings(BaseSettings):
         description="MQTT client id; generated when absent. Set it (unique per replica) "
         "for a persistent session: requests held at a crash are redelivered on return.",
     )
+    dedup_store: str = Field(
+        default="memory",
+        description="Where request ids are deduplicated: `memory` (this worker) or "
+        "`redis://host:port/db` (shared by replicas; needs `toolbus[redis]`).",
+    )
+    dedup_ttl_s: float = Field(
+        default=600.0, gt=0, description="How long a request id's reply is kept for repeats."
+    )
     session_expiry_s: int = Field(
         default=3600,
         ge=0,
@@ -297,6 +311,13 @@ class Settings(BaseSettings):
     @classmethod
     def _parse_broker(cls, value: str) -> str:
         BrokerUrl.from_url(value)
+        return value
+
+    @field_validator("dedup_store")
+    @classmethod
+    def _store_url(cls, value: str) -> str:
+        if value != "memory" and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("dedup_store is `memory` or a redis:// URL")
         return value
 
     @field_validator("topic_prefix")

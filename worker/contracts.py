@@ -35,6 +35,9 @@ class ErrorCode(StrEnum):
     """The tool ran and failed; `message` carries its own text."""
     INTERNAL = "internal"
     """A bug in the worker. Logged with its context."""
+    IN_DOUBT = "in_doubt"
+    """A repeat of a request whose first run was cut short (its worker died): it may or may
+    not have taken effect, and the tool is not safe to run again."""
 
 
 class _Wire(BaseModel):
@@ -117,6 +120,11 @@ class Reply(_Wire):
     trace_id: str | None = Field(default=None, description="The trace this call belongs to.")
     traceparent: str | None = Field(
         default=None, description="W3C context of the reply, for MQTT 3.1.1 callers."
+    )
+    replayed: bool = Field(
+        default=False,
+        description="True when this answers a repeated request id: the stored reply of its "
+        "first run, sent again without running the tool.",
     )
 
 

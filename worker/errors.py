@@ -70,6 +70,10 @@ class InternalError(ToolbusError):
     code = ErrorCode.INTERNAL
 
 
+class InDoubt(ToolbusError):
+    code = ErrorCode.IN_DOUBT
+
+
 def json_details(details: dict[str, Any]) -> dict[str, Any]:
     """Details as JSON values, whatever a tool passed: never a reply that cannot be built."""
     try:

@@ -58,6 +58,7 @@ class Outcome:
     error: ToolbusError | None = None
     normalized: list[Change] = field(default_factory=list)
     duration_ms: float = 0.0
+    invoked: bool = False  # the tool was called: it may have taken effect
 
     @property
     def ok(self) -> bool:
@@ -107,6 +108,17 @@ class Executor:
         )
         return min(chosen, self._max_timeout_s)
 
+    def request_deadline_s(self, call: Call) -> float:
+        """The deadline before the tool is known: the request's own, or the default."""
+        return min(call.timeout_s or self._default_timeout_s, self._max_timeout_s)
+
+    def idempotent(self, name: str) -> bool:
+        """Is the tool this name resolves to safe to run twice? Unknown names are not."""
+        try:
+            return self.registry.resolve(name).tool.idempotent
+        except ToolbusError:
+            return False
+
     def list_tools(self, caller: str | None) -> Outcome:
         tools = ToolList(tools=self.registry.definitions(lambda t: self.access.allows(caller, t)))
         text = ", ".join(t.name for t in tools.tools)
@@ -131,6 +143,7 @@ class Executor:
                     span.set_attribute(
                         "gen_ai.tool.call.arguments", json.dumps(arguments, default=str)
                     )
+                outcome.invoked = True
                 outcome.result = await self._run(tool, arguments, self.deadline_s(call, tool))
             except ToolbusError as error:
                 outcome.error = error
@@ -171,7 +184,7 @@ class Executor:
             pending = startup.unsettled()
         else:
             return
-        deadline_s = min(call.timeout_s or self._default_timeout_s, self._max_timeout_s)
+        deadline_s = self.request_deadline_s(call)
         try:
             async with asyncio.timeout(deadline_s):
                 await startup.wait_settled()

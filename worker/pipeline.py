@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
+from typing import Protocol, Self
 
 from opentelemetry import trace
 
 from toolbus.contracts import ErrorBody, Reply
 from toolbus.decode import Call, Rejected, ReplyAddress, decode
+from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict
 from toolbus.encode import dead_letter, outbound_reply, reply_for_call, reply_for_rejected
 from toolbus.errors import InternalError, Unavailable
 from toolbus.execute import Executor, Outcome
@@ -53,6 +54,7 @@ class Pipeline:
         max_payload_bytes: the largest request accepted (and dead-letter payload kept).
         publish_traces: send every caller its call's spans, not only those who ask.
         tracer, collector, metrics: telemetry; the process-wide ones by default.
+        once: deduplication by request id; none without it.
     """
 
     def __init__(
@@ -67,8 +69,10 @@ class Pipeline:
         tracer: trace.Tracer | None = None,
         collector: TraceCollector | None = None,
         metrics: Metrics | None = None,
+        once: Once | None = None,
     ) -> None:
         self.executor = executor
+        self._once = once
         self.topics = topics
         self._publisher = publisher
         self._worker_id = worker_id
@@ -78,6 +82,16 @@ class Pipeline:
         self._collector = collector or COLLECTOR
         self._metrics = metrics or executor.metrics
         self._stopping = False
+
+    async def __aenter__(self) -> Self:
+        """Open what the pipeline keeps across messages (the dedup store)."""
+        if self._once is not None:
+            await self._once.store.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._once is not None:
+            await self._once.store.__aexit__(*exc)
 
     def stopping(self) -> None:
         """From now on a call cancelled mid-way answers `unavailable` (the worker stops)."""
@@ -140,13 +154,20 @@ class Pipeline:
             await self._dead(message, rejected.error.body(), rejected.id)
 
     async def _call(self, message: Inbound, call: Call) -> None:
+        verdict = await self._claim(call)
+        if verdict.reply is not None:  # a repeat of an answered request: the same answer
+            await self._replay(call, verdict.reply)
+            return
+        outcome = Outcome(tool=call.tool, error=verdict.error) if verdict.error else None
         try:
-            outcome = await self.executor.execute(call)
+            outcome = outcome or await self.executor.execute(call)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if not self._stopping or task is None:
                 raise
             task.uncancel()  # the worker stops: this call still gets its answer
+            # The claim stays open: a repeat finds this run cut short (in doubt).
+            verdict = RUN_UNCLAIMED
             outcome = Outcome(
                 tool=call.tool,
                 error=Unavailable("the worker shut down before the call finished"),
@@ -155,7 +176,8 @@ class Pipeline:
             mark_failed(trace.get_current_span(), outcome.error.code.value)
         try:
             reply = reply_for_call(call, outcome)
-            if call.reply is not None:
+            await self._close(verdict, outcome, reply)  # before the reply: a crash in
+            if call.reply is not None:  # between replays it rather than running it twice
                 await self._reply(call.reply, reply)
             elif reply.error is not None:
                 await self._dead(message, reply.error, call.id)
@@ -165,6 +187,38 @@ class Pipeline:
             log.exception("could not encode the reply to %s (%s)", call.id, outcome.tool)
             self._metrics.internal_error("encode")
             await self._last_resort(message, call)
+
+    async def _claim(self, call: Call) -> Verdict:
+        """Deduplication by the request's own id (generated ids are never repeated)."""
+        if self._once is None or call.id_generated:
+            return RUN_UNCLAIMED
+        deadline_s = self.executor.request_deadline_s(call)
+        try:
+            return await self._once.begin(call.caller, call.id, call.tool, deadline_s)
+        except Exception as exc:  # the store is unreachable: say so, run nothing
+            log.warning("dedup store failed for %s: %s", call.id, exc)
+            return Verdict(error=Unavailable("the dedup store is unreachable", store=True))
+
+    async def _close(self, verdict: Verdict, outcome: Outcome, reply: Reply) -> None:
+        """A call that reached its tool is answered for good; one that did not (unknown
+        tool, bad arguments, server down) leaves its id free to run again."""
+        if self._once is None or verdict.key is None:
+            return
+        try:
+            if outcome.invoked:
+                await self._once.finish(verdict, reply.model_dump_json(by_alias=True).encode())
+            else:
+                await self._once.release(verdict)
+        except Exception as exc:
+            log.warning("dedup store failed closing %s: %s", reply.id, exc)
+
+    async def _replay(self, call: Call, stored: bytes) -> None:
+        if call.reply is None:
+            return  # answered before, and nowhere to answer again
+        reply = Reply.model_validate_json(stored).model_copy(
+            update={"replayed": True, "id": call.id, "id_generated": False}
+        )
+        await self._reply(call.reply, reply)
 
     async def _last_resort(self, message: Inbound, decoded: Call | Rejected | None) -> None:
         """`internal`, with the call id when known, to the reply address or the dead letters.

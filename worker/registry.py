@@ -67,6 +67,7 @@ class Tool:
     rank: int = 0  # configuration order of the server: lower wins a bare-name collision
     rename_arguments: bool = False
     timeout_s: float | None = None
+    idempotent_hint: bool = False  # the backend says running it twice does no harm
     settings: ToolSettings = NO_TOOL_SETTINGS
     validator: CompiledSchema = field(init=False, repr=False)
     shape: Shape = field(default=ANY, repr=False)
@@ -80,6 +81,12 @@ class Tool:
         """May argument keys be respelled? Configuration beats the backend's default."""
         configured = self.settings.rename_arguments
         return self.rename_arguments if configured is None else configured
+
+    @property
+    def idempotent(self) -> bool:
+        """May a call cut short by a dead worker run again? Configuration beats the hint."""
+        configured = self.settings.idempotent
+        return self.idempotent_hint if configured is None else configured
 
     @property
     def model_invocable(self) -> bool:

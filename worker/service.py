@@ -146,7 +146,7 @@ class Worker:
             len(self.registry),
             ", ".join(self.mcp.servers) or "none",
         )
-        async with self.mcp:
+        async with self.mcp, self.pipeline:
             report = asyncio.create_task(
                 self.pipeline.executor.report_configuration(), name="report-config"
             )

@@ -18,6 +18,7 @@ from opentelemetry.metrics import Meter
 from toolbus.access import Access
 from toolbus.backends.local import LocalTool
 from toolbus.config import Settings, tool_settings
+from toolbus.dedup import Once, open_store
 from toolbus.execute import Executor, Startup
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
@@ -117,6 +118,11 @@ def build_worker(
     )
     metrics = Metrics(meter, server_states=mcp.states)
     executor = build_executor(settings, registry, tracer=tracer, metrics=metrics, startup=mcp)
+    once = Once(
+        open_store(settings.dedup_store, worker_id, prefix=settings.topic_prefix),
+        settings.dedup_ttl_s,
+        executor.idempotent,
+    )
     pipeline = Pipeline(
         executor,
         topics,
@@ -127,6 +133,7 @@ def build_worker(
         tracer=tracer,
         collector=collector,
         metrics=metrics,
+        once=once,
     )
     return Worker(
         broker=settings.broker,

@@ -52,8 +52,15 @@ def to_tool(
         original_name=listed.name if name != listed.name else None,
         rank=rank,
         rename_arguments=True,  # MCP schemas are someone else's: respell to match them
+        idempotent_hint=_safe_to_repeat(listed),
         settings=settings,
     )
+
+
+def _safe_to_repeat(listed: ListedTool) -> bool:
+    """The server's own word (MCP tool annotations): read-only or idempotent."""
+    hints = listed.annotations
+    return hints is not None and bool(hints.read_only_hint or hints.idempotent_hint)
 
 
 def to_result(result: CallToolResult) -> ToolResult:

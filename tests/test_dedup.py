@@ -1,0 +1,137 @@
+"""Dedup stores: the same contract from the in-process store and from a real Redis.
+
+Claims, replies, releases and waits behave alike in both; only Redis sees other workers,
+so runs cut short by a dead worker (orphans, take-overs) are Redis cases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import pytest_asyncio
+
+from tests.harness import RedisServer
+from toolbus.dedup import DedupStore, MemoryStore, open_store
+from toolbus.dedup.redis import RedisStore
+
+TTL_S = 60.0
+
+
+@pytest_asyncio.fixture(params=["memory", "redis"])
+async def store(
+    request: pytest.FixtureRequest, redis_server: RedisServer
+) -> AsyncIterator[DedupStore]:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    opened = open_store(
+        "memory" if request.param == "memory" else redis_server.url, "w1", prefix=prefix
+    )
+    async with opened:
+        yield opened
+
+
+def key() -> str:
+    return uuid.uuid4().hex
+
+
+async def test_claim_then_repeat_then_finish(store: DedupStore) -> None:
+    k = key()
+    assert (await store.claim(k, TTL_S)).kind == "fresh"
+    running = await store.claim(k, TTL_S)
+    assert running.kind == "running" and running.started is not None
+    assert running.started.worker_id == "w1"
+    await store.finish(k, b'{"id": "1"}', TTL_S)
+    done = await store.claim(k, TTL_S)
+    assert (done.kind, done.reply) == ("done", b'{"id": "1"}')
+
+
+async def test_a_released_claim_is_free_again(store: DedupStore) -> None:
+    k = key()
+    await store.claim(k, TTL_S)
+    await store.release(k)
+    assert (await store.claim(k, TTL_S)).kind == "fresh"
+
+
+async def test_a_waiter_gets_the_reply_when_it_is_stored(store: DedupStore) -> None:
+    k = key()
+    await store.claim(k, TTL_S)
+    waiting = asyncio.create_task(store.wait(k, timeout_s=10), name="dedup-waiter")
+    await asyncio.sleep(0)  # let it subscribe; the reply below may come before or after
+    await store.finish(k, b"reply", TTL_S)
+    async with asyncio.timeout(10):
+        assert await waiting == b"reply"
+
+
+async def test_a_wait_is_bounded(store: DedupStore) -> None:
+    k = key()
+    await store.claim(k, TTL_S)
+    async with asyncio.timeout(5):
+        assert await store.wait(k, timeout_s=0.05) is None
+
+
+async def test_records_expire(store: DedupStore) -> None:
+    k = key()
+    await store.claim(k, 0.05)
+    async with asyncio.timeout(5):
+        while (await store.claim(k, TTL_S)).kind != "fresh":
+            await asyncio.sleep(0.01)  # polling a TTL: no event marks an expiry
+
+
+# -- other workers: Redis only ----------------------------------------------------------
+
+
+@pytest_asyncio.fixture
+async def workers(redis_server: RedisServer) -> AsyncIterator[Callable[[str], RedisStore]]:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    opened: list[RedisStore] = []
+
+    def make(worker_id: str) -> RedisStore:
+        opened.append(RedisStore(redis_server.url, worker_id, prefix=prefix))
+        return opened[-1]
+
+    yield make
+    for s in opened:
+        await s.__aexit__(None, None, None)
+
+
+async def test_a_run_of_a_live_worker_is_running_for_the_others(
+    workers: Callable[[str], RedisStore],
+) -> None:
+    a, b = await workers("a").__aenter__(), await workers("b").__aenter__()
+    k = key()
+    await a.claim(k, TTL_S)
+    seen = await b.claim(k, TTL_S)
+    assert seen.kind == "running" and seen.started is not None and seen.started.worker_id == "a"
+
+
+async def test_a_run_of_a_stopped_worker_is_orphaned_and_taken_over_once(
+    workers: Callable[[str], RedisStore],
+) -> None:
+    a = await workers("a").__aenter__()
+    b = await workers("b").__aenter__()
+    c = await workers("c").__aenter__()
+    k = key()
+    await a.claim(k, TTL_S)
+    await a.__aexit__(None, None, None)  # its heartbeat key goes with it
+    orphan = await b.claim(k, TTL_S)
+    assert orphan.kind == "orphaned" and orphan.started is not None
+    results = await asyncio.gather(
+        b.take_over(k, orphan.started, TTL_S), c.take_over(k, orphan.started, TTL_S)
+    )
+    assert sorted(results) == [False, True]  # compare-and-set: exactly one runs it again
+
+
+async def test_the_same_worker_id_restarted_sees_its_old_runs_orphaned(
+    workers: Callable[[str], RedisStore],
+) -> None:
+    old = await workers("w").__aenter__()
+    k = key()
+    await old.claim(k, TTL_S)
+    new = await workers("w").__aenter__()  # a new process under the same id: old is dead
+    assert (await new.claim(k, TTL_S)).kind == "orphaned"
+
+
+def test_memory_store_is_the_default() -> None:
+    assert isinstance(open_store("memory", "w", prefix="p"), MemoryStore)

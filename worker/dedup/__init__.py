@@ -1,0 +1,121 @@
+"""Deduplication: at most one run per request id, and the same answer to every repeat.
+
+The key is (caller, id), for requests that carry their own id. Before a call runs its
+id is claimed in the store; the reply that answers it closes the claim. A repeat then:
+
+- of a finished call gets the stored reply again, marked `replayed`, without a run;
+- of a call still running (here or on another worker sharing the store) waits for
+  that reply, within its own deadline;
+- of a call whose worker died mid-way runs again if the tool is safe to repeat
+  (`idempotent`), and otherwise gets `in_doubt`: it may or may not have taken effect.
+
+A call that never reached its tool (unknown name, bad arguments, server down) releases
+its claim, so a repeat runs afresh. `Once` is the policy; stores keep the records.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from toolbus.dedup.memory import MemoryStore
+from toolbus.dedup.store import Claim, DedupStore, Started
+from toolbus.errors import CallTimeout, InDoubt, ToolbusError
+
+__all__ = ["RUN_UNCLAIMED", "DedupStore", "MemoryStore", "Once", "Verdict", "open_store"]
+
+log = logging.getLogger("toolbus.dedup")
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What to do with a call: run it (`key` set when claimed), send `reply` again, or
+    answer `error` instead."""
+
+    key: str | None = None
+    reply: bytes | None = None
+    error: ToolbusError | None = None
+
+
+RUN_UNCLAIMED = Verdict()
+
+
+class Once:
+    """The dedup policy over a store.
+
+    Args:
+        store: where the records live (memory: this worker; Redis: every replica).
+        ttl_s: how long a record is kept after its call.
+        idempotent: whether a tool name (as requested) is safe to run twice.
+    """
+
+    def __init__(self, store: DedupStore, ttl_s: float, idempotent: Callable[[str], bool]) -> None:
+        self.store, self._ttl_s, self._idempotent = store, ttl_s, idempotent
+
+    @staticmethod
+    def key(caller: str | None, ident: str) -> str:
+        """The store key of a request id: ids are the caller's own, so the caller is in it."""
+        return f"{caller or ''}\x1f{ident}"
+
+    async def begin(self, caller: str | None, ident: str, tool: str, deadline_s: float) -> Verdict:
+        key = self.key(caller, ident)
+        deadline = time.monotonic() + deadline_s
+        claim = await self.store.claim(key, self._ttl_s)
+        if claim.kind == "running":
+            reply = await self.store.wait(key, max(0.0, deadline - time.monotonic()))
+            if reply is not None:
+                return Verdict(reply=reply)
+            claim = await self.store.claim(key, self._ttl_s)  # released meanwhile: ours now?
+            if claim.kind == "running":
+                return Verdict(
+                    error=CallTimeout(
+                        "a call with this id is still running; its reply did not come in time",
+                        timeout_s=deadline_s,
+                        still_running=True,
+                    )
+                )
+        if claim.kind == "fresh":
+            return Verdict(key=key)
+        if claim.kind == "done":
+            return Verdict(reply=claim.reply)
+        return await self._orphaned(key, claim, tool)
+
+    async def _orphaned(self, key: str, claim: Claim, tool: str) -> Verdict:
+        started = claim.started
+        assert started is not None
+        if self._idempotent(tool) and await self.store.take_over(key, started, self._ttl_s):
+            log.info(
+                "repeat of %s, cut short on %s: safe to repeat, running again",
+                key,
+                started.worker_id,
+            )
+            return Verdict(key=key)
+        return Verdict(error=_in_doubt(started))
+
+    async def finish(self, verdict: Verdict, reply: bytes) -> None:
+        if verdict.key is not None:
+            await self.store.finish(verdict.key, reply, self._ttl_s)
+
+    async def release(self, verdict: Verdict) -> None:
+        if verdict.key is not None:
+            await self.store.release(verdict.key)
+
+
+def _in_doubt(started: Started) -> InDoubt:
+    return InDoubt(
+        "this request id was being run by a worker that stopped before answering: "
+        "it may or may not have taken effect",
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started.started_at)),
+        worker_id=started.worker_id,
+    )
+
+
+def open_store(url: str, worker_id: str, *, prefix: str) -> DedupStore:
+    """`memory` or `redis://host:port/db` (the `toolbus[redis]` extra)."""
+    if url == "memory":
+        return MemoryStore(worker_id)
+    from toolbus.dedup.redis import RedisStore  # noqa: PLC0415 -- only with a Redis store
+
+    return RedisStore(url, worker_id, prefix=prefix)

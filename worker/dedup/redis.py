@@ -1,0 +1,143 @@
+"""The Redis dedup store: replicas agree on request ids through one Redis.
+
+The only module that imports `redis` (the `toolbus[redis]` extra). Records are JSON
+strings under `{prefix}:dedup:{key}`, written with `SET NX EX` (claim) and closed with
+the reply; closing also publishes on `{prefix}:dedup-done:{key}` for waiters. Each
+worker process keeps `{prefix}:alive:{worker_id}` set to its incarnation, refreshed
+well within its TTL: a run whose worker's key is gone, or names another incarnation
+(the same worker_id restarted), was cut short by a dead worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from typing import Self
+
+import redis.asyncio as aioredis
+
+from toolbus.dedup.store import Claim, Started, done_json, parse
+
+log = logging.getLogger("toolbus.dedup")
+
+HEARTBEAT_S = 2.0
+ALIVE_TTL_S = 6.0  # three heartbeats: a slow loop is not mistaken for a dead worker
+
+# Replace the record only if it still is the orphaned run we saw (compare and set).
+_TAKE_OVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
+class RedisStore:
+    def __init__(self, url: str, worker_id: str, *, prefix: str, timeout_s: float = 5.0) -> None:
+        self._redis = aioredis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        self._worker_id, self._incarnation = worker_id, uuid.uuid4().hex
+        self._prefix = prefix
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    def _key(self, key: str) -> str:
+        return f"{self._prefix}:dedup:{key}"
+
+    def _channel(self, key: str) -> str:
+        return f"{self._prefix}:dedup-done:{key}"
+
+    def _alive(self, worker_id: str) -> str:
+        return f"{self._prefix}:alive:{worker_id}"
+
+    async def __aenter__(self) -> Self:
+        await self._beat()  # fails here, at start-up, when Redis is unreachable
+        self._heartbeat = asyncio.create_task(self._beat_forever(), name="dedup-heartbeat")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+        with contextlib.suppress(Exception):  # a clean stop: nothing of ours runs any more
+            await self._redis.delete(self._alive(self._worker_id))
+        await self._redis.aclose()
+
+    async def _beat(self) -> None:
+        await self._redis.set(
+            self._alive(self._worker_id), self._incarnation, px=int(ALIVE_TTL_S * 1000)
+        )
+
+    async def _beat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)  # a period, not a synchronisation
+            try:
+                await self._beat()
+            except Exception as exc:  # Redis away for a moment: keep beating
+                log.warning("dedup heartbeat failed: %s", exc)
+
+    def _started(self) -> Started:
+        return Started(self._worker_id, self._incarnation, time.time())
+
+    async def claim(self, key: str, ttl_s: float) -> Claim:
+        mine = self._started().to_json()
+        if await self._redis.set(self._key(key), mine, nx=True, px=int(ttl_s * 1000)):
+            return Claim("fresh")
+        raw = await self._redis.get(self._key(key))
+        if raw is None:  # expired in between: try once more
+            return await self.claim(key, ttl_s)
+        record = parse(raw)
+        if isinstance(record, bytes):
+            return Claim("done", reply=record)
+        alive = await self._redis.get(self._alive(record.worker_id))
+        if _text(alive) == record.incarnation:
+            return Claim("running", started=record)
+        return Claim("orphaned", started=record)
+
+    async def take_over(self, key: str, previous: Started, ttl_s: float) -> bool:
+        taken = await self._redis.eval(
+            _TAKE_OVER,
+            1,
+            self._key(key),
+            previous.to_json(),
+            self._started().to_json(),
+            int(ttl_s * 1000),
+        )
+        return bool(taken)
+
+    async def finish(self, key: str, reply: bytes, ttl_s: float) -> None:
+        await self._redis.set(self._key(key), done_json(reply), px=int(ttl_s * 1000))
+        await self._redis.publish(self._channel(key), b"done")
+
+    async def release(self, key: str) -> None:
+        await self._redis.delete(self._key(key))
+        await self._redis.publish(self._channel(key), b"released")
+
+    async def wait(self, key: str, timeout_s: float) -> bytes | None:
+        pubsub = self._redis.pubsub()
+        try:
+            await pubsub.subscribe(self._channel(key))
+            deadline = time.monotonic() + timeout_s
+            # Subscribed first, then look: a reply stored in between is not missed.
+            while True:
+                raw = await self._redis.get(self._key(key))
+                if raw is None:
+                    return None  # released (or expired): the caller may claim it afresh
+                record = parse(raw)
+                if isinstance(record, bytes):
+                    return record
+                remaining_s = deadline - time.monotonic()
+                if remaining_s <= 0:
+                    return None
+                await pubsub.get_message(ignore_subscribe_messages=True, timeout=remaining_s)
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
