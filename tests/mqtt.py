@@ -93,10 +93,13 @@ class Caller:
         response_topic: str | None = None,
         correlation: bytes | None = None,
         user_properties: tuple[tuple[str, str], ...] = (),
+        expiry_s: int | None = None,
     ) -> None:
         props = None
-        if self.v5 and (response_topic or correlation or user_properties):
+        if self.v5 and (response_topic or correlation or user_properties or expiry_s):
             props = Properties(PacketTypes.PUBLISH)
+            if expiry_s:
+                props.MessageExpiryInterval = expiry_s
             if response_topic:
                 props.ResponseTopic = response_topic
             if correlation is not None:

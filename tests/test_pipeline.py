@@ -11,6 +11,7 @@ import asyncio
 import datetime as dt
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -250,6 +251,60 @@ async def test_timeout_cancels_the_tool(rig: Rig) -> None:
     requested = await rig.call("sleepy", {"timeout_s": 0.05})
     assert requested["error"]["details"]["timeout_s"] == 0.05
     assert rig.probe.cancelled == 2
+
+
+# -- deadlines that travel -------------------------------------------------------------
+
+
+async def test_a_request_past_its_v5_expiry_is_not_run(rig: Rig) -> None:
+    # Held somewhere for 5 s after the broker handed it over with 2 s left.
+    stale = time.monotonic() - 5
+    await rig.request("busy", {"arguments": {"n": 1}}, expiry_s=2, received_at=stale)
+    [out] = rig.sent.on(REPLY)
+    reply = json.loads(out.payload)
+    assert reply["error"]["code"] == "timeout" and reply["error"]["details"]["expired"] is True
+    assert rig.probe.calls == 0
+    assert out.expiry_s == 1  # its sender is gone: the broker need not keep it
+
+
+async def test_a_311_deadline_in_the_past_is_not_run(rig: Rig) -> None:
+    past = int(time.time() * 1000) - 1
+    body = {"reply_to": "tb/reply/old", "id": "d-1", "arguments": {"n": 1}, "deadline_ms": past}
+    await rig.request("busy", body, response_topic=None)
+    reply = rig.reply("tb/reply/old")
+    assert (reply["id"], reply["error"]["code"]) == ("d-1", "timeout")
+    assert reply["error"]["details"]["expired"] is True
+    assert rig.probe.calls == 0
+
+
+async def test_the_senders_deadline_caps_the_calls(rig: Rig) -> None:
+    # The tool allows 0.1 s, the request asks 5 s; the message expires in 1 s: the
+    # request's 5 s is cut to what remains of the second.
+    started = time.monotonic()
+    await rig.request("sleepy", {"timeout_s": 5}, expiry_s=1, received_at=started - 0.7)
+    reply = rig.reply()
+    assert reply["error"]["code"] == "timeout" and "expired" not in reply["error"]["details"]
+    assert 0.2 <= reply["error"]["details"]["timeout_s"] <= 0.3
+    assert rig.probe.cancelled == 1
+    body = {"timeout_s": 5, "deadline_ms": int(time.time() * 1000) + 200}
+    capped = await rig.call("sleepy", body)
+    assert 0.1 <= capped["error"]["details"]["timeout_s"] <= 0.2
+
+
+async def test_a_reply_lives_as_long_as_its_sender_waits(rig: Rig) -> None:
+    await rig.request("echo", {"arguments": {"text": "x"}}, expiry_s=30)
+    [out] = rig.sent.on(REPLY)
+    assert out.expiry_s is not None and 29 <= out.expiry_s <= 30
+    rig.sent.sent.clear()
+    await rig.request("echo", {"arguments": {"text": "x"}})
+    [plain] = rig.sent.on(REPLY)
+    assert plain.expiry_s is None  # no deadline given: the reply does not expire
+
+
+@pytest.mark.parametrize("deadline_ms", [-1, 2**60, "soon", 1.5])
+async def test_a_deadline_that_is_no_instant_is_a_bad_request(rig: Rig, deadline_ms: Any) -> None:
+    reply = await rig.call("echo", {"deadline_ms": deadline_ms})
+    assert reply["error"]["code"] == "bad_request"
 
 
 async def test_unavailable_when_cancelled_while_stopping(rig: Rig) -> None:

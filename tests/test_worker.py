@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -308,6 +309,47 @@ async def test_random_garbage_is_answered_and_the_worker_lives(
     )
     reply = await caller.call_tool(demo_worker.topics, "echo", {"text": "alive"}, reply_topic=topic)
     assert reply["ok"]
+
+
+async def test_the_message_expiry_travels_to_the_call_and_its_reply(
+    broker: Broker, caller: Caller, probe: Probe
+) -> None:
+    """Over the wire: the broker hands the worker the remaining Message Expiry Interval,
+    which caps the call's deadline and becomes the reply's own expiry."""
+    async with running_worker(make_settings(broker), probe_tools(probe)) as worker:
+        topic = reply_topic_for(worker.topics)
+        await caller.subscribe(topic)
+        await caller.publish(
+            call_topic(worker.topics, "echo"),
+            json.dumps({"id": "e-1", "arguments": {"text": "x"}}),
+            response_topic=topic,
+            expiry_s=30,
+        )
+        echoed = await caller.next_message()
+        assert json.loads(echoed.payload)["ok"] is True
+        assert 28 <= getattr(echoed.properties, "MessageExpiryInterval", 0) <= 30
+        # Asked for 20 s, but the message itself expires in 1 s: cancelled at about 1 s.
+        await caller.publish(
+            call_topic(worker.topics, "sleepy"),
+            json.dumps({"id": "e-2", "timeout_s": 20}),
+            response_topic=topic,
+            expiry_s=1,
+        )
+        capped = json.loads((await caller.next_message(timeout_s=5)).payload)
+    assert capped["id"] == "e-2" and capped["error"]["code"] == "timeout"
+    assert capped["error"]["details"]["timeout_s"] <= 1
+    assert probe.cancelled == 1
+
+
+async def test_a_311_caller_past_its_deadline_ms_gets_expired(broker: Broker, probe: Probe) -> None:
+    async with (
+        running_worker(make_settings(broker), probe_tools(probe)) as worker,
+        Caller(broker.url, v5=False) as old,
+    ):
+        past = int(time.time() * 1000) - 10
+        reply = await old.call_tool(worker.topics, "busy", {"n": 1}, deadline_ms=past)
+    assert reply["error"]["code"] == "timeout" and reply["error"]["details"]["expired"] is True
+    assert probe.calls == 0
 
 
 async def test_the_broker_holds_what_the_worker_cannot_take(

@@ -65,6 +65,16 @@ class Request(_Wire):
     )
     caller: str | None = Field(default=None, max_length=200)
     timeout_s: float | None = Field(default=None, gt=0, description="Deadline for this call.")
+    deadline_ms: int | None = Field(
+        default=None,
+        ge=0,
+        le=2**53,  # JSON's exact integers: far enough, and no float overflow
+        description=(
+            "When the caller stops waiting, as Unix epoch milliseconds (for MQTT 3.1.1 "
+            "callers; v5 callers set a Message Expiry Interval). A request past it is not "
+            "run: it gets `timeout` with `details.expired`."
+        ),
+    )
     traceparent: str | None = Field(
         default=None, max_length=512, description="W3C trace context, for MQTT 3.1.1 callers."
     )

@@ -1,19 +1,26 @@
 """Decode: an MQTT message becomes a `Call`, or a `Rejected` that says why.
 
 Accepted bodies (JSON objects):
-- the toolbus envelope `{id, tool, arguments, reply_to, caller, timeout_s}`;
+- the toolbus envelope `{id, tool, arguments, reply_to, caller, timeout_s, deadline_ms}`;
 - an Anthropic `tool_use` block `{type: "tool_use", id, name, input}`;
 - an OpenAI/Ollama tool call `{id, type: "function", function: {name, arguments}}`
   (arguments as an object or a JSON string), or a message holding exactly one
   of them in `tool_calls`.
-Envelope fields (`reply_to`, `caller`, `timeout_s`) may sit beside either AI shape.
+Envelope fields (`reply_to`, `caller`, `timeout_s`, `deadline_ms`) may sit beside either
+AI shape.
+
+When the sender stops waiting travels with the call: the MQTT v5 Message Expiry Interval
+(what remains of it when the broker hands the message over) and the body's absolute
+`deadline_ms` (for MQTT 3.1.1 callers), whichever comes first, as a `time.monotonic()`
+instant on the call (`deadline_at`) and on its reply address (`expires_at`).
 """
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -34,6 +41,7 @@ MAX_REPORTED_ERRORS = 20
 class ReplyAddress:
     topic: str
     correlation_data: bytes | None = None
+    expires_at: float | None = None  # time.monotonic() after which the sender stops listening
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +60,7 @@ class Call:
     trace_fields: dict[str, str] = field(default_factory=dict)  # body traceparent/tracestate
     publish_trace: bool = False
     user_properties: tuple[tuple[str, str], ...] = field(default=())
+    deadline_at: float | None = None  # time.monotonic() after which the sender stops caring
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +87,7 @@ def decode(message: Inbound, topics: Topics, max_payload_bytes: int) -> Call | R
             )
         body = _parse_object(message.payload)
         if reply is None and isinstance(body.get("reply_to"), str):
-            reply = ReplyAddress(body["reply_to"])
+            reply = ReplyAddress(body["reply_to"], expires_at=_expiry_at(message))
         if reply is not None and not topics.reply_allowed(reply.topic):
             bad_topic = reply.topic
             reply = None
@@ -98,7 +107,21 @@ def decode(message: Inbound, topics: Topics, max_payload_bytes: int) -> Call | R
 def _v5_reply(message: Inbound) -> ReplyAddress | None:
     if message.response_topic is None:
         return None
-    return ReplyAddress(message.response_topic, message.correlation_data)
+    return ReplyAddress(message.response_topic, message.correlation_data, _expiry_at(message))
+
+
+def _expiry_at(message: Inbound) -> float | None:
+    if message.expiry_s is None:
+        return None
+    return message.received_at + message.expiry_s
+
+
+def _deadline_at(message: Inbound, request: Request) -> float | None:
+    """The first of the message's expiry and the body's wall-clock `deadline_ms`."""
+    instants = [at for at in (_expiry_at(message),) if at is not None]
+    if request.deadline_ms is not None:
+        instants.append(time.monotonic() + request.deadline_ms / 1000 - time.time())
+    return min(instants, default=None)
 
 
 def _refuse_constant(name: str) -> Any:
@@ -178,6 +201,9 @@ def _call(message: Inbound, topics: Topics, request: Request, reply: ReplyAddres
             raise BadRequest("request names no tool: use `{prefix}/call/{tool}` or a `tool` field")
         list_tools = False
     ident, generated = (request.id, False) if request.id else (_new_id(), True)
+    deadline_at = _deadline_at(message, request)
+    if reply is not None and deadline_at is not None:
+        reply = replace(reply, expires_at=deadline_at)
     return Call(
         id=ident,
         id_generated=generated,
@@ -201,6 +227,7 @@ def _call(message: Inbound, topics: Topics, request: Request, reply: ReplyAddres
             if v
         },
         user_properties=message.user_properties,
+        deadline_at=deadline_at,
     )
 
 

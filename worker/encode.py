@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import math
+import time
 
 from toolbus.contracts import DeadLetter, ErrorBody, Reply
 from toolbus.decode import Call, Rejected, ReplyAddress
@@ -46,7 +48,16 @@ def outbound_reply(
         payload=reply.model_dump_json(by_alias=True, exclude_none=True).encode(),
         correlation_data=address.correlation_data,
         user_properties=trace_headers,
+        expiry_s=_remaining_s(address.expires_at),
     )
+
+
+def _remaining_s(expires_at: float | None) -> int | None:
+    """A reply lives as long as its sender waits: no broker keeps it for a caller gone.
+    Whole seconds (the MQTT unit), at least one, so a late answer still leaves."""
+    if expires_at is None:
+        return None
+    return max(1, math.ceil(expires_at - time.monotonic()))
 
 
 def dead_letter(

@@ -102,15 +102,16 @@ class Executor:
         self.access.refresh(self.registry)
 
     def deadline_s(self, call: Call, tool: Tool) -> float:
-        """Request beats tool config beats the tool's own default beats the global default."""
+        """Request beats tool config beats the tool's own default beats the global default;
+        capped by `max_timeout_s` and by what remains of the sender's own deadline."""
         chosen = (
             call.timeout_s or tool.settings.timeout_s or tool.timeout_s or self._default_timeout_s
         )
-        return min(chosen, self._max_timeout_s)
+        return _within(call, min(chosen, self._max_timeout_s))
 
     def request_deadline_s(self, call: Call) -> float:
         """The deadline before the tool is known: the request's own, or the default."""
-        return min(call.timeout_s or self._default_timeout_s, self._max_timeout_s)
+        return _within(call, min(call.timeout_s or self._default_timeout_s, self._max_timeout_s))
 
     def idempotent(self, name: str) -> bool:
         """Is the tool this name resolves to safe to run twice? Unknown names are not."""
@@ -135,6 +136,7 @@ class Executor:
             attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.id": call.id},
         ) as span:
             try:
+                _refuse_expired(call)
                 await self._await_startup(call)
                 tool, arguments = self.prepare(call, outcome)
                 span.update_name(f"execute_tool {outcome.tool}")
@@ -278,3 +280,16 @@ class Executor:
             outcome_text,
             extra={"call_id": call.id, "tool": outcome.tool or call.tool, "outcome": outcome_text},
         )
+
+
+def _refuse_expired(call: Call) -> None:
+    """A request whose sender stopped waiting before it could run is not run at all."""
+    if call.deadline_at is not None and call.deadline_at <= time.monotonic():
+        raise CallTimeout("the request expired before it could run; it was not run", expired=True)
+
+
+def _within(call: Call, deadline_s: float) -> float:
+    """A deadline cut to what remains of the sender's (message expiry, `deadline_ms`)."""
+    if call.deadline_at is None:
+        return deadline_s
+    return max(0.0, min(deadline_s, call.deadline_at - time.monotonic()))

@@ -7,6 +7,7 @@ so the pipeline runs (and is tested) without a broker or paho objects.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 JSON = "application/json"
@@ -23,6 +24,10 @@ class Inbound:
     correlation_data: bytes | None = None
     content_type: str | None = None
     user_properties: tuple[tuple[str, str], ...] = ()
+    # MQTT v5 Message Expiry Interval as handed over (the broker sends what remains), and
+    # when the message arrived (time.monotonic()): together, when the sender stops caring.
+    expiry_s: int | None = None
+    received_at: float = field(default_factory=time.monotonic, compare=False)
     # Which delivery of which connection this is: the transport acknowledges it with this
     # token once the message is answered, and only on the connection it came from.
     delivery: object = field(default=None, compare=False, repr=False)

@@ -75,6 +75,7 @@ def _inbound(message: aiomqtt.Message, connection: MqttConnection) -> Inbound:
         correlation_data=getattr(props, "CorrelationData", None),
         content_type=getattr(props, "ContentType", None),
         user_properties=tuple((str(k), str(v)) for k, v in user),
+        expiry_s=getattr(props, "MessageExpiryInterval", None),
         delivery=_Delivery(connection, message.mid, message.qos),
     )
 
