@@ -47,6 +47,19 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument(
         "--timeout", type=float, help="the call's deadline in seconds (default: the worker's)"
     )
+    call.add_argument(
+        "--attempts",
+        type=int,
+        default=3,
+        help="sends in all, the same id each time, while no reply comes (1: no re-send)",
+    )
+    call.add_argument(
+        "--retry-interval",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="send again after S seconds without a reply (default 5)",
+    )
 
     tools = sub.add_parser("tools", help="list the tools of a running worker")
     config_flags(tools)
@@ -157,10 +170,15 @@ def parse_pairs(pairs: list[str], json_args: str | None) -> dict[str, Any]:
 
 
 def _request(args: argparse.Namespace, topic_suffix: str, body: dict[str, Any]) -> Any:
-    from toolbus.client import NoReply, request
+    from toolbus.client import NoReply, Retry, request
     from toolbus.transport import TransportError
 
     settings = _settings(args)
+    try:
+        retry = Retry(getattr(args, "attempts", 3), getattr(args, "retry_interval", 5.0))
+    except ValueError as exc:
+        print(f"toolbus: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         return asyncio.run(
             request(
@@ -170,6 +188,7 @@ def _request(args: argparse.Namespace, topic_suffix: str, body: dict[str, Any]) 
                 reply_prefix=settings.allowed_reply_prefixes[0],
                 # Wait a little past the call's own deadline so its `timeout` reply arrives.
                 timeout_s=(args.timeout or settings.default_timeout_s) + REPLY_MARGIN_S,
+                retry=retry,
             )
         )
     except NoReply as exc:
