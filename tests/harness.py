@@ -58,15 +58,26 @@ def mosquitto_binary() -> str:
 class Broker:
     """A mosquitto process of our own; tests may stop and restart it."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(
+        self, directory: Path, *, persistence: bool = False, max_queued_messages: int = 1000
+    ) -> None:
+        """`persistence`: sessions and queued messages saved to `directory` every second
+        (and restored on start); `max_queued_messages`: per-session backlog (mosquitto's
+        default 1000; beyond it the broker drops QoS 1 messages for that session)."""
         self.port = free_port()
         self.url = f"mqtt://127.0.0.1:{self.port}"
         self.config = directory / "mosquitto.conf"
+        saving = (
+            f"persistence true\npersistence_location {directory}/\nautosave_interval 1\n"
+            if persistence
+            else "persistence false\n"
+        )
         self.config.write_text(
             f"listener {self.port} 127.0.0.1\n"
             "allow_anonymous true\n"
             "set_tcp_nodelay true\n"
-            "persistence false\n"
+            f"{saving}"
+            f"max_queued_messages {max_queued_messages}\n"
             "log_dest stderr\n"
             "log_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
         )
@@ -116,6 +127,12 @@ class Broker:
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
+            self.process.wait(timeout=10)
+
+    def kill(self) -> None:
+        """SIGKILL: no clean shutdown, nothing saved beyond the last autosave."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
             self.process.wait(timeout=10)
 
 

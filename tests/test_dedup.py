@@ -133,5 +133,18 @@ async def test_the_same_worker_id_restarted_sees_its_old_runs_orphaned(
     assert (await new.claim(k, TTL_S)).kind == "orphaned"
 
 
+async def test_a_waiter_stops_waiting_when_the_running_worker_dies(
+    workers: Callable[[str], RedisStore],
+) -> None:
+    old, other = await workers("w").__aenter__(), await workers("o").__aenter__()
+    k = key()
+    await old.claim(k, TTL_S)
+    waiting = asyncio.create_task(other.wait(k, 60.0), name="waiter")
+    await workers("w").__aenter__()  # restarted under its id: the old run is dead
+    async with asyncio.timeout(10):  # a heartbeat's look, not the 60 s deadline
+        assert await waiting is None
+    assert (await other.claim(k, TTL_S)).kind == "orphaned"
+
+
 def test_memory_store_is_the_default() -> None:
     assert isinstance(open_store("memory", "w", prefix="p"), MemoryStore)

@@ -170,7 +170,10 @@ class Client:
             try:
                 await connection.publish(out, timeout_s=max(0.1, deadline - loop.time()))
             except TransportError:
-                self._lost(connection)
+                if not connection.connected:
+                    self._lost(connection)  # the reader re-connects; wait for it
+                elif loop.time() >= deadline:
+                    raise NoReply("the broker did not acknowledge the request in time") from None
             else:
                 self.sent += 1
                 return

@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # annotations only: importing the mcp SDK costs a second
 log = logging.getLogger("toolbus.service")
 
 RECONNECT_FIRST_DELAY_S = 0.5
+SLOT_LOOK_S = 0.25  # how often a consumer with every slot busy checks its connection
 START_TIMEOUT_S = 30.0
 
 
@@ -216,7 +217,7 @@ class Worker:
         """Take messages one free slot at a time (slot first: see `InFlight`)."""
         messages = conn.messages()
         while not only_queued or conn.queued():
-            await self.in_flight.acquire()
+            await _take_slot(self.in_flight, conn)
             try:
                 message = await anext(messages)
             except BaseException:
@@ -259,3 +260,21 @@ class Worker:
         if deadline is None:
             deadline = asyncio.get_running_loop().time() + self._grace_s
         await self.in_flight.finish(deadline, self._publish_timeout_s)
+
+
+async def _take_slot(in_flight: InFlight, conn: MqttConnection) -> None:
+    """A free slot; while every slot is busy, a look at the connection now and then.
+
+    Only reading messages would notice a lost connection, and no message is read while
+    the slots are full: handlers waiting to publish their replies on the reconnect would
+    wait for the consumer, which waits for them.
+    """
+    while True:
+        try:
+            async with asyncio.timeout(SLOT_LOOK_S):
+                await in_flight.acquire()
+        except TimeoutError:
+            if not conn.connected:
+                raise TransportError("connection lost while every slot was busy") from None
+        else:
+            return

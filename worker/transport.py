@@ -14,13 +14,14 @@ requests it may push, so a flood waits in the broker, not in our memory.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Any, Self
 
 import aiomqtt
 import paho.mqtt.client as paho
@@ -29,6 +30,11 @@ from paho.mqtt.properties import Properties
 
 from toolbus.config import BrokerUrl
 from toolbus.messages import Inbound, Outbound
+
+if TYPE_CHECKING:  # a type paho declares for its checkers only
+    from paho.mqtt.client import SocketLike
+
+LOST_LOOK_S = 0.25  # how often a publish waiting for its PUBACK looks at the connection
 
 # Nagle's algorithm otherwise adds 40-90 ms to every QoS 1 round trip.
 _NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
@@ -143,6 +149,7 @@ class MqttConnection:
         return self._client.identifier
 
     async def __aenter__(self) -> Self:
+        _guard_write_registration(self._client, asyncio.get_running_loop())
         try:
             await self._stack.enter_async_context(self._client)
         except aiomqtt.MqttError as exc:
@@ -179,6 +186,11 @@ class MqttConnection:
         except aiomqtt.MqttError as exc:
             raise TransportError(str(exc)) from exc
 
+    @property
+    def connected(self) -> bool:
+        """False once paho has seen the connection go (paho's public `is_connected`)."""
+        return _paho(self._client).is_connected()
+
     def queued(self) -> int:
         """Messages received but not yet taken (none of them acknowledged yet)."""
         return len(self._client.messages)
@@ -194,8 +206,11 @@ class MqttConnection:
         return True
 
     async def publish(self, out: Outbound, timeout_s: float | None = None) -> None:
-        try:
-            await self._client.publish(
+        """Published and (QoS 1) acknowledged. Raises `TransportError` as soon as the
+        connection is seen lost: aiomqtt would wait out the whole timeout for a PUBACK
+        that a dead broker never sends, and the caller could have used a new connection."""
+        sending = asyncio.ensure_future(
+            self._client.publish(
                 out.topic,
                 out.payload,
                 qos=out.qos,
@@ -203,8 +218,18 @@ class MqttConnection:
                 properties=_properties(out),
                 timeout=timeout_s,
             )
+        )
+        try:
+            while not sending.done():
+                await asyncio.wait({sending}, timeout=LOST_LOOK_S)
+                if not sending.done() and not self.connected:
+                    sending.cancel()
+                    raise TransportError("connection lost before the broker acknowledged")
+            sending.result()
         except aiomqtt.MqttError as exc:
             raise TransportError(str(exc)) from exc
+        finally:
+            sending.cancel()  # a no-op once done; our own cancellation ends it too
 
 
 def _paho(client: aiomqtt.Client) -> paho.Client:
@@ -213,6 +238,29 @@ def _paho(client: aiomqtt.Client) -> paho.Client:
     if not isinstance(inner, paho.Client):  # aiomqtt changed underneath: fail, never guess
         raise TypeError(f"aiomqtt.Client._client is {type(inner).__name__}, not paho's Client")
     return inner
+
+
+def _guard_write_registration(client: aiomqtt.Client, loop: asyncio.AbstractEventLoop) -> None:
+    """Register paho's socket writer only while its socket is still the live one.
+
+    aiomqtt schedules `add_writer(fd)` for later (paho may ask from a thread). When the
+    socket closes before that runs (the broker died), the writer lands on a closed fd,
+    or on whatever socket reuses the number next: that socket's writes then stall
+    behind a dead client's callback. Checked on the loop, right before registering.
+    """
+    paho_client = _paho(client)
+    register = paho_client.on_socket_register_write
+    if register is None:
+        return
+
+    def guarded(inner: paho.Client, userdata: Any, sock: SocketLike) -> None:
+        def if_still_open() -> None:
+            if inner.socket() is sock and sock.fileno() != -1:
+                register(inner, userdata, sock)
+
+        loop.call_soon_threadsafe(if_still_open)
+
+    paho_client.on_socket_register_write = guarded
 
 
 def _will(out: Outbound) -> aiomqtt.Will:

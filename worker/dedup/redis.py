@@ -94,10 +94,14 @@ class RedisStore:
         record = parse(raw)
         if isinstance(record, bytes):
             return Claim("done", reply=record)
-        alive = await self._redis.get(self._alive(record.worker_id))
-        if _text(alive) == record.incarnation:
+        if await self._running(record):
             return Claim("running", started=record)
         return Claim("orphaned", started=record)
+
+    async def _running(self, record: Started) -> bool:
+        """Does the incarnation that started this run still live?"""
+        alive = await self._redis.get(self._alive(record.worker_id))
+        return _text(alive) == record.incarnation
 
     async def take_over(self, key: str, previous: Started, ttl_s: float) -> bool:
         taken = await self._redis.eval(
@@ -132,9 +136,13 @@ class RedisStore:
                 if isinstance(record, bytes):
                     return record
                 remaining_s = deadline - time.monotonic()
-                if remaining_s <= 0:
-                    return None
-                await pubsub.get_message(ignore_subscribe_messages=True, timeout=remaining_s)
+                if remaining_s <= 0 or not await self._running(record):
+                    return None  # out of time, or its worker died: the caller decides
+                # Woken by the reply, or after a heartbeat to see whether the run's worker
+                # still lives: a repeat must not wait out its deadline on a dead one.
+                await pubsub.get_message(
+                    ignore_subscribe_messages=True, timeout=min(remaining_s, HEARTBEAT_S)
+                )
         finally:
             await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
 

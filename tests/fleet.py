@@ -1,0 +1,145 @@
+"""Worker processes for the delivery and chaos tests: `toolbus serve`, started, SIGKILLed
+and restarted, with a local tool that records every execution in a file.
+
+Each worker is its own process (so a kill is a real kill, and its memory is its own);
+readiness is the worker's own "subscribed" log line, read within a bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+from tests.processes import install_plugin
+from tests.test_cli import cli_env
+
+READY_TIMEOUT_S = 30.0
+
+RECORDING_TOOL = textwrap.dedent(
+    """
+    import asyncio, logging, os
+
+    from toolbus import tool
+
+    @tool
+    async def record(key: str, hold_s: float = 0.0) -> str:
+        "Appends `key` and this process's id to $TB_RECORD_FILE (a line per run), then holds."
+        with open(os.environ["TB_RECORD_FILE"], "a") as f:
+            f.write(f"{key} {os.getpid()}\\n")
+        logging.getLogger("tb_record").warning("record started %s", key)
+        await asyncio.sleep(hold_s)  # simulated work
+        return key
+    """
+)
+
+
+def recording_env(tmp_path: Path, prefix: str, **settings: str) -> dict[str, str]:
+    """The environment of a worker with the recording tool; `settings` as TOOLBUS_* values."""
+    plugin = install_plugin(
+        tmp_path / "plugin", "tb_record", RECORDING_TOOL, {"record": "tb_record:record"}
+    )
+    env = cli_env(prefix, plugin)
+    env["TB_RECORD_FILE"] = str(tmp_path / "executions")
+    env.update({f"TOOLBUS_{key.upper()}": value for key, value in settings.items()})
+    return env
+
+
+class Executions:
+    """What the recording tool wrote: one (key, pid) per execution."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def lines(self) -> list[tuple[str, int]]:
+        if not self.path.exists():
+            return []
+        return [
+            (key, int(pid))
+            for key, pid in (line.split() for line in self.path.read_text().splitlines())
+        ]
+
+    def counts(self) -> Counter[str]:
+        return Counter(key for key, _ in self.lines())
+
+    def by(self, pid: int) -> set[str]:
+        return {key for key, run_pid in self.lines() if run_pid == pid}
+
+
+class WorkerProcess:
+    """One `toolbus serve` (no config file: the environment says everything)."""
+
+    def __init__(self, broker_url: str, env: dict[str, str]) -> None:
+        self.broker_url, self.env = broker_url, env
+        self.proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self.log: list[str] = []
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def start(self) -> None:
+        """Started and subscribed (its own log line says so)."""
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "toolbus",
+            "serve",
+            "--broker",
+            self.broker_url,
+            env=self.env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        subscribed = asyncio.get_running_loop().create_future()
+        self._reader = asyncio.create_task(self._read(subscribed), name=f"worker-{self.pid}")
+        try:
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                await subscribed
+        except TimeoutError:
+            raise AssertionError(f"worker not subscribed: {self.log[-20:]}") from None
+
+    async def _read(self, subscribed: asyncio.Future[None]) -> None:
+        """Every line is read (a full pipe would stall the worker); the last ones are kept."""
+        assert self.proc is not None and self.proc.stderr is not None
+        while line := await self.proc.stderr.readline():
+            text = line.decode(errors="replace")
+            with contextlib.suppress(ValueError):  # not JSON: keep the raw line
+                text = str(json.loads(text).get("event", text))
+            self.log = [*self.log[-50:], text]
+            if "subscribed to" in text and not subscribed.done():
+                subscribed.set_result(None)
+        if not subscribed.done():
+            subscribed.set_exception(AssertionError(f"worker exited: {self.log[-20:]}"))
+
+    async def kill(self) -> None:
+        """SIGKILL: no drain, no status, no acknowledgements."""
+        await self._end(signal.SIGKILL)
+
+    async def stop(self) -> None:
+        await self._end(signal.SIGTERM)
+
+    async def _end(self, sig: signal.Signals) -> None:
+        if self.proc is None:
+            return
+        if self.proc.returncode is None:
+            self.proc.send_signal(sig)
+        async with asyncio.timeout(30):
+            await self.proc.wait()
+            if self._reader is not None:
+                await self._reader  # the pipe ends with the process
+
+    def rss_mib(self) -> float:
+        """Resident memory now, from /proc (Linux)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
+
