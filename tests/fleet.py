@@ -142,4 +142,3 @@ class WorkerProcess:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
         raise AssertionError("no VmRSS")
-
