@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import Self
 
 import aiomqtt
 import paho.mqtt.client as paho
@@ -30,9 +30,6 @@ from paho.mqtt.properties import Properties
 
 from toolbus.config import BrokerUrl
 from toolbus.messages import Inbound, Outbound
-
-if TYPE_CHECKING:  # a type paho declares for its checkers only
-    from paho.mqtt.client import SocketLike
 
 LOST_LOOK_S = 0.25  # how often a publish waiting for its PUBACK looks at the connection
 
@@ -149,7 +146,6 @@ class MqttConnection:
         return self._client.identifier
 
     async def __aenter__(self) -> Self:
-        _guard_write_registration(self._client, asyncio.get_running_loop())
         try:
             await self._stack.enter_async_context(self._client)
         except aiomqtt.MqttError as exc:
@@ -238,29 +234,6 @@ def _paho(client: aiomqtt.Client) -> paho.Client:
     if not isinstance(inner, paho.Client):  # aiomqtt changed underneath: fail, never guess
         raise TypeError(f"aiomqtt.Client._client is {type(inner).__name__}, not paho's Client")
     return inner
-
-
-def _guard_write_registration(client: aiomqtt.Client, loop: asyncio.AbstractEventLoop) -> None:
-    """Register paho's socket writer only while its socket is still the live one.
-
-    aiomqtt schedules `add_writer(fd)` for later (paho may ask from a thread). When the
-    socket closes before that runs (the broker died), the writer lands on a closed fd,
-    or on whatever socket reuses the number next: that socket's writes then stall
-    behind a dead client's callback. Checked on the loop, right before registering.
-    """
-    paho_client = _paho(client)
-    register = paho_client.on_socket_register_write
-    if register is None:
-        return
-
-    def guarded(inner: paho.Client, userdata: Any, sock: SocketLike) -> None:
-        def if_still_open() -> None:
-            if inner.socket() is sock and sock.fileno() != -1:
-                register(inner, userdata, sock)
-
-        loop.call_soon_threadsafe(if_still_open)
-
-    paho_client.on_socket_register_write = guarded
 
 
 def _will(out: Outbound) -> aiomqtt.Will:
