@@ -34,6 +34,15 @@ async def fake_worker(broker: Broker) -> AsyncIterator[tuple[Caller, str]]:
         yield worker, prefix
 
 
+def client_of(broker: Broker, prefix: str, attempts: int) -> Client:
+    """A client re-sending every 0.2 s: each re-send is seen by the fake worker."""
+    return Client(
+        BrokerUrl.from_url(broker.url),
+        reply_prefix=f"{prefix}/reply/",
+        retry=Retry(attempts=attempts, interval_s=0.2),
+    )
+
+
 async def answer(worker: Caller, request_message: aiomqtt.Message, text: str) -> None:
     body = json.loads(request_message.payload)
     reply = Reply(id=body["id"], ok=True, result={"text": text}, duration_ms=1.0)
@@ -50,11 +59,7 @@ async def test_an_unanswered_call_is_sent_again_under_the_same_id(
     broker: Broker, fake_worker: tuple[Caller, str]
 ) -> None:
     worker, prefix = fake_worker
-    async with Client(
-        BrokerUrl.from_url(broker.url),
-        reply_prefix=f"{prefix}/reply/",
-        retry=Retry(attempts=3, interval_s=0.2),
-    ) as client:
+    async with client_of(broker, prefix, attempts=3) as client:
         calling = asyncio.create_task(
             client.call(f"{prefix}/call/echo", {"arguments": {"text": "x"}}, timeout_s=10),
             name="retried-call",
@@ -76,11 +81,7 @@ async def test_the_first_reply_wins_and_late_ones_are_dropped(
     broker: Broker, fake_worker: tuple[Caller, str]
 ) -> None:
     worker, prefix = fake_worker
-    async with Client(
-        BrokerUrl.from_url(broker.url),
-        reply_prefix=f"{prefix}/reply/",
-        retry=Retry(attempts=2, interval_s=0.2),
-    ) as client:
+    async with client_of(broker, prefix, attempts=2) as client:
         calling = asyncio.create_task(
             client.call(f"{prefix}/call/echo", {"id": "mine"}, timeout_s=10), name="twice"
         )

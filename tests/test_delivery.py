@@ -11,32 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import textwrap
 import uuid
 from collections import Counter
 from pathlib import Path
 
+from tests.fleet import Executions, recording_env
 from tests.harness import Broker, RedisServer, measured
 from tests.mqtt import Caller
-from tests.processes import install_plugin, start_serve
-from tests.test_cli import ServeProcess, cli_env, wait_ready
-
-RECORDING_TOOL = textwrap.dedent(
-    """
-    import asyncio, logging, os
-
-    from toolbus import tool
-
-    @tool
-    async def record(key: str, hold_s: float = 0.0) -> str:
-        "Appends `key` to $TB_RECORD_FILE (one line per execution), then holds."
-        with open(os.environ["TB_RECORD_FILE"], "a") as f:
-            f.write(key + "\\n")
-        logging.getLogger("tb_record").warning("record started %s", key)
-        await asyncio.sleep(hold_s)  # simulated work
-        return key
-    """
-)
+from tests.processes import start_serve
+from tests.test_cli import ServeProcess, wait_ready
 
 
 async def start_worker(broker: Broker, env: dict[str, str]) -> ServeProcess:
@@ -48,19 +31,14 @@ async def test_a_killed_worker_gets_its_requests_again(
 ) -> None:
     requests, concurrency = 10, 4
     prefix = f"crash{uuid.uuid4().hex[:8]}"
-    record_file = tmp_path / "executions"
-    env = {
-        **cli_env(
-            prefix,
-            install_plugin(
-                tmp_path / "plugin", "tb_record", RECORDING_TOOL, {"record": "tb_record:record"}
-            ),
-        ),
-        "TOOLBUS_WORKER_ID": f"{prefix}-w1",
-        "TOOLBUS_CONCURRENCY": str(concurrency),
-        "TB_RECORD_FILE": str(record_file),
-        "TOOLBUS_DEDUP_STORE": redis_server.url,
-    }
+    executions = Executions(tmp_path / "executions")
+    env = recording_env(
+        tmp_path,
+        prefix,
+        worker_id=f"{prefix}-w1",
+        concurrency=str(concurrency),
+        dedup_store=redis_server.url,
+    )
     reply_topic = f"{prefix}/reply/crash"
     async with Caller(broker.url) as caller:
         first = await start_worker(broker, env)
@@ -77,7 +55,7 @@ async def test_a_killed_worker_gets_its_requests_again(
             first.proc.send_signal(signal.SIGKILL)
             await first.proc.wait()
             first._reader.cancel()
-        in_flight_at_kill = len(record_file.read_text().split())
+        in_flight_at_kill = len(executions.lines())
 
         second = await start_worker(broker, env)
         try:
@@ -94,9 +72,9 @@ async def test_a_killed_worker_gets_its_requests_again(
                 await second.proc.wait()
             second._reader.cancel()
     assert sorted(replies) == sorted(f"k{n}" for n in range(requests))
-    executions = Counter(record_file.read_text().split())
-    assert set(executions) == set(replies)
-    assert max(executions.values()) == 1, executions  # nothing ran twice
+    runs = executions.counts()
+    assert set(runs) == set(replies)
+    assert max(runs.values()) == 1, runs  # nothing ran twice
     codes = Counter(
         "ok" if reply["ok"] else reply["error"]["code"]  # type: ignore[index]
         for reply in replies.values()
