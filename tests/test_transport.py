@@ -1,26 +1,32 @@
-"""The transport's one reach past aiomqtt: manual acknowledgements through its paho client.
+"""The transport's reach past aiomqtt: manual acks and a bounded socket reader.
 
 aiomqtt 2.x has no public API for acking a message once it is answered (aiomqtt issue
-#345), so the transport uses `aiomqtt.Client._client`. These tests fail loudly when an
-aiomqtt upgrade moves or changes what that relies on; the delivery tests then say why
-it matters (tests/test_delivery.py).
+#345), so the transport uses `aiomqtt.Client._client`, and it reads the socket itself to
+stop reading while `hold` messages wait. These tests fail loudly when an aiomqtt upgrade
+moves or changes what that relies on; the delivery tests then say why it matters
+(tests/test_delivery.py), and the flood in tests/test_chaos.py what `hold` is for.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import uuid
 
 import aiomqtt
 import paho.mqtt.client as paho
 
+from tests.harness import Broker
+from tests.mqtt import Caller
 from toolbus.config import BrokerUrl
-from toolbus.messages import Inbound
-from toolbus.transport import MqttConnection, _Delivery, _paho
+from toolbus.messages import Inbound, Outbound
+from toolbus.transport.connection import MqttConnection, _Delivery
+from toolbus.transport.socket_reader import paho_of
 
 
 async def test_aiomqtt_still_wraps_a_paho_client_we_can_ack_through() -> None:
     client = aiomqtt.Client("127.0.0.1", 1, protocol=aiomqtt.ProtocolVersion.V5)
-    inner = _paho(client)
+    inner = paho_of(client)
     assert isinstance(inner, paho.Client)
     assert list(inspect.signature(inner.ack).parameters) == ["mid", "qos"]
     assert "mid" in inspect.signature(aiomqtt.Message.__init__).parameters
@@ -30,7 +36,7 @@ async def test_a_connection_acks_only_what_it_received() -> None:
     broker = BrokerUrl.from_url("mqtt://127.0.0.1:1")
     connection = MqttConnection(broker, receive_maximum=8, manual_ack=True)
     other = MqttConnection(broker)
-    assert _paho(connection._client)._manual_ack is True  # set before connecting
+    assert paho_of(connection._client)._manual_ack is True  # set before connecting
     stray = Inbound(topic="t", payload=b"")
     assert connection.ack(stray) is False  # no delivery token: not ours to ack
     message = Inbound(topic="t", payload=b"", delivery=_delivery(other, mid=7))
@@ -39,3 +45,51 @@ async def test_a_connection_acks_only_what_it_received() -> None:
 
 def _delivery(connection: MqttConnection, mid: int) -> object:
     return _Delivery(connection, mid, 1)
+
+
+HOLD = 8
+
+
+async def test_a_connection_stops_reading_while_hold_messages_wait(broker: Broker) -> None:
+    """The broker may push more than Receive Maximum (mosquitto < 2.0.13 does, after
+    acks; QoS 0 is never limited): with `hold` waiting, the socket is not read, so the
+    rest waits in the broker; taking messages reads again, and nothing is lost."""
+    topic = f"hold/{uuid.uuid4().hex[:8]}"
+    url = BrokerUrl.from_url(broker.url)
+    async with (
+        MqttConnection(url, receive_maximum=1000, hold=HOLD, manual_ack=True) as conn,
+        Caller(broker.url) as sender,
+    ):
+        await conn.subscribe([topic])
+        await asyncio.gather(*(sender.publish(topic, str(n)) for n in range(200)))
+        async with asyncio.timeout(10):
+            await conn.read_paused.wait()
+        assert conn.queued() == HOLD  # frozen while paused: nothing more is read
+        received: list[int] = []
+        deepest = 0
+        messages = conn.messages()
+        async with asyncio.timeout(30):
+            while len(received) < 200:
+                message = await anext(messages)
+                deepest = max(deepest, conn.queued())
+                received.append(int(message.payload))
+                assert conn.ack(message)
+    assert received == list(range(200))
+    assert deepest <= HOLD
+    assert conn.read_pauses > 1
+
+
+async def test_a_paused_connection_still_reads_its_acknowledgements(broker: Broker) -> None:
+    """A publish waits for its PUBACK, which only reading brings: it reads meanwhile."""
+    topic = f"hold/{uuid.uuid4().hex[:8]}"
+    url = BrokerUrl.from_url(broker.url)
+    async with (
+        MqttConnection(url, receive_maximum=1000, hold=HOLD, manual_ack=True) as conn,
+        Caller(broker.url) as sender,
+    ):
+        await conn.subscribe([topic])
+        await asyncio.gather(*(sender.publish(topic, str(n)) for n in range(50)))
+        async with asyncio.timeout(10):
+            await conn.read_paused.wait()
+        async with asyncio.timeout(10):  # acknowledged, not stuck behind the pause
+            await conn.publish(Outbound(topic=f"{topic}/out", payload=b"x", qos=1))

@@ -1,11 +1,14 @@
 """Service: the `Worker`. Connect, reconnect, bound concurrency, drain, report status.
 
-One MQTT v5 connection per worker, reconnected with jittered exponential backoff.
-Requests arrive on a shared subscription so replicas split the load; each message
-is handled by the pipeline in its own named task while at most `concurrency` run at
-once (the consumer stops taking messages while every slot is busy). On stop the
-worker unsubscribes, finishes what it already holds within the grace period, answers
-anything still running with `unavailable`, then marks itself offline.
+Two MQTT v5 connections per worker, reconnected together with jittered exponential
+backoff: requests arrive on one (the worker's id, session and will; it stops reading
+while `concurrency` requests wait, see `transport.socket_reader`), replies leave on the
+other, whose acknowledgements must come in even then. Requests arrive on a shared
+subscription so replicas split the load; each message is handled by the pipeline in
+its own named task while at most `concurrency` run at once (the consumer stops taking
+messages while every slot is busy). On stop the worker unsubscribes, finishes what it
+already holds within the grace period, answers anything still running with
+`unavailable`, then marks itself offline.
 
 `async with Worker(...)` starts it and returns once it is subscribed; leaving the
 block drains it. `run(stop)` is the same for a caller that owns the stop event.
@@ -17,12 +20,14 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections.abc import Coroutine
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from toolbus.config import BrokerUrl
 from toolbus.inflight import InFlight
-from toolbus.messages import Inbound
+from toolbus.messages import Inbound, Outbound
 from toolbus.observability.metrics import Metrics
 from toolbus.pipeline import Pipeline
 from toolbus.publisher import ConnectionPublisher
@@ -39,10 +44,11 @@ log = logging.getLogger("toolbus.service")
 RECONNECT_FIRST_DELAY_S = 0.5
 SLOT_LOOK_S = 0.25  # how often a consumer with every slot busy checks its connection
 START_TIMEOUT_S = 30.0
+REPLIES_ID_SUFFIX = "-replies"  # the reply connection's client id: the worker id + this
 
 
 class Worker:
-    """A worker: the pipeline fed from one broker connection. Built by `wiring.build_worker`.
+    """A worker: the pipeline fed from the broker. Built by `wiring.build_worker`.
 
     Args:
         broker: where to connect.
@@ -80,11 +86,14 @@ class Worker:
         self.pipeline, self.mcp, self.metrics = pipeline, mcp, metrics
         self._publisher, self._status = publisher, status
         self._grace_s, self._publish_timeout_s = shutdown_grace_s, publish_timeout_s
-        self._reconnect_max_delay_s, self._tcp_nodelay = reconnect_max_delay_s, tcp_nodelay
+        self._reconnect_max_delay_s = reconnect_max_delay_s
+        will = status.worker("offline")
+        self._links = _Links(
+            broker, worker_id, will, concurrency, session_expiry_s, publish_timeout_s, tcp_nodelay
+        )
         self.subscribed = asyncio.Event()
         self.draining = asyncio.Event()  # set once stopping has begun
         self.in_flight = InFlight(pipeline.handle, self._ack, concurrency, metrics)
-        self._concurrency, self._session_expiry_s = concurrency, session_expiry_s
         self._conn: MqttConnection | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -161,18 +170,9 @@ class Worker:
         delay_s = RECONNECT_FIRST_DELAY_S
         while not stop.is_set():
             try:
-                async with MqttConnection(
-                    self.broker,
-                    client_id=self.worker_id,
-                    will=self._status.worker("offline"),
-                    receive_maximum=self._concurrency,
-                    manual_ack=True,
-                    session_expiry_s=self._session_expiry_s,
-                    timeout_s=self._publish_timeout_s,
-                    tcp_nodelay=self._tcp_nodelay,
-                ) as conn:
+                async with self._links.requests() as conn, self._links.replies() as out:
                     self._conn = conn
-                    self._publisher.attach(conn)
+                    self._publisher.attach(out)
                     if not self.draining.is_set():
                         self._status.resume()
                     await conn.publish(self._status.worker("online"))
@@ -180,7 +180,7 @@ class Worker:
                     self.subscribed.set()
                     log.info("subscribed to %s", ", ".join(self.topics.subscriptions()))
                     delay_s = RECONNECT_FIRST_DELAY_S
-                    if await self._consume_until(conn, stop):
+                    if await _consume_until(self._consume(conn), out, stop):
                         await self._drain(conn)
                         return
             except TransportError as exc:
@@ -198,20 +198,6 @@ class Worker:
             delay_s = min(delay_s * 2, self._reconnect_max_delay_s)
         # Stopped while disconnected: calls still running get their grace period too.
         await self._finish_handlers()
-
-    async def _consume_until(self, conn: MqttConnection, stop: asyncio.Event) -> bool:
-        """Consume until stop (True) or until the connection fails (raises)."""
-        consumer = asyncio.create_task(self._consume(conn), name="consume")
-        stopper = asyncio.create_task(stop.wait(), name="stop-wait")
-        done, _ = await asyncio.wait({consumer, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        if consumer in done:
-            stopper.cancel()
-            consumer.result()  # re-raises the TransportError
-            return False
-        consumer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await consumer
-        return True
 
     async def _consume(self, conn: MqttConnection, *, only_queued: bool = False) -> None:
         """Take messages one free slot at a time (slot first: see `InFlight`)."""
@@ -278,3 +264,65 @@ async def _take_slot(in_flight: InFlight, conn: MqttConnection) -> None:
                 raise TransportError("connection lost while every slot was busy") from None
         else:
             return
+
+
+@dataclass(frozen=True)
+class _Links:
+    """The worker's two connections, opened anew on each (re)connect."""
+
+    broker: BrokerUrl
+    worker_id: str
+    will: Outbound
+    concurrency: int
+    session_expiry_s: int
+    timeout_s: float
+    tcp_nodelay: bool
+
+    def requests(self) -> MqttConnection:
+        """Where requests arrive: the worker's identity, session and will. It holds at
+        most `concurrency` requests waiting, whatever the broker sends."""
+        return MqttConnection(
+            self.broker,
+            client_id=self.worker_id,
+            will=self.will,
+            receive_maximum=self.concurrency,
+            hold=self.concurrency,
+            manual_ack=True,
+            session_expiry_s=self.session_expiry_s,
+            timeout_s=self.timeout_s,
+            tcp_nodelay=self.tcp_nodelay,
+        )
+
+    def replies(self) -> MqttConnection:
+        """Where replies leave: the request connection may stop reading (see
+        `transport.socket_reader`), and a reply's PUBACK must still come in."""
+        return MqttConnection(
+            self.broker,
+            client_id=f"{self.worker_id}{REPLIES_ID_SUFFIX}",
+            timeout_s=self.timeout_s,
+            tcp_nodelay=self.tcp_nodelay,
+        )
+
+
+async def _consume_until(
+    consume: Coroutine[None, None, None], out: MqttConnection, stop: asyncio.Event
+) -> bool:
+    """Consume until stop (True) or until either connection fails (raises)."""
+    consumer = asyncio.create_task(consume, name="consume")
+    replies_lost = asyncio.create_task(out.lost(), name="replies-watch")
+    stopper = asyncio.create_task(stop.wait(), name="stop-wait")
+    done, _ = await asyncio.wait(
+        {consumer, replies_lost, stopper}, return_when=asyncio.FIRST_COMPLETED
+    )
+    if consumer in done:
+        replies_lost.cancel()
+        stopper.cancel()
+        consumer.result()  # re-raises the TransportError
+        return False
+    consumer.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await consumer
+    replies_lost.cancel()
+    if stopper in done:
+        return True
+    raise TransportError("the reply connection was lost")

@@ -1,4 +1,4 @@
-"""MQTT transport: the only module that imports aiomqtt.
+"""MQTT connection: one MQTT v5 connection to the broker.
 
 It turns aiomqtt's messages into plain `Inbound` values and `Outbound` values into
 publishes with MQTT v5 properties, so the rest of the worker never sees paho
@@ -7,29 +7,31 @@ objects. Reconnection policy belongs to the caller (the service loop).
 Requests are acknowledged by the worker, not on arrival: paho's manual acks are
 switched on and `ack(message)` sends the PUBACK once the message is answered. aiomqtt
 2.x has no public API for this (aiomqtt issue #345), so this module reaches its paho
-client (`Client._client`) in one place, `_paho`; tests/test_transport.py fails loudly
-if aiomqtt changes underneath. Receive Maximum tells the broker how many unacknowledged
-requests it may push, so a flood waits in the broker, not in our memory.
+client (`Client._client`) in one place, `paho_of`; tests/test_transport.py fails
+loudly if aiomqtt changes underneath. Receive Maximum tells the broker how many
+unacknowledged requests it may push, so a flood waits in the broker, not in our memory;
+`hold` keeps that true with a broker that breaks the promise (see `socket_reader`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import ssl
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
 import aiomqtt
-import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from toolbus.config import BrokerUrl
 from toolbus.messages import Inbound, Outbound
+from toolbus.transport.socket_reader import BoundedReader, paho_of
 
 LOST_LOOK_S = 0.25  # how often a publish waiting for its PUBACK looks at the connection
 
@@ -97,6 +99,8 @@ class MqttConnection:
         session_expiry_s: keep the session this long after a disconnect (0: clean
             session). With a stable `client_id`, requests received but not acknowledged
             before a crash are delivered again when the same id returns.
+        hold: stop reading from the broker while this many received messages wait to
+            be taken; read again once half of them are (None: never stop).
         timeout_s: bound on connect/subscribe/publish acknowledgements.
         tcp_nodelay: off only for the benchmark's baseline; never in production.
     """
@@ -111,6 +115,7 @@ class MqttConnection:
         receive_maximum: int | None = None,
         manual_ack: bool = False,
         session_expiry_s: int = 0,
+        hold: int | None = None,
         timeout_s: float = 10.0,
         tcp_nodelay: bool = True,
     ) -> None:
@@ -136,16 +141,28 @@ class MqttConnection:
             # Clean Start 0 only for a session meant to outlive the connection.
             clean_start=not session_expiry_s,
         )
-        _paho(self._client).manual_ack_set(manual_ack)
+        paho_of(self._client).manual_ack_set(manual_ack)
         # Replies are published concurrently by design; aiomqtt would warn on each.
         self._client.pending_calls_threshold = max_inflight
         self._stack = AsyncExitStack()
+        self._reader = BoundedReader(self._client, hold)
 
     @property
     def client_id(self) -> str:
         return self._client.identifier
 
+    @property
+    def read_pauses(self) -> int:
+        """How often this connection stopped reading because `hold` messages waited."""
+        return self._reader.pauses
+
+    @property
+    def read_paused(self) -> asyncio.Event:
+        """Set while the connection does not read, because `hold` messages wait."""
+        return self._reader.paused
+
     async def __aenter__(self) -> Self:
+        self._reader.install(asyncio.get_running_loop())
         try:
             await self._stack.enter_async_context(self._client)
         except aiomqtt.MqttError as exc:
@@ -165,19 +182,22 @@ class MqttConnection:
 
     async def subscribe(self, filters: Sequence[str], qos: int = 1) -> None:
         try:
-            await self._client.subscribe([(f, qos) for f in filters])
+            with self._expecting():
+                await self._client.subscribe([(f, qos) for f in filters])
         except aiomqtt.MqttError as exc:
             raise TransportError(str(exc)) from exc
 
     async def unsubscribe(self, filters: Sequence[str]) -> None:
         try:
-            await self._client.unsubscribe(list(filters))
+            with self._expecting():
+                await self._client.unsubscribe(list(filters))
         except aiomqtt.MqttError as exc:
             raise TransportError(str(exc)) from exc
 
     async def messages(self) -> AsyncIterator[Inbound]:
         try:
             async for message in self._client.messages:
+                self._reader.taken()
                 yield _inbound(message, self)
         except aiomqtt.MqttError as exc:
             raise TransportError(str(exc)) from exc
@@ -185,7 +205,7 @@ class MqttConnection:
     @property
     def connected(self) -> bool:
         """False once paho has seen the connection go (paho's public `is_connected`)."""
-        return _paho(self._client).is_connected()
+        return paho_of(self._client).is_connected()
 
     def queued(self) -> int:
         """Messages received but not yet taken (none of them acknowledged yet)."""
@@ -198,7 +218,7 @@ class MqttConnection:
         if not isinstance(delivery, _Delivery) or delivery.connection is not self:
             return False
         if delivery.qos > 0:
-            _paho(self._client).ack(delivery.mid, delivery.qos)
+            paho_of(self._client).ack(delivery.mid, delivery.qos)
         return True
 
     async def publish(self, out: Outbound, timeout_s: float | None = None) -> None:
@@ -216,24 +236,37 @@ class MqttConnection:
             )
         )
         try:
-            while not sending.done():
-                await asyncio.wait({sending}, timeout=LOST_LOOK_S)
-                if not sending.done() and not self.connected:
-                    sending.cancel()
-                    raise TransportError("connection lost before the broker acknowledged")
-            sending.result()
+            with self._expecting():
+                await self._sent(sending)
         except aiomqtt.MqttError as exc:
             raise TransportError(str(exc)) from exc
         finally:
             sending.cancel()  # a no-op once done; our own cancellation ends it too
 
+    async def _sent(self, sending: asyncio.Future[None]) -> None:
+        while not sending.done():
+            await asyncio.wait({sending}, timeout=LOST_LOOK_S)
+            if not sending.done() and not self.connected:
+                sending.cancel()
+                raise TransportError("connection lost before the broker acknowledged")
+        sending.result()
 
-def _paho(client: aiomqtt.Client) -> paho.Client:
-    """aiomqtt's paho client: the one reach past aiomqtt's API (manual acks, issue #345)."""
-    inner = client._client  # no public way to ack manually in aiomqtt 2.x
-    if not isinstance(inner, paho.Client):  # aiomqtt changed underneath: fail, never guess
-        raise TypeError(f"aiomqtt.Client._client is {type(inner).__name__}, not paho's Client")
-    return inner
+    @contextmanager
+    def _expecting(self) -> Iterator[None]:
+        """An acknowledgement is due: a paused socket must read again to see it."""
+        self._reader.expecting(+1)
+        try:
+            yield
+        finally:
+            self._reader.expecting(-1)
+
+    async def lost(self) -> None:
+        """Returns once the connection is lost, for one that subscribes to nothing (the
+        worker's reply connection): aiomqtt's message stream ends only then, and reading
+        it retrieves the error aiomqtt would otherwise log as never retrieved."""
+        with contextlib.suppress(aiomqtt.MqttError):
+            async for _ in self._client.messages:
+                pass  # nothing is subscribed: nothing comes
 
 
 def _will(out: Outbound) -> aiomqtt.Will:

@@ -1,0 +1,151 @@
+"""Socket reader: when a connection's socket opens and closes, and reading it with a bound.
+
+Receive Maximum is a promise the broker may break: mosquitto before 2.0.13 refills its
+window by up to Receive Maximum on every PUBACK (eclipse-mosquitto issue #2306, seen
+with Debian 12's 2.0.11 under a flood), and it never covers QoS 0. So a connection with
+`hold` reads its socket itself, in place of aiomqtt's reader, and stops reading while
+`hold` received messages wait to be taken; TCP flow control then leaves the backlog
+with the broker, as asyncio's own streams do with `pause_reading`.
+
+A paused socket cannot read the acknowledgement of anything the connection sends
+(PUBACK, SUBACK, UNSUBACK), so it reads on while one is due; the worker publishes its
+replies on a second connection so that pausing the first blocks nothing. While paused
+no PINGRESP is read either: paused for longer than the keepalive, paho drops the
+connection, and the session's unacknowledged requests come again on the next one.
+
+aiomqtt 2.x has no public API for manual acks or for its reader, so this module holds
+the reach past it: `paho_of` (aiomqtt's paho client); everything else goes through
+paho's public API (`on_socket_open`, `on_socket_close`, `loop_read`, `socket`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from typing import TYPE_CHECKING
+
+import aiomqtt
+import paho.mqtt.client as paho
+
+if TYPE_CHECKING:
+    from paho.mqtt.client import SocketLike
+
+log = logging.getLogger("toolbus.transport")
+
+
+class BoundedReader:
+    """One connection's socket, read with a bound when `hold` is given.
+
+    Args:
+        client: the aiomqtt client whose paho socket this watches.
+        hold: stop reading while this many received messages wait to be taken, read
+            again once half of them are (None: aiomqtt reads, unbounded, and this does nothing).
+    """
+
+    def __init__(self, client: aiomqtt.Client, hold: int | None) -> None:
+        self._client, self._paho = client, paho_of(client)
+        self._hold = max(hold, 1) if hold is not None else None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fd: int | None = None
+        self._expected = 0  # acknowledgements the connection awaits
+        self.paused = asyncio.Event()  # set while the socket is not read
+        self.pauses = 0
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Before connecting: wrap the socket callbacks aiomqtt set on its paho client."""
+        if self._hold is None:
+            return  # aiomqtt's own reader, untouched
+        self._loop = loop
+        aiomqtt_opened, aiomqtt_closed = self._paho.on_socket_open, self._paho.on_socket_close
+        if aiomqtt_opened is None or aiomqtt_closed is None:  # aiomqtt changed: never guess
+            raise TypeError("aiomqtt no longer sets paho's socket callbacks")
+
+        def opened(client: paho.Client, userdata: object, sock: SocketLike) -> None:
+            aiomqtt_opened(client, userdata, sock)
+            # Called in paho's connect thread after aiomqtt queued its `add_reader`:
+            # queued after it, ours replaces it.
+            loop.call_soon_threadsafe(self._take_over, sock.fileno())
+
+        def closed(client: paho.Client, userdata: object, sock: SocketLike) -> None:
+            aiomqtt_closed(client, userdata, sock)  # removes whichever reader is registered
+            loop.call_soon_threadsafe(self._closed)
+
+        self._paho.on_socket_open = opened
+        self._paho.on_socket_close = closed
+
+    def _take_over(self, fd: int) -> None:
+        assert self._loop is not None
+        if self._paho.socket() is None:  # closed again before this ran
+            return
+        self._fd = fd
+        self.paused.clear()
+        self._loop.add_reader(fd, self._read)
+
+    def _closed(self) -> None:
+        self._fd = None
+
+    def _read(self) -> None:
+        try:
+            while True:
+                self._paho.loop_read()
+                # An SSL socket may hold decoded bytes the selector cannot see (paho #131).
+                sock = self._paho.socket()
+                if self._held() or not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
+                    break
+        except Exception:  # paho reports a lost connection as a code; this is a broken one
+            log.exception("reading from the broker failed; dropping the connection")
+            sock = self._paho.socket()
+            if isinstance(sock, socket.socket):  # paho's next read sees the end: lost
+                sock.shutdown(socket.SHUT_RDWR)
+            return
+        if self._held() and self._fd is not None and not self.paused.is_set():
+            assert self._loop is not None
+            self._loop.remove_reader(self._fd)
+            self.paused.set()
+            self.pauses += 1
+            # Once per connection: it says something about the broker, not about a moment.
+            level = logging.WARNING if self.pauses == 1 else logging.DEBUG
+            log.log(
+                level,
+                "%d messages wait to be taken: reading from the broker paused until half "
+                "are (a broker overrunning Receive Maximum, such as mosquitto before "
+                "2.0.13, or a QoS 0 flood)",
+                len(self._client.messages),
+            )
+
+    def _held(self) -> bool:
+        return (
+            self._hold is not None
+            and not self._expected
+            and len(self._client.messages) >= self._hold
+        )
+
+    def taken(self) -> None:
+        """One message was taken: read again once half of what was held is gone."""
+        if self._hold is not None and len(self._client.messages) <= self._hold // 2:
+            self._resume()
+
+    def expecting(self, change: int) -> None:
+        """An acknowledgement is due (+1) or came (-1): only an unpaused socket sees it."""
+        self._expected += change
+        if self._expected:
+            self._resume()
+
+    def _resume(self) -> None:
+        if not self.paused.is_set():
+            return
+        assert self._loop is not None
+        self.paused.clear()
+        if self._fd is not None:
+            self._loop.add_reader(self._fd, self._read)
+            self._loop.call_soon(self._read)  # bytes an SSL socket already decoded
+
+
+def paho_of(client: aiomqtt.Client) -> paho.Client:
+    """aiomqtt's paho client: the one reach past aiomqtt's API (manual acks, issue #345)."""
+    inner = client._client  # no public way to ack manually in aiomqtt 2.x
+    if not isinstance(inner, paho.Client):  # aiomqtt changed underneath: fail, never guess
+        raise TypeError(f"aiomqtt.Client._client is {type(inner).__name__}, not paho's Client")
+    return inner
