@@ -148,3 +148,16 @@ async def test_a_waiter_stops_waiting_when_the_running_worker_dies(
 
 def test_memory_store_is_the_default() -> None:
     assert isinstance(open_store("memory", "w", prefix="p"), MemoryStore)
+
+
+async def test_the_memory_store_forgets_the_oldest_finished_calls_beyond_its_bound() -> None:
+    """A flood of ids costs at most `max_records` replies; a call still running is
+    never forgotten (its repeat would run it a second time)."""
+    async with MemoryStore("w1", max_records=3) as bounded:
+        await bounded.claim("long", TTL_S)  # still running throughout
+        for n in range(5):
+            await bounded.claim(f"k{n}", TTL_S)
+            await bounded.finish(f"k{n}", b"{}", TTL_S)
+        kinds = {k: (await bounded.claim(k, TTL_S)).kind for k in ("long", "k3", "k4")}
+        assert kinds == {"long": "running", "k3": "done", "k4": "done"}
+        assert (await bounded.claim("k0", TTL_S)).kind == "fresh"  # forgotten

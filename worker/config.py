@@ -261,6 +261,12 @@ class Settings(BaseSettings):
     dedup_ttl_s: float = Field(
         default=600.0, gt=0, description="How long a request id's reply is kept for repeats."
     )
+    dedup_max_records: int = Field(
+        default=10_000,
+        ge=1,
+        description="The memory store's bound: the oldest finished calls are forgotten "
+        "first beyond it (about 1 KiB each).",
+    )
     session_expiry_s: int = Field(
         default=3600,
         ge=0,

@@ -119,7 +119,12 @@ def build_worker(
     metrics = Metrics(meter, server_states=mcp.states)
     executor = build_executor(settings, registry, tracer=tracer, metrics=metrics, startup=mcp)
     once = Once(
-        open_store(settings.dedup_store, worker_id, prefix=settings.topic_prefix),
+        open_store(
+            settings.dedup_store,
+            worker_id,
+            prefix=settings.topic_prefix,
+            max_records=settings.dedup_max_records,
+        ),
         settings.dedup_ttl_s,
         executor.idempotent,
     )

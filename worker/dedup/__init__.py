@@ -112,10 +112,11 @@ def _in_doubt(started: Started) -> InDoubt:
     )
 
 
-def open_store(url: str, worker_id: str, *, prefix: str) -> DedupStore:
-    """`memory` or `redis://host:port/db` (the `toolbus[redis]` extra)."""
+def open_store(url: str, worker_id: str, *, prefix: str, max_records: int = 10_000) -> DedupStore:
+    """`memory` (at most `max_records` kept) or `redis://host:port/db` (the
+    `toolbus[redis]` extra; Redis bounds its memory by the TTL and its own maxmemory)."""
     if url == "memory":
-        return MemoryStore(worker_id)
+        return MemoryStore(worker_id, max_records)
     from toolbus.dedup.redis import RedisStore  # noqa: PLC0415 -- only with a Redis store
 
     return RedisStore(url, worker_id, prefix=prefix)

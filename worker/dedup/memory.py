@@ -2,6 +2,8 @@
 
 It protects against a requester's retries reaching the same worker; a crashed worker
 forgets everything, so replicas and crash-safe deduplication need the Redis store.
+Memory is bounded twice: by the TTL, and by `max_records` (the oldest finished calls
+go first), so a flood of ids costs at most `max_records` replies (about 1 KiB each).
 """
 
 from __future__ import annotations
@@ -9,24 +11,29 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Self
 
 from toolbus.dedup.store import Claim, Started
 
 
-@dataclass
+@dataclass(slots=True)
 class _Record:
     expires_at: float
     started: Started | None = None
     reply: bytes | None = None
-    closed: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: asyncio.Event | None = None  # made by the first waiter: most never have one
+
+    def close(self) -> None:
+        if self.closed is not None:
+            self.closed.set()
 
 
 class MemoryStore:
-    def __init__(self, worker_id: str) -> None:
+    def __init__(self, worker_id: str, max_records: int = 10_000) -> None:
         self._me = Started(worker_id, uuid.uuid4().hex, 0.0)
-        self._records: dict[str, _Record] = {}
+        self._records: dict[str, _Record] = {}  # insertion order: oldest first
+        self._max_records = max_records
 
     async def __aenter__(self) -> Self:
         return self
@@ -47,11 +54,25 @@ class MemoryStore:
         for key in [k for k, r in self._records.items() if r.expires_at <= now]:
             del self._records[key]
 
+    def _evict(self, count: int) -> None:
+        """The `count` oldest finished records; running ones (at most the worker's
+        concurrency) stay, or their repeats would run the call a second time."""
+        finished = []
+        for key, record in self._records.items():
+            if record.reply is not None:
+                finished.append(key)
+                if len(finished) == count:
+                    break
+        for key in finished:
+            del self._records[key]
+
     async def claim(self, key: str, ttl_s: float) -> Claim:
         record = self._live(key)
         if record is None:
             if len(self._records) % 1024 == 1023:
                 self._sweep()
+            if len(self._records) >= self._max_records:
+                self._evict(len(self._records) - self._max_records + 1)
             started = Started(self._me.worker_id, self._me.incarnation, time.time())
             self._records[key] = _Record(time.monotonic() + ttl_s, started=started)
             return Claim("fresh")
@@ -66,17 +87,19 @@ class MemoryStore:
         record = self._live(key) or _Record(0.0)
         record.expires_at, record.reply = time.monotonic() + ttl_s, reply
         self._records[key] = record
-        record.closed.set()
+        record.close()
 
     async def release(self, key: str) -> None:
         record = self._records.pop(key, None)
         if record is not None:
-            record.closed.set()  # waiters look again and run the call themselves
+            record.close()  # waiters look again and run the call themselves
 
     async def wait(self, key: str, timeout_s: float) -> bytes | None:
         record = self._live(key)
-        if record is None:
-            return None
+        if record is None or record.reply is not None:
+            return record.reply if record else None
+        if record.closed is None:
+            record.closed = asyncio.Event()
         try:
             async with asyncio.timeout(timeout_s):
                 await record.closed.wait()
