@@ -13,9 +13,12 @@ import json
 import signal
 import sys
 import textwrap
+import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
+from tests.mqtt import Caller
 from tests.processes import install_plugin
 from tests.test_cli import cli_env
 
@@ -142,3 +145,66 @@ class WorkerProcess:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
         raise AssertionError("no VmRSS")
+
+
+@dataclass(frozen=True)
+class Flood:
+    """What a flood did: requests answered, and the worker's RSS along the way (MiB)."""
+
+    requests: int
+    answered: int
+    answered_when_published: int  # the rest waited in the broker
+    idle_mib: float
+    published_mib: float
+    peak_mib: float
+    seconds: float
+
+    def line(self) -> str:
+        return (
+            f"flood of {self.requests} requests: answered {self.answered} in "
+            f"{self.seconds:.0f} s ({self.answered_when_published} when all were published, "
+            f"the rest held by the broker); worker RSS idle {self.idle_mib:.0f} MiB, "
+            f"all published {self.published_mib:.0f} MiB, peak {self.peak_mib:.0f} MiB"
+        )
+
+
+async def flood(
+    broker_url: str, prefix: str, worker: WorkerProcess, requests: int, timeout_s: float
+) -> Flood:
+    """`requests` calls to `echo`, each with its own id, published as fast as the broker
+    takes them (from this process: the worker's memory is its own); then every reply."""
+    async with Caller(broker_url) as requester:
+        reply_topic = f"{prefix}/reply/flood"
+        await requester.subscribe(reply_topic)
+        idle_mib = worker.rss_mib()
+        started = time.monotonic()
+        for start in range(0, requests, 1000):
+            await asyncio.gather(
+                *(
+                    requester.publish(
+                        f"{prefix}/call/echo",
+                        f'{{"id": "f{n}", "arguments": {{"text": "x"}}}}',
+                        response_topic=reply_topic,
+                    )
+                    for n in range(start, min(start + 1000, requests))
+                )
+            )
+        published_mib = worker.rss_mib()
+        answered_when_published = requester.messages.qsize()
+        answered: set[str] = set()
+        samples = [published_mib]
+        async with asyncio.timeout(timeout_s):
+            while len(answered) < requests:
+                message = await requester.next_message()
+                answered.add(json.loads(message.payload)["id"])
+                if len(answered) % max(requests // 10, 1) == 0:
+                    samples.append(worker.rss_mib())
+    return Flood(
+        requests,
+        len(answered),
+        answered_when_published,
+        idle_mib,
+        published_mib,
+        max(samples),
+        time.monotonic() - started,
+    )

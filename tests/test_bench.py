@@ -46,3 +46,9 @@ def test_normalize_bench_runs() -> None:
     result = run(sys.executable, "bench/normalize.py", "--rounds", "1", "--calls", "5")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "seed control call" in result.stdout and "analysis context" in result.stdout
+
+
+def test_flood_bench_runs() -> None:
+    result = run(sys.executable, "bench/flood.py", "--requests", "200", "--timeout", "60")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "answered 200" in result.stdout, result.stdout
