@@ -10,8 +10,10 @@ moves or changes what that relies on; the delivery tests then say why it matters
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import uuid
+from collections.abc import AsyncIterator
 
 import aiomqtt
 import paho.mqtt.client as paho
@@ -50,10 +52,10 @@ def _delivery(connection: MqttConnection, mid: int) -> object:
 HOLD = 8
 
 
-async def test_a_connection_stops_reading_while_hold_messages_wait(broker: Broker) -> None:
-    """The broker may push more than Receive Maximum (mosquitto < 2.0.13 does, after
-    acks; QoS 0 is never limited): with `hold` waiting, the socket is not read, so the
-    rest waits in the broker; taking messages reads again, and nothing is lost."""
+@contextlib.asynccontextmanager
+async def paused(broker: Broker, count: int) -> AsyncIterator[MqttConnection]:
+    """A connection with `hold`, once `count` messages were sent to it and it paused.
+    Receive Maximum is far above: the broker alone would push them all."""
     topic = f"hold/{uuid.uuid4().hex[:8]}"
     url = BrokerUrl.from_url(broker.url)
     async with (
@@ -61,9 +63,17 @@ async def test_a_connection_stops_reading_while_hold_messages_wait(broker: Broke
         Caller(broker.url) as sender,
     ):
         await conn.subscribe([topic])
-        await asyncio.gather(*(sender.publish(topic, str(n)) for n in range(200)))
+        await asyncio.gather(*(sender.publish(topic, str(n)) for n in range(count)))
         async with asyncio.timeout(10):
             await conn.read_paused.wait()
+        yield conn
+
+
+async def test_a_connection_stops_reading_while_hold_messages_wait(broker: Broker) -> None:
+    """The broker may push more than Receive Maximum (mosquitto < 2.0.13 does, after
+    acks; QoS 0 is never limited): with `hold` waiting, the socket is not read, so the
+    rest waits in the broker; taking messages reads again, and nothing is lost."""
+    async with paused(broker, 200) as conn:
         assert conn.queued() == HOLD  # frozen while paused: nothing more is read
         received: list[int] = []
         deepest = 0
@@ -81,15 +91,5 @@ async def test_a_connection_stops_reading_while_hold_messages_wait(broker: Broke
 
 async def test_a_paused_connection_still_reads_its_acknowledgements(broker: Broker) -> None:
     """A publish waits for its PUBACK, which only reading brings: it reads meanwhile."""
-    topic = f"hold/{uuid.uuid4().hex[:8]}"
-    url = BrokerUrl.from_url(broker.url)
-    async with (
-        MqttConnection(url, receive_maximum=1000, hold=HOLD, manual_ack=True) as conn,
-        Caller(broker.url) as sender,
-    ):
-        await conn.subscribe([topic])
-        await asyncio.gather(*(sender.publish(topic, str(n)) for n in range(50)))
-        async with asyncio.timeout(10):
-            await conn.read_paused.wait()
-        async with asyncio.timeout(10):  # acknowledged, not stuck behind the pause
-            await conn.publish(Outbound(topic=f"{topic}/out", payload=b"x", qos=1))
+    async with paused(broker, 50) as conn, asyncio.timeout(10):
+        await conn.publish(Outbound(topic="hold/out", payload=b"x", qos=1))
