@@ -162,8 +162,8 @@ class Flood:
     def line(self) -> str:
         return (
             f"flood of {self.requests} requests: answered {self.answered} in "
-            f"{self.seconds:.0f} s ({self.answered_when_published} when all were published, "
-            f"the rest held by the broker); worker RSS idle {self.idle_mib:.0f} MiB, "
+            f"{self.seconds:.0f} s ({self.answered_when_published} of them when all were "
+            f"published); worker RSS idle {self.idle_mib:.0f} MiB, "
             f"all published {self.published_mib:.0f} MiB, peak {self.peak_mib:.0f} MiB"
         )
 

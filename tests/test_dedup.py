@@ -161,3 +161,17 @@ async def test_the_memory_store_forgets_the_oldest_finished_calls_beyond_its_bou
         kinds = {k: (await bounded.claim(k, TTL_S)).kind for k in ("long", "k3", "k4")}
         assert kinds == {"long": "running", "k3": "done", "k4": "done"}
         assert (await bounded.claim("k0", TTL_S)).kind == "fresh"  # forgotten
+
+
+async def test_a_call_that_finishes_late_is_forgotten_last() -> None:
+    """Eviction goes by when a call finished: a long call claimed first and finished
+    last is the one its requester is most likely to repeat."""
+    async with MemoryStore("w1", max_records=3) as bounded:
+        await bounded.claim("slow", TTL_S)
+        for n in range(2):
+            await bounded.claim(f"k{n}", TTL_S)
+            await bounded.finish(f"k{n}", b"{}", TTL_S)
+        await bounded.finish("slow", b"{}", TTL_S)
+        await bounded.claim("new", TTL_S)  # over the bound: one finished record goes
+        assert (await bounded.claim("slow", TTL_S)).kind == "done"
+        assert (await bounded.claim("k1", TTL_S)).kind == "done"

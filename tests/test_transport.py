@@ -21,7 +21,7 @@ import paho.mqtt.client as paho
 from tests.harness import Broker
 from tests.mqtt import Caller
 from toolbus.config import BrokerUrl
-from toolbus.messages import Inbound, Outbound
+from toolbus.messages import Inbound
 from toolbus.transport.connection import MqttConnection, _Delivery
 from toolbus.transport.socket_reader import paho_of
 
@@ -50,23 +50,37 @@ def _delivery(connection: MqttConnection, mid: int) -> object:
 
 
 HOLD = 8
+TOPIC = f"hold/{uuid.uuid4().hex[:8]}"
 
 
 @contextlib.asynccontextmanager
-async def paused(broker: Broker, count: int) -> AsyncIterator[MqttConnection]:
+async def paused(
+    broker: Broker, count: int, keepalive_s: int = 60
+) -> AsyncIterator[MqttConnection]:
     """A connection with `hold`, once `count` messages were sent to it and it paused.
     Receive Maximum is far above: the broker alone would push them all."""
-    topic = f"hold/{uuid.uuid4().hex[:8]}"
     url = BrokerUrl.from_url(broker.url)
-    async with (
-        MqttConnection(url, receive_maximum=1000, hold=HOLD, manual_ack=True) as conn,
-        Caller(broker.url) as sender,
-    ):
-        await conn.subscribe([topic])
-        await asyncio.gather(*(sender.publish(topic, str(n)) for n in range(count)))
+    conn = MqttConnection(
+        url, receive_maximum=1000, hold=HOLD, manual_ack=True, keepalive_s=keepalive_s
+    )
+    async with conn, Caller(broker.url) as sender:
+        await conn.subscribe([TOPIC])
+        await asyncio.gather(*(sender.publish(TOPIC, str(n)) for n in range(count)))
         async with asyncio.timeout(10):
             await conn.read_paused.wait()
         yield conn
+
+
+async def take(conn: MqttConnection, count: int) -> int:
+    """Take and ack `count` messages; the deepest the queue was meanwhile."""
+    deepest = 0
+    messages = conn.messages()
+    for n in range(count):
+        message = await anext(messages)
+        deepest = max(deepest, conn.queued())
+        assert int(message.payload) == n  # in order, none lost
+        assert conn.ack(message)
+    return deepest
 
 
 async def test_a_connection_stops_reading_while_hold_messages_wait(broker: Broker) -> None:
@@ -74,22 +88,26 @@ async def test_a_connection_stops_reading_while_hold_messages_wait(broker: Broke
     acks; QoS 0 is never limited): with `hold` waiting, the socket is not read, so the
     rest waits in the broker; taking messages reads again, and nothing is lost."""
     async with paused(broker, 200) as conn:
-        assert conn.queued() == HOLD  # frozen while paused: nothing more is read
-        received: list[int] = []
-        deepest = 0
-        messages = conn.messages()
+        assert conn.queued() == HOLD
         async with asyncio.timeout(30):
-            while len(received) < 200:
-                message = await anext(messages)
-                deepest = max(deepest, conn.queued())
-                received.append(int(message.payload))
-                assert conn.ack(message)
-    assert received == list(range(200))
+            deepest = await take(conn, 200)
     assert deepest <= HOLD
     assert conn.read_pauses > 1
 
 
-async def test_a_paused_connection_still_reads_its_acknowledgements(broker: Broker) -> None:
-    """A publish waits for its PUBACK, which only reading brings: it reads meanwhile."""
-    async with paused(broker, 50) as conn, asyncio.timeout(10):
-        await conn.publish(Outbound(topic="hold/out", payload=b"x", qos=1))
+async def test_an_unsubscribe_is_acknowledged_while_messages_are_taken(broker: Broker) -> None:
+    """The UNSUBACK queues behind what the broker already sent: it arrives as those are
+    taken, and the bound holds meanwhile (no reading ahead to find it)."""
+    async with paused(broker, 200) as conn, asyncio.timeout(30):
+        taking = asyncio.create_task(take(conn, 200), name="take")
+        await conn.unsubscribe([TOPIC])
+        assert await taking <= HOLD
+
+
+async def test_a_paused_connection_outlives_its_keepalive(broker: Broker) -> None:
+    """Paused, it reads no PINGRESP: a packet read every quarter keepalive keeps paho
+    from dropping it (2 s keepalive; paho would give up after about 4 s)."""
+    async with paused(broker, 50, keepalive_s=2) as conn:
+        await asyncio.sleep(6)  # the span under test: nothing to wait for but time
+        assert conn.connected
+        assert HOLD < conn.queued() <= HOLD + 6 / 0.5 + 1  # a packet per 0.5 s probe

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Coroutine
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
@@ -175,13 +175,16 @@ class Worker:
                     self._publisher.attach(out)
                     if not self.draining.is_set():
                         self._status.resume()
-                    await conn.publish(self._status.worker("online"))
-                    await conn.subscribe(self.topics.subscriptions())
+                    await out.publish(self._status.worker("online"))
+                    # Taking first: a resumed session's requests come before the SUBACK,
+                    # which the request connection reads only as they are taken.
+                    consumer = asyncio.create_task(self._consume(conn), name="consume")
+                    await _cancelled_on_error(consumer, conn.subscribe(self.topics.subscriptions()))
                     self.subscribed.set()
                     log.info("subscribed to %s", ", ".join(self.topics.subscriptions()))
                     delay_s = RECONNECT_FIRST_DELAY_S
-                    if await _consume_until(self._consume(conn), out, stop):
-                        await self._drain(conn)
+                    if await _consume_until(consumer, out, stop):
+                        await self._drain(conn, out)
                         return
             except TransportError as exc:
                 log.warning(
@@ -211,23 +214,26 @@ class Worker:
                 raise
             self.in_flight.start(message)
 
-    async def _drain(self, conn: MqttConnection) -> None:
+    async def _drain(self, conn: MqttConnection, out: MqttConnection) -> None:
         """Stop taking requests, finish held ones within the grace period, then go offline."""
         self._begin_stopping()
         deadline = asyncio.get_running_loop().time() + self._grace_s
         log.info("stopping: %d calls in flight, grace %.1f s", len(self.in_flight), self._grace_s)
         try:
+            # The UNSUBACK comes behind what the broker already sent: keep taking.
+            consumer = asyncio.create_task(self._consume(conn), name="consume-draining")
             async with asyncio.timeout(self._publish_timeout_s):
-                await conn.unsubscribe(self.topics.subscriptions())
-            # Messages the client already acknowledged must not be lost: handle them too.
+                await _cancelled_on_error(consumer, conn.unsubscribe(self.topics.subscriptions()))
+            await _cancelled(consumer)
+            # Requests already received are answered too (they are ours until acked).
             async with asyncio.timeout_at(deadline):
                 await self._consume(conn, only_queued=True)
         except (TransportError, TimeoutError) as exc:
             log.warning("could not take every queued message before stopping: %s", exc)
         await self._finish_handlers(deadline)
         with contextlib.suppress(TransportError, TimeoutError):
-            for out in self._status.stopped():
-                await conn.publish(out, timeout_s=self._publish_timeout_s)
+            for status in self._status.stopped():
+                await out.publish(status, timeout_s=self._publish_timeout_s)
 
     def _ack(self, message: Inbound) -> None:
         """Answered: acknowledge it, on the connection it came from if that one is live."""
@@ -305,10 +311,9 @@ class _Links:
 
 
 async def _consume_until(
-    consume: Coroutine[None, None, None], out: MqttConnection, stop: asyncio.Event
+    consumer: asyncio.Task[None], out: MqttConnection, stop: asyncio.Event
 ) -> bool:
     """Consume until stop (True) or until either connection fails (raises)."""
-    consumer = asyncio.create_task(consume, name="consume")
     replies_lost = asyncio.create_task(out.lost(), name="replies-watch")
     stopper = asyncio.create_task(stop.wait(), name="stop-wait")
     done, _ = await asyncio.wait(
@@ -319,10 +324,23 @@ async def _consume_until(
         stopper.cancel()
         consumer.result()  # re-raises the TransportError
         return False
-    consumer.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await consumer
+    await _cancelled(consumer)
     replies_lost.cancel()
     if stopper in done:
         return True
     raise TransportError("the reply connection was lost")
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def _cancelled_on_error(task: asyncio.Task[None], step: Awaitable[None]) -> None:
+    """`step`, with `task` running beside it; `task` is cancelled if `step` fails."""
+    try:
+        await step
+    except BaseException:
+        await _cancelled(task)
+        raise

@@ -32,8 +32,10 @@ class _Record:
 class MemoryStore:
     def __init__(self, worker_id: str, max_records: int = 10_000) -> None:
         self._me = Started(worker_id, uuid.uuid4().hex, 0.0)
-        self._records: dict[str, _Record] = {}  # insertion order: oldest first
+        # Oldest first: claims are appended, and finishing moves a record to the end.
+        self._records: dict[str, _Record] = {}
         self._max_records = max_records
+        self._claims = 0
 
     async def __aenter__(self) -> Self:
         return self
@@ -69,7 +71,8 @@ class MemoryStore:
     async def claim(self, key: str, ttl_s: float) -> Claim:
         record = self._live(key)
         if record is None:
-            if len(self._records) % 1024 == 1023:
+            self._claims += 1
+            if self._claims % 1024 == 0:  # amortized; runs also at the bound
                 self._sweep()
             if len(self._records) >= self._max_records:
                 self._evict(len(self._records) - self._max_records + 1)
@@ -84,9 +87,9 @@ class MemoryStore:
         return False  # nothing here outlives its process, so nothing is ever orphaned
 
     async def finish(self, key: str, reply: bytes, ttl_s: float) -> None:
-        record = self._live(key) or _Record(0.0)
+        record = self._records.pop(key, None) or _Record(0.0)
         record.expires_at, record.reply = time.monotonic() + ttl_s, reply
-        self._records[key] = record
+        self._records[key] = record  # at the end: evicted last, whenever it was claimed
         record.close()
 
     async def release(self, key: str) -> None:

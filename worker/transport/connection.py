@@ -19,8 +19,8 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import AsyncExitStack, contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
@@ -100,8 +100,11 @@ class MqttConnection:
             session). With a stable `client_id`, requests received but not acknowledged
             before a crash are delivered again when the same id returns.
         hold: stop reading from the broker while this many received messages wait to
-            be taken; read again once half of them are (None: never stop).
+            be taken; read again once half of them are (None: never stop). Its
+            acknowledgements then arrive only as messages are taken: keep taking while
+            subscribing, and publish on another connection.
         timeout_s: bound on connect/subscribe/publish acknowledgements.
+        keepalive_s: MQTT keepalive: how long a silent broker is trusted.
         tcp_nodelay: off only for the benchmark's baseline; never in production.
     """
 
@@ -117,6 +120,7 @@ class MqttConnection:
         session_expiry_s: int = 0,
         hold: int | None = None,
         timeout_s: float = 10.0,
+        keepalive_s: int = 60,
         tcp_nodelay: bool = True,
     ) -> None:
         tls = ssl.create_default_context() if broker.tls else None
@@ -135,6 +139,7 @@ class MqttConnection:
             will=_will(will) if will else None,
             tls_context=tls,
             timeout=timeout_s,
+            keepalive=keepalive_s,
             max_inflight_messages=max_inflight,
             socket_options=_NODELAY if tcp_nodelay else (),
             properties=connect,
@@ -182,15 +187,13 @@ class MqttConnection:
 
     async def subscribe(self, filters: Sequence[str], qos: int = 1) -> None:
         try:
-            with self._expecting():
-                await self._client.subscribe([(f, qos) for f in filters])
+            await self._client.subscribe([(f, qos) for f in filters])
         except aiomqtt.MqttError as exc:
             raise TransportError(str(exc)) from exc
 
     async def unsubscribe(self, filters: Sequence[str]) -> None:
         try:
-            with self._expecting():
-                await self._client.unsubscribe(list(filters))
+            await self._client.unsubscribe(list(filters))
         except aiomqtt.MqttError as exc:
             raise TransportError(str(exc)) from exc
 
@@ -236,8 +239,7 @@ class MqttConnection:
             )
         )
         try:
-            with self._expecting():
-                await self._sent(sending)
+            await self._sent(sending)
         except aiomqtt.MqttError as exc:
             raise TransportError(str(exc)) from exc
         finally:
@@ -250,15 +252,6 @@ class MqttConnection:
                 sending.cancel()
                 raise TransportError("connection lost before the broker acknowledged")
         sending.result()
-
-    @contextmanager
-    def _expecting(self) -> Iterator[None]:
-        """An acknowledgement is due: a paused socket must read again to see it."""
-        self._reader.expecting(+1)
-        try:
-            yield
-        finally:
-            self._reader.expecting(-1)
 
     async def lost(self) -> None:
         """Returns once the connection is lost, for one that subscribes to nothing (the

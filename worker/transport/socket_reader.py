@@ -7,11 +7,12 @@ with Debian 12's 2.0.11 under a flood), and it never covers QoS 0. So a connecti
 `hold` received messages wait to be taken; TCP flow control then leaves the backlog
 with the broker, as asyncio's own streams do with `pause_reading`.
 
-A paused socket cannot read the acknowledgement of anything the connection sends
-(PUBACK, SUBACK, UNSUBACK), so it reads on while one is due; the worker publishes its
-replies on a second connection so that pausing the first blocks nothing. While paused
-no PINGRESP is read either: paused for longer than the keepalive, paho drops the
-connection, and the session's unacknowledged requests come again on the next one.
+Acknowledgements (SUBACK, UNSUBACK, PUBACK) queue behind the messages, so a connection
+with `hold` reads them only as messages are taken: the worker keeps taking while it
+subscribes and unsubscribes, and publishes on a second connection. While paused no
+PINGRESP is read either; so that paho's keepalive does not drop a connection that is
+merely paused, one packet is read every quarter keepalive (at most that many messages
+over `hold`).
 
 aiomqtt 2.x has no public API for manual acks or for its reader, so this module holds
 the reach past it: `paho_of` (aiomqtt's paho client); everything else goes through
@@ -49,7 +50,7 @@ class BoundedReader:
         self._hold = max(hold, 1) if hold is not None else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd: int | None = None
-        self._expected = 0  # acknowledgements the connection awaits
+        self._probe: asyncio.TimerHandle | None = None
         self.paused = asyncio.Event()  # set while the socket is not read
         self.pauses = 0
 
@@ -70,14 +71,18 @@ class BoundedReader:
 
         def closed(client: paho.Client, userdata: object, sock: SocketLike) -> None:
             aiomqtt_closed(client, userdata, sock)  # removes whichever reader is registered
-            loop.call_soon_threadsafe(self._closed)
+            if _on_loop(loop):
+                self._closed()  # at once: a resume must not register the closed fd
+            else:
+                loop.call_soon_threadsafe(self._closed)
 
         self._paho.on_socket_open = opened
         self._paho.on_socket_close = closed
 
     def _take_over(self, fd: int) -> None:
         assert self._loop is not None
-        if self._paho.socket() is None:  # closed again before this ran
+        sock = self._paho.socket()
+        if sock is None or sock.fileno() != fd:  # closed again before this ran
             return
         self._fd = fd
         self.paused.clear()
@@ -85,6 +90,13 @@ class BoundedReader:
 
     def _closed(self) -> None:
         self._fd = None
+        self.paused.clear()
+        self._stop_probing()
+
+    def _live(self) -> bool:
+        """Our socket is still paho's: registering its fd cannot hit a closed or reused one."""
+        sock = self._paho.socket()
+        return self._fd is not None and sock is not None and sock.fileno() == self._fd
 
     def _read(self) -> None:
         try:
@@ -100,11 +112,13 @@ class BoundedReader:
             if isinstance(sock, socket.socket):  # paho's next read sees the end: lost
                 sock.shutdown(socket.SHUT_RDWR)
             return
-        if self._held() and self._fd is not None and not self.paused.is_set():
+        if self._held() and self._live() and not self.paused.is_set():
             assert self._loop is not None
+            assert self._fd is not None
             self._loop.remove_reader(self._fd)
             self.paused.set()
             self.pauses += 1
+            self._schedule_probe()
             # Once per connection: it says something about the broker, not about a moment.
             level = logging.WARNING if self.pauses == 1 else logging.DEBUG
             log.log(
@@ -116,21 +130,27 @@ class BoundedReader:
             )
 
     def _held(self) -> bool:
-        return (
-            self._hold is not None
-            and not self._expected
-            and len(self._client.messages) >= self._hold
-        )
+        return self._hold is not None and len(self._client.messages) >= self._hold
+
+    def _schedule_probe(self) -> None:
+        assert self._loop is not None
+        interval_s = max(self._paho.keepalive / 4, 0.25)
+        self._probe = self._loop.call_later(interval_s, self._keep_alive)
+
+    def _keep_alive(self) -> None:
+        """Paused: read one packet, so paho sees bytes arrive and keeps the connection."""
+        if self.paused.is_set() and self._live():
+            self._paho.loop_read()
+            self._schedule_probe()
+
+    def _stop_probing(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            self._probe = None
 
     def taken(self) -> None:
         """One message was taken: read again once half of what was held is gone."""
         if self._hold is not None and len(self._client.messages) <= self._hold // 2:
-            self._resume()
-
-    def expecting(self, change: int) -> None:
-        """An acknowledgement is due (+1) or came (-1): only an unpaused socket sees it."""
-        self._expected += change
-        if self._expected:
             self._resume()
 
     def _resume(self) -> None:
@@ -138,9 +158,18 @@ class BoundedReader:
             return
         assert self._loop is not None
         self.paused.clear()
-        if self._fd is not None:
+        self._stop_probing()
+        if self._live():
+            assert self._fd is not None
             self._loop.add_reader(self._fd, self._read)
             self._loop.call_soon(self._read)  # bytes an SSL socket already decoded
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:  # paho's connect thread
+        return False
 
 
 def paho_of(client: aiomqtt.Client) -> paho.Client:
