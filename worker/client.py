@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from toolbus.config import BrokerUrl
 from toolbus.contracts import Reply
 from toolbus.messages import Outbound
+from toolbus.tasks import cancel_and_wait
 from toolbus.transport import MqttConnection, TransportError
 
 log = logging.getLogger("toolbus.client")
@@ -103,10 +104,7 @@ class Client:
         tb: TracebackType | None,
     ) -> None:
         if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                async with asyncio.timeout(self._connect_timeout_s):
-                    await self._reader
+            await cancel_and_wait(self._reader, self._connect_timeout_s)
         for future in self._pending.values():
             future.cancel()
         connection, self._connection = self._connection, None

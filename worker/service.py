@@ -33,6 +33,7 @@ from toolbus.pipeline import Pipeline
 from toolbus.publisher import ConnectionPublisher
 from toolbus.registry import Registry
 from toolbus.status import StatusReporter
+from toolbus.tasks import cancel_and_wait
 from toolbus.topics import Topics
 from toolbus.transport import MqttConnection, TransportError
 
@@ -87,9 +88,8 @@ class Worker:
         self._publisher, self._status = publisher, status
         self._grace_s, self._publish_timeout_s = shutdown_grace_s, publish_timeout_s
         self._reconnect_max_delay_s = reconnect_max_delay_s
-        will = status.worker("offline")
         self._links = _Links(
-            broker, worker_id, will, concurrency, session_expiry_s, publish_timeout_s, tcp_nodelay
+            broker, worker_id, concurrency, session_expiry_s, publish_timeout_s, tcp_nodelay
         )
         self.subscribed = asyncio.Event()
         self.draining = asyncio.Event()  # set once stopping has begun
@@ -170,7 +170,10 @@ class Worker:
         delay_s = RECONNECT_FIRST_DELAY_S
         while not stop.is_set():
             try:
-                async with self._links.requests() as conn, self._links.replies() as out:
+                async with (
+                    self._links.requests(self._status.worker("offline")) as conn,
+                    self._links.replies() as out,
+                ):
                     self._conn = conn
                     self._publisher.attach(out)
                     if not self.draining.is_set():
@@ -224,7 +227,7 @@ class Worker:
             consumer = asyncio.create_task(self._consume(conn), name="consume-draining")
             async with asyncio.timeout(self._publish_timeout_s):
                 await _cancelled_on_error(consumer, conn.unsubscribe(self.topics.subscriptions()))
-            await _cancelled(consumer)
+            await cancel_and_wait(consumer)
             # Requests already received are answered too (they are ours until acked).
             async with asyncio.timeout_at(deadline):
                 await self._consume(conn, only_queued=True)
@@ -278,19 +281,19 @@ class _Links:
 
     broker: BrokerUrl
     worker_id: str
-    will: Outbound
     concurrency: int
     session_expiry_s: int
     timeout_s: float
     tcp_nodelay: bool
 
-    def requests(self) -> MqttConnection:
-        """Where requests arrive: the worker's identity, session and will. It holds at
+    def requests(self, will: Outbound) -> MqttConnection:
+        """Where requests arrive: the worker's identity, session and `will` (made at
+        each connect: it carries the MCP servers' states of that moment). It holds at
         most `concurrency` requests waiting, whatever the broker sends."""
         return MqttConnection(
             self.broker,
             client_id=self.worker_id,
-            will=self.will,
+            will=will,
             receive_maximum=self.concurrency,
             hold=self.concurrency,
             manual_ack=True,
@@ -324,17 +327,11 @@ async def _consume_until(
         stopper.cancel()
         consumer.result()  # re-raises the TransportError
         return False
-    await _cancelled(consumer)
+    await cancel_and_wait(consumer)
     replies_lost.cancel()
     if stopper in done:
         return True
     raise TransportError("the reply connection was lost")
-
-
-async def _cancelled(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
 
 async def _cancelled_on_error(task: asyncio.Task[None], step: Awaitable[None]) -> None:
@@ -342,5 +339,5 @@ async def _cancelled_on_error(task: asyncio.Task[None], step: Awaitable[None]) -
     try:
         await step
     except BaseException:
-        await _cancelled(task)
+        await cancel_and_wait(task)
         raise

@@ -20,6 +20,7 @@ from typing import Self
 import redis.asyncio as aioredis
 
 from toolbus.dedup.store import Claim, Started, done_json, parse
+from toolbus.tasks import cancel_and_wait
 
 log = logging.getLogger("toolbus.dedup")
 
@@ -61,9 +62,7 @@ class RedisStore:
 
     async def __aexit__(self, *exc: object) -> None:
         if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+            await cancel_and_wait(self._heartbeat)
         with contextlib.suppress(Exception):  # a clean stop: nothing of ours runs any more
             await self._redis.delete(self._alive(self._worker_id))
         await self._redis.aclose()
