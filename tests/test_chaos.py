@@ -61,15 +61,16 @@ class Load:
             "ok" if r.error is None else r.error.code.value for r in self.replies.values()
         )
 
-    def tally(self, requests: int, executions: Executions) -> tuple[int, list[str], str]:
-        """Lost requests, keys executed more than once, and the line that reports both."""
+    def report(self, scenario: str, requests: int, executions: Executions) -> None:
+        """Print the counts; nothing lost, nothing executed twice."""
         lost = requests - len(self.replies)
         twice = [key for key, runs in executions.counts().items() if runs > 1]
-        line = (
-            f"answered {len(self.replies)}, lost {lost}, executed twice {len(twice)}, "
-            f"in_doubt {self.codes()['in_doubt']}, resent {self.client.resent}"
+        measured(
+            f"{scenario}: answered {len(self.replies)}, lost {lost}, executed twice "
+            f"{len(twice)}, in_doubt {self.codes()['in_doubt']}, resent {self.client.resent}"
         )
-        return lost, twice, line
+        assert lost == 0
+        assert twice == []
 
 
 def client_for(broker: Broker, prefix: str) -> Client:
@@ -130,13 +131,12 @@ async def test_one_of_two_workers_killed_five_times_under_load(
 
     codes = load.codes()
     in_doubt = {i for i, r in load.replies.items() if r.error is not None}
-    lost, twice, tally = load.tally(requests, executions)
-    measured(
-        f"2 workers, one SIGKILLed {kills}x during {requests} requests (retrying requester): "
-        f"{tally} (started and unanswered at the kills: {sum(in_flight_at_kills)})"
+    load.report(
+        f"2 workers, one SIGKILLed {kills}x during {requests} requests (retrying requester; "
+        f"started and unanswered at the kills: {sum(in_flight_at_kills)})",
+        requests,
+        executions,
     )
-    assert lost == 0
-    assert twice == []
     assert set(codes) <= {"ok", "in_doubt"}, codes
     # In doubt only what a killed worker held: never more than its slots at each kill,
     # and only requests not answered before a kill.
@@ -180,13 +180,12 @@ async def test_the_broker_killed_and_restarted_mid_load(
     finally:
         await asyncio.gather(*(w.stop() for w in workers))
 
-    lost, twice, tally = load.tally(requests, executions)
-    measured(
+    load.report(
         f"broker SIGKILLed and restarted mid-load ({'persistence on' if persistence else 'off'}),"
-        f" {requests} requests: {tally}"
+        f" {requests} requests",
+        requests,
+        executions,
     )
-    assert lost == 0
-    assert twice == []
     assert load.codes() == {"ok": requests}  # the workers lived: every call ran, once
 
 

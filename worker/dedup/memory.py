@@ -99,8 +99,10 @@ class MemoryStore:
 
     async def wait(self, key: str, timeout_s: float) -> bytes | None:
         record = self._live(key)
-        if record is None or record.reply is not None:
-            return record.reply if record else None
+        if record is None:
+            return None
+        if record.reply is not None:
+            return record.reply
         if record.closed is None:
             record.closed = asyncio.Event()
         try:

@@ -6,8 +6,8 @@ objects. Reconnection policy belongs to the caller (the service loop).
 
 Requests are acknowledged by the worker, not on arrival: paho's manual acks are
 switched on and `ack(message)` sends the PUBACK once the message is answered. aiomqtt
-2.x has no public API for this (aiomqtt issue #345), so this module reaches its paho
-client (`Client._client`) in one place, `paho_of`; tests/test_transport.py fails
+2.x has no public API for this (aiomqtt issue #345), so the transport reaches its paho
+client (`Client._client`) in one place, `socket_reader.paho_of`; tests/test_transport.py fails
 loudly if aiomqtt changes underneath. Receive Maximum tells the broker how many
 unacknowledged requests it may push, so a flood waits in the broker, not in our memory;
 `hold` keeps that true with a broker that breaks the promise (see `socket_reader`).
