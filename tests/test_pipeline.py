@@ -35,6 +35,7 @@ from toolbus.messages import Inbound, Outbound
 from toolbus.observability.export import TraceCollector
 from toolbus.observability.metrics import Metrics
 from toolbus.pipeline import Pipeline
+from toolbus.quotas import Quotas
 from toolbus.tools import BUILTIN_TOOLS
 from toolbus.wiring import build_executor, build_registry, topics_for
 
@@ -158,6 +159,7 @@ def rig_for(
         collector=collector,
         metrics=metrics,
         once=once,
+        quotas=Quotas(settings.callers),
     )
     return Rig(pipeline, sent, probe, spans, reader)
 
@@ -440,6 +442,39 @@ async def test_in_doubt_when_the_first_run_was_cut_short(redis_server: RedisServ
     assert rerun["ok"]  # echo is configured idempotent: safe to run again
 
 
+async def test_rate_limited_beyond_the_caller_quota_and_only_that_caller() -> None:
+    probe = Probe()
+    rig = rig_for(probe_tools(probe), probe, callers={"kitchen": {"rate_per_s": 0.01, "burst": 2}})
+    for _ in range(2):
+        assert (await rig.call("echo", {"caller": "kitchen", "arguments": {"text": "x"}}))["ok"]
+    limited = await rig.call("echo", {"caller": "kitchen", "arguments": {"text": "x"}})
+    assert limited["error"]["code"] == "rate_limited"
+    assert limited["error"]["details"]["limit"] == "rate"
+    assert 1000 < limited["error"]["details"]["retry_after_ms"] <= 30_000
+    assert (await rig.call("echo", {"caller": "garage", "arguments": {"text": "x"}}))["ok"]
+    assert rig.counted("toolbus.rate_limited", limit="rate") == 1
+
+
+async def test_rate_limited_beyond_max_in_flight_without_waiting() -> None:
+    probe = Probe()
+    rig = rig_for(probe_tools(probe), probe, callers={"*": {"max_in_flight": 2}})
+    held = [
+        asyncio.create_task(
+            rig.request("gate", {"caller": "kitchen"}, response_topic=f"tb/reply/{n}")
+        )
+        for n in range(2)
+    ]
+    await probe.wait_active(2)
+    async with asyncio.timeout(1):  # refused at once: it never waits for a slot
+        limited = await rig.call("gate", {"caller": "kitchen"})
+    assert limited["error"]["code"] == "rate_limited"
+    assert limited["error"]["details"]["limit"] == "in_flight"
+    assert probe.calls == 2
+    probe.release.set()
+    await asyncio.gather(*held)
+    assert (await rig.call("gate", {"caller": "kitchen"}))["ok"]  # its place came back
+
+
 # Every wire code has a case above; a new code fails here until it has one too.
 CODES_WITH_A_CASE = {
     "bad_request": test_bad_request,
@@ -451,6 +486,7 @@ CODES_WITH_A_CASE = {
     "tool_error": test_tool_error,
     "internal": test_internal_when_the_reply_cannot_be_encoded,
     "in_doubt": test_in_doubt_when_the_first_run_was_cut_short,
+    "rate_limited": test_rate_limited_beyond_the_caller_quota_and_only_that_caller,
 }
 
 

@@ -2,7 +2,8 @@
 
 `[callers.NAME] tools = [...]` lists a caller's tools by any name the registry
 resolves (aliases, other spellings). A profile named `*` applies to callers without
-their own; with no matching profile (or none configured) a caller may use every tool.
+their own, and lends a caller's profile the `tools` it leaves unset; a request that
+names no caller is `anonymous`. With no profile setting `tools`, every tool.
 Names are resolved whenever the registry changes; names that resolve to nothing are
 reported, never guessed at call time.
 """
@@ -12,13 +13,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from toolbus.config import CallerProfile
+from toolbus.callers import ANONYMOUS_CALLER, DEFAULT_CALLER_PROFILE, CallerProfile
 from toolbus.errors import UnknownTool
 from toolbus.registry import Registry, Tool
 
 log = logging.getLogger("toolbus.access")
-
-DEFAULT_PROFILE = "*"
 
 
 class Access:
@@ -31,6 +30,8 @@ class Access:
         allowed: dict[str, frozenset[str]] = {}
         unknown: dict[str, list[str]] = {}
         for caller, profile in self._profiles.items():
+            if profile.tools is None:
+                continue
             names = set()
             for name in profile.tools:
                 try:
@@ -49,7 +50,10 @@ class Access:
     def allows(self, caller: str | None, tool: Tool) -> bool:
         if not self._allowed:
             return True
-        allowed = self._allowed.get(caller or "") if caller else None
-        if allowed is None:
-            allowed = self._allowed.get(DEFAULT_PROFILE)
+        # The profile whose `tools` apply: the caller's own, else `*` (see caller_profile).
+        name = caller or ANONYMOUS_CALLER
+        own = self._profiles.get(name)
+        if own is None or own.tools is None:
+            name = DEFAULT_CALLER_PROFILE
+        allowed = self._allowed.get(name)
         return allowed is None or tool.qualified_name in allowed

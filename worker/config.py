@@ -24,6 +24,9 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from toolbus.callers import CallerProfile
+from toolbus.untrusted import topic_problem
+
 DEFAULT_BROKER_URL = "mqtt://localhost:1883"
 
 T = TypeVar("T")
@@ -224,14 +227,6 @@ def tool_settings(
     return for_tool(tools, name, server) or NO_TOOL_SETTINGS
 
 
-class CallerProfile(BaseModel):
-    """`[callers.NAME]`: the tools a caller may use, by any name that resolves."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    tools: list[str]
-
-
 class Settings(BaseSettings):
     """Everything the worker can be told. Units are in the names."""
 
@@ -276,6 +271,17 @@ class Settings(BaseSettings):
     reply_prefixes: list[str] | None = Field(
         default=None,
         description='Topics replies may go to; default `["{topic_prefix}/reply/"]`.',
+    )
+    caller_identity: Literal["claim", "topic"] = Field(
+        default="claim",
+        description="`claim`: the caller is what the request says (any client can forge it). "
+        "`topic`: the level after `call/` or `tools/`, which broker ACLs tie to the login; "
+        "replies then go only under `{reply_prefix}{caller}/`.",
+    )
+    require_caller: bool = Field(
+        default=False,
+        description="Refuse requests that name no caller (`forbidden`) instead of serving "
+        "them under the `anonymous` (else `*`) profile.",
     )
     concurrency: int = Field(default=64, ge=1, le=10_000)
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
@@ -334,6 +340,25 @@ class Settings(BaseSettings):
                 "topic_prefix must be a plain topic without wildcards or leading / or $"
             )
         return value.rstrip("/")
+
+    @field_validator("reply_prefixes")
+    @classmethod
+    def _reply_prefixes(cls, value: list[str] | None) -> list[str] | None:
+        for prefix in value or ():
+            # An empty prefix (or one without its `/`) would allow far more than it says.
+            if not prefix.endswith("/") or len(prefix) < 2:
+                raise ValueError(f"a reply prefix must be a topic prefix ending in `/`: {prefix!r}")
+            if topic_problem(prefix) is not None or prefix.startswith("/"):
+                raise ValueError(f"a reply prefix must be a plain topic prefix: {prefix!r}")
+        return value
+
+    @field_validator("worker_id")
+    @classmethod
+    def _topic_level(cls, value: str | None) -> str | None:
+        # It names the status topic and the MQTT client: one plain topic level.
+        if value is not None and (topic_problem(value) is not None or "/" in value):
+            raise ValueError("worker_id must be one plain topic level (no `/`, `+`, `#`, `$`)")
+        return value
 
     @field_validator("guards")
     @classmethod

@@ -38,6 +38,9 @@ class ErrorCode(StrEnum):
     IN_DOUBT = "in_doubt"
     """A repeat of a request whose first run was cut short (its worker died): it may or may
     not have taken effect, and the tool is not safe to run again."""
+    RATE_LIMITED = "rate_limited"
+    """The caller is over its quota (`[callers.NAME]` rate or calls in flight); nothing ran.
+    `details.retry_after_ms` says when to try again, `details.limit` which quota it hit."""
 
 
 class _Wire(BaseModel):

@@ -13,6 +13,12 @@ When the sender stops waiting travels with the call: the MQTT v5 Message Expiry 
 (what remains of it when the broker hands the message over) and the body's absolute
 `deadline_ms` (for MQTT 3.1.1 callers), whichever comes first, as a `time.monotonic()`
 instant on the call (`deadline_at`) and on its reply address (`expires_at`).
+
+Whatever the caller sent that the worker would publish to or echo is checked here, before
+anything runs (`toolbus.untrusted`): the reply topic (a valid topic, under the caller's
+reply space), the correlation data (bounded), the id and caller (printable), every string
+of the body (no lone surrogates). A bad reply topic leaves the request without a reply
+address, so it is dead-lettered; any other refusal is answered.
 """
 
 from __future__ import annotations
@@ -28,13 +34,21 @@ from pydantic import ValidationError
 from toolbus.contracts import Request
 from toolbus.errors import BadRequest, Forbidden, ToolbusError
 from toolbus.messages import Inbound
-from toolbus.topics import Topics
+from toolbus.topics import Route, Topics
+from toolbus.untrusted import (
+    MAX_ECHO_BYTES,
+    may_hold_surrogates,
+    shown,
+    surrogate_path,
+    text_problem,
+)
 
 PUBLISH_TRACE_PROPERTY = "toolbus-publish-trace"
 
 # Bounds on what a refusal echoes back: a hostile body must not make a huge reply.
 MAX_PATH_CHARS = 200
 MAX_REPORTED_ERRORS = 20
+MAX_ID_CHARS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +91,12 @@ class Rejected:
 
 def decode(message: Inbound, topics: Topics, max_payload_bytes: int) -> Call | Rejected:
     body: dict[str, Any] | None = None
-    reply = _v5_reply(message)
+    reply: ReplyAddress | None = None
     try:
+        route = topics.route(message.topic)
+        # Only the topic can say who the caller is before the body is read; in `claim`
+        # mode replies are not scoped to callers, so the body's claim is not needed here.
+        reply = _reply_address(message, topics, route.caller if isinstance(route, Route) else None)
         if len(message.payload) > max_payload_bytes:
             raise BadRequest(
                 f"payload of {len(message.payload)} bytes exceeds the limit of {max_payload_bytes}",
@@ -86,28 +104,69 @@ def decode(message: Inbound, topics: Topics, max_payload_bytes: int) -> Call | R
                 size_bytes=len(message.payload),
             )
         body = _parse_object(message.payload)
-        if reply is None and isinstance(body.get("reply_to"), str):
-            reply = ReplyAddress(body["reply_to"], expires_at=_expiry_at(message))
-        if reply is not None and not topics.reply_allowed(reply.topic):
-            bad_topic = reply.topic
-            reply = None
-            raise Forbidden(
-                "reply topic is outside the allowed reply prefixes",
-                allowed_prefixes=list(topics.reply_prefixes),
-                reply_topic=bad_topic[:200],
-            )
+        if reply is None and "reply_to" in body:
+            reply = _body_reply(message, topics, route, body["reply_to"])
+        if may_hold_surrogates(message.payload):
+            _refuse_surrogates(body)
+        if isinstance(route, str):
+            raise BadRequest(f"not a request topic: {shown(message.topic)}", reason=route)
         request = _request(_envelope(body))
-        return _call(message, topics, request, reply)
+        return _call(message, topics, route, request, reply)
     except ToolbusError as error:
         raw_id = body.get("id") if body is not None else None
-        ident, generated = (raw_id, False) if isinstance(raw_id, str) else (_new_id(), True)
+        if isinstance(raw_id, str) and _id_problem(raw_id) is None:
+            ident, generated = raw_id, False
+        else:
+            ident, generated = _new_id(), True
         return Rejected(error, message.topic, message.payload, ident, reply, generated)
 
 
-def _v5_reply(message: Inbound) -> ReplyAddress | None:
+def _refuse_surrogates(body: dict[str, Any]) -> None:
+    """Nothing could carry a lone surrogate further: not the reply, not an MCP server."""
+    try:
+        where = surrogate_path(body)
+    except RecursionError:
+        raise BadRequest("payload is nested too deeply") from None
+    if where is not None:
+        raise BadRequest("a string holds a lone UTF-16 surrogate", reason="surrogate", path=where)
+
+
+def _reply_address(message: Inbound, topics: Topics, caller: str | None) -> ReplyAddress | None:
+    """The v5 reply address, once checked: a bad one raises with no address at all."""
     if message.response_topic is None:
         return None
-    return ReplyAddress(message.response_topic, message.correlation_data, _expiry_at(message))
+    _check_reply_topic(topics, message.response_topic, caller)
+    data = message.correlation_data
+    if data is not None and len(data) > MAX_ECHO_BYTES:
+        raise BadRequest(
+            "correlation data is too long to echo",
+            reason="correlation_data_too_long",
+            limit_bytes=MAX_ECHO_BYTES,
+            size_bytes=len(data),
+        )
+    return ReplyAddress(message.response_topic, data, _expiry_at(message))
+
+
+def _body_reply(
+    message: Inbound, topics: Topics, route: Route | str, reply_to: object
+) -> ReplyAddress | None:
+    """A 3.1.1 caller's `reply_to`, once checked (the envelope model reports a wrong type)."""
+    if not isinstance(reply_to, str):
+        return None
+    _check_reply_topic(topics, reply_to, route.caller if isinstance(route, Route) else None)
+    return ReplyAddress(reply_to, expires_at=_expiry_at(message))
+
+
+def _check_reply_topic(topics: Topics, topic: str, caller: str | None) -> None:
+    """Any reply topic we will not publish to is `forbidden`; `details.reason` says why."""
+    problem = topics.reply_problem(topic, caller)
+    if problem is not None:
+        raise Forbidden(
+            "reply topic is not one a reply may be published to",
+            reason=problem,
+            reply_topic=shown(topic),
+            allowed_prefixes=list(topics.reply_space(caller)),
+        )
 
 
 def _expiry_at(message: Inbound) -> float | None:
@@ -147,6 +206,8 @@ def _envelope(body: dict[str, Any]) -> dict[str, Any]:
         calls = body["tool_calls"]
         if not isinstance(calls, list) or len(calls) != 1:
             raise BadRequest("`tool_calls` must hold exactly one call per message")
+        if not isinstance(calls[0], dict):
+            raise BadRequest("each of `tool_calls` must be an object", reason="not_an_object")
         return _envelope({**{k: v for k, v in body.items() if k != "tool_calls"}, **calls[0]})
     if body.get("type") == "tool_use":
         return {**body, "tool": body.get("name"), "arguments": body.get("input", {})}
@@ -175,31 +236,21 @@ def _request(body: dict[str, Any]) -> Request:
         raise BadRequest("request envelope is invalid", errors=problems) from None
 
 
-def _call(message: Inbound, topics: Topics, request: Request, reply: ReplyAddress | None) -> Call:
-    caller = request.caller
-    from_topic: str | None = None
-    if topics.is_tools_request(message.topic):
+def _call(
+    message: Inbound, topics: Topics, route: Route, request: Request, reply: ReplyAddress | None
+) -> Call:
+    caller = _caller(topics, route, request)
+    if request.id is not None and (problem := _id_problem(request.id)) is not None:
+        raise BadRequest("the request id cannot be echoed", reason=problem)
+    if route.list_tools:
         tool = ""
-        list_tools = True
-        topic_caller = topics.caller_from_tools_topic(message.topic)
-        if topic_caller and caller and topic_caller != caller:
-            raise BadRequest("the topic and the body name different callers")
-        caller = topic_caller or caller
     else:
-        from_topic = topics.tool_from_topic(message.topic)
-        if from_topic is None:
-            raise BadRequest(f"not a request topic: {message.topic}")
-        if (
-            from_topic
-            and request.tool
-            and from_topic != request.tool
-            and not from_topic.endswith("/" + request.tool)
-        ):
+        named_twice = route.tool and request.tool and route.tool != request.tool
+        if named_twice and not (route.ambiguous and route.tool.endswith(f"/{request.tool}")):
             raise BadRequest("the topic and the body name different tools")
-        tool = from_topic or request.tool or ""
+        tool = route.tool or request.tool or ""
         if not tool:
             raise BadRequest("request names no tool: use `{prefix}/call/{tool}` or a `tool` field")
-        list_tools = False
     ident, generated = (request.id, False) if request.id else (_new_id(), True)
     deadline_at = _deadline_at(message, request)
     if reply is not None and deadline_at is not None:
@@ -213,8 +264,8 @@ def _call(message: Inbound, topics: Topics, request: Request, reply: ReplyAddres
         reply=reply,
         caller=caller,
         timeout_s=request.timeout_s,
-        list_tools=list_tools,
-        topic_path=bool(from_topic),
+        list_tools=route.list_tools,
+        topic_path=route.ambiguous,
         payload_bytes=len(message.payload),
         publish_trace=request.publish_trace
         or any(
@@ -229,6 +280,30 @@ def _call(message: Inbound, topics: Topics, request: Request, reply: ReplyAddres
         user_properties=message.user_properties,
         deadline_at=deadline_at,
     )
+
+
+def _caller(topics: Topics, route: Route, request: Request) -> str | None:
+    """Who is calling: the topic's word in `topic` mode, the request's claim otherwise."""
+    claimed = request.caller
+    if claimed is not None and text_problem(claimed) is not None:
+        raise BadRequest("the caller name cannot be echoed", reason="bad_character")
+    if topics.caller_identity == "topic":
+        if claimed is not None and claimed != route.caller:
+            raise Forbidden("the body names a caller the topic does not", reason="caller_mismatch")
+        caller = route.caller
+    else:
+        if route.caller and claimed and route.caller != claimed:
+            raise BadRequest("the topic and the body name different callers")
+        caller = route.caller or claimed
+    if caller is None and topics.require_caller:
+        raise Forbidden("this worker answers only named callers", reason="caller_required")
+    return caller
+
+
+def _id_problem(ident: str) -> str | None:
+    if len(ident) > MAX_ID_CHARS:
+        return "too_long"
+    return text_problem(ident)
 
 
 def _new_id() -> str:

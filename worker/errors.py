@@ -8,7 +8,9 @@
     ├── CallTimeout              timeout
     ├── Unavailable              unavailable
     ├── ToolFailed               tool_error
-    └── InternalError            internal
+    ├── InternalError            internal
+    ├── InDoubt                  in_doubt
+    └── RateLimited              rate_limited
 
 Each leaf carries the wire code it maps to, one to one, and renders its own
 wire body. A local tool may raise any of them to choose the code its caller sees.
@@ -72,6 +74,10 @@ class InternalError(ToolbusError):
 
 class InDoubt(ToolbusError):
     code = ErrorCode.IN_DOUBT
+
+
+class RateLimited(ToolbusError):
+    code = ErrorCode.RATE_LIMITED
 
 
 def json_details(details: dict[str, Any]) -> dict[str, Any]:

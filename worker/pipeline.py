@@ -20,7 +20,7 @@ from toolbus.contracts import ErrorBody, Reply
 from toolbus.decode import Call, Rejected, ReplyAddress, decode
 from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict
 from toolbus.encode import dead_letter, outbound_reply, reply_for_call, reply_for_rejected
-from toolbus.errors import InternalError, Unavailable
+from toolbus.errors import InternalError, RateLimited, Unavailable
 from toolbus.execute import Executor, Outcome
 from toolbus.messages import Inbound, Outbound
 from toolbus.observability.export import COLLECTOR, TraceCollector, descendants, otlp_json
@@ -32,7 +32,9 @@ from toolbus.observability.spans import (
     messaging_attributes,
     trace_id_of,
 )
-from toolbus.topics import Topics
+from toolbus.quotas import Quotas
+from toolbus.topics import MAX_REPLY_TOPIC_BYTES, Topics
+from toolbus.untrusted import shown
 
 log = logging.getLogger("toolbus.pipeline")
 
@@ -55,6 +57,7 @@ class Pipeline:
         publish_traces: send every caller its call's spans, not only those who ask.
         tracer, collector, metrics: telemetry; the process-wide ones by default.
         once: deduplication by request id; none without it.
+        quotas: per-caller admission (`[callers.NAME]` rates and in-flight bounds).
     """
 
     def __init__(
@@ -70,9 +73,11 @@ class Pipeline:
         collector: TraceCollector | None = None,
         metrics: Metrics | None = None,
         once: Once | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         self.executor = executor
         self._once = once
+        self._quotas = quotas if quotas is not None else Quotas({})
         self.topics = topics
         self._publisher = publisher
         self._worker_id = worker_id
@@ -128,7 +133,7 @@ class Pipeline:
             if traced and isinstance(decoded, Call) and decoded.reply is not None:
                 await self._publish_trace(decoded, decoded.reply, span)
         except Exception:
-            log.exception("failed handling a message on %s", message.topic)
+            log.exception("failed handling a message on %s", shown(message.topic))
             # After the answer only the trace could fail: the caller has heard already.
             self._metrics.internal_error("trace" if answered else "handle")
             if not answered:
@@ -144,7 +149,7 @@ class Pipeline:
     async def _reject(self, message: Inbound, rejected: Rejected) -> None:
         log.warning(
             "rejected message on %s: %s (%s)",
-            message.topic,
+            shown(message.topic),
             rejected.error.code.value,
             rejected.error.message,
         )
@@ -154,6 +159,27 @@ class Pipeline:
             await self._dead(message, rejected.error.body(), rejected.id)
 
     async def _call(self, message: Inbound, call: Call) -> None:
+        try:
+            ticket = self._quotas.admit(call.caller)
+        except RateLimited as error:
+            await self._limited(message, call, error)
+            return
+        with ticket:
+            await self._admitted(message, call)
+
+    async def _limited(self, message: Inbound, call: Call, error: RateLimited) -> None:
+        """Over its caller's quota: answered at once, nothing claimed or run. Logged at
+        DEBUG only (a flood would flood the log); counted in `toolbus.rate_limited`."""
+        log.debug("rate limited %s from %s: %s", call.id, shown(call.caller or "-"), error)
+        self._metrics.rate_limited(str(error.details.get("limit")))
+        mark_failed(trace.get_current_span(), error.code.value)
+        reply = reply_for_call(call, Outcome(tool=None, error=error))
+        if call.reply is not None:
+            await self._reply(call.reply, reply)
+        else:
+            await self._dead(message, error.body(), call.id)
+
+    async def _admitted(self, message: Inbound, call: Call) -> None:
         verdict = await self._claim(call)
         if verdict.reply is not None:  # a repeat of an answered request: the same answer
             await self._replay(call, verdict.reply)
@@ -247,7 +273,7 @@ class Pipeline:
                 log.exception("could not send the internal reply to %s normally", ident)
                 await self._publisher.publish(outbound_reply(address, reply))
         except Exception:
-            log.exception("could not answer a message on %s at all", message.topic)
+            log.exception("could not answer a message on %s at all", shown(message.topic))
 
     async def _publish_trace(self, call: Call, address: ReplyAddress, span: trace.Span) -> None:
         """This call's finished spans, as OTLP JSON, after its reply (on `{reply}/trace`)."""
@@ -276,12 +302,12 @@ class Pipeline:
             await self._publisher.publish(out)
 
     async def _dead(self, message: Inbound, error: ErrorBody, ident: str | None) -> None:
-        log.warning("dead-lettering message on %s: %s", message.topic, error.code.value)
+        log.warning("dead-lettering message on %s: %s", shown(message.topic), error.code.value)
         self._metrics.dead_lettered(error.code.value)
         await self._publisher.publish(
             dead_letter(
                 dead_topic=self.topics.dead,
-                topic=message.topic,
+                topic=shown(message.topic, MAX_REPLY_TOPIC_BYTES),
                 payload=message.payload,
                 error=error,
                 ident=ident,

@@ -12,6 +12,7 @@ import logging
 
 from toolbus.messages import Outbound
 from toolbus.transport import MqttConnection, TransportError
+from toolbus.untrusted import shown, topic_problem
 
 log = logging.getLogger("toolbus.publisher")
 
@@ -45,6 +46,11 @@ class ConnectionPublisher:
         self._conn = None
 
     async def publish(self, out: Outbound) -> None:
+        if (problem := topic_problem(out.topic)) is not None:
+            # The last line of defence: the broker would drop the connection, and with
+            # it every request this worker holds (decode refuses such topics first).
+            log.error("refused to publish to an invalid topic %s (%s)", shown(out.topic), problem)
+            return
         try:
             async with asyncio.timeout(self._timeout_s):
                 while True:

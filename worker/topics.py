@@ -1,20 +1,45 @@
-"""Topic templates and reply-topic rules, in one place.
+"""Topic templates, who a request topic says the caller is, and where replies may go.
 
 {prefix}/call              request; tool named in the body
-{prefix}/call/{tool}       request; tool named by the topic
-{prefix}/call/{caller}/{tool}   request from a named caller (when no tool has that name)
+{prefix}/call/{tool}       request; tool named by the topic (caller_identity = "claim")
+{prefix}/call/{caller}     request from {caller}; tool in the body (caller_identity = "topic")
+{prefix}/call/{caller}/{tool}   request from a named caller
 {prefix}/tools             list tool definitions (answered like a call)
 {prefix}/tools/{caller}    list the tool definitions that caller may use
 {prefix}/dead              dead letters: requests that could not be answered
 {prefix}/status/workers/{worker_id}   retained worker status, last will `offline`
 {prefix}/status/servers/{name}        retained state of one MCP server
+
+Two ways to learn the caller (`caller_identity`): `claim` takes what the request says
+(the body's `caller`, or `call/{caller}/{tool}` when no tool has that name), which any
+client can forge; `topic` takes the level after `call/` or `tools/`, which the broker's
+ACL ties to the client's login (`pattern write toolbus/call/%u/#`). In `topic` mode a
+reply may only go under `{reply_prefix}{caller}/`, so no client can make the worker
+publish on another caller's replies.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-MAX_TOPIC_BYTES = 1024
+from toolbus.callers import ANONYMOUS_CALLER
+from toolbus.untrusted import text_problem, topic_problem
+
+MAX_REPLY_TOPIC_BYTES = 1024
+MAX_NAME_CHARS = 200  # a caller or tool named by a topic level
+
+CallerIdentity = Literal["claim", "topic"]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What a request topic says: a call or a tool listing, and maybe its caller and tool."""
+
+    list_tools: bool
+    caller: str | None = None
+    tool: str = ""  # "" when the body names it
+    ambiguous: bool = False  # claim mode `call/a/b`: caller `a` and tool `b`, or tool `a/b`
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +47,8 @@ class Topics:
     prefix: str
     shared_group: str
     reply_prefixes: tuple[str, ...]
+    caller_identity: CallerIdentity = "claim"
+    require_caller: bool = False
 
     @property
     def call(self) -> str:
@@ -48,30 +75,53 @@ class Topics:
             return filters
         return tuple(f"$share/{self.shared_group}/{f}" for f in filters)
 
-    def tool_from_topic(self, topic: str) -> str | None:
-        """The tool a topic names, `""` for the bare call topic, None if not a call topic."""
-        if topic == self.call:
-            return ""
-        head = self.call + "/"
-        if topic.startswith(head):
-            return topic[len(head) :]
+    def route(self, topic: str) -> Route | str:
+        """What a request topic names, or why it names nothing usable (a reason key)."""
+        for base, list_tools in ((self.call, False), (self.tools, True)):
+            if topic == base:
+                return Route(list_tools)
+            if topic.startswith(base + "/"):
+                return self._levels(topic[len(base) + 1 :], list_tools)
+        return "not_a_request_topic"
+
+    def _levels(self, rest: str, list_tools: bool) -> Route | str:
+        if self.caller_identity == "topic":
+            caller, _, tool = rest.partition("/")
+            if list_tools and tool:
+                return "too_many_levels"
+        elif list_tools:
+            caller, tool = rest, ""
+        else:
+            caller, tool = "", rest
+        for name in (caller, tool):
+            if len(name) > MAX_NAME_CHARS:
+                return "name_too_long"
+            if text_problem(name) is not None:
+                return "bad_character"
+        if caller == "" and self.caller_identity == "topic":
+            return "empty_level"
+        return Route(list_tools, caller or None, tool, ambiguous="/" in tool and not caller)
+
+    def is_request(self, topic: str) -> bool:
+        """Is `topic` one the worker takes requests on (well-formed or not)?"""
+        return any(
+            topic == base or topic.startswith(base + "/") for base in (self.call, self.tools)
+        )
+
+    def reply_problem(self, topic: str, caller: str | None) -> str | None:
+        """Why a reply may not go to `topic` for `caller` (a reason key), or None."""
+        if (problem := topic_problem(topic, max_bytes=MAX_REPLY_TOPIC_BYTES)) is not None:
+            return problem
+        # Whatever the prefixes allow, a reply must never become a request.
+        if self.is_request(topic):
+            return "request_topic"
+        if not any(topic.startswith(prefix) for prefix in self.reply_space(caller)):
+            return "outside_prefixes"
         return None
 
-    def is_tools_request(self, topic: str) -> bool:
-        return topic == self.tools or topic.startswith(self.tools + "/")
-
-    def caller_from_tools_topic(self, topic: str) -> str | None:
-        if topic == self.tools:
-            return None
-        return topic[len(self.tools) + 1 :] or None
-
-    def reply_allowed(self, topic: str) -> bool:
-        """May a reply go here? Refuses wildcards, `$` topics and foreign prefixes."""
-        if not topic or len(topic.encode()) > MAX_TOPIC_BYTES:
-            return False
-        if "+" in topic or "#" in topic or "\x00" in topic or topic.startswith("$"):
-            return False
-        # Whatever the prefixes allow, a reply must never become a request.
-        if self.tool_from_topic(topic) is not None or self.is_tools_request(topic):
-            return False
-        return any(topic.startswith(prefix) for prefix in self.reply_prefixes)
+    def reply_space(self, caller: str | None) -> tuple[str, ...]:
+        """The prefixes `caller`'s replies may go under: its own level of each reply
+        prefix when the topic names callers, the reply prefixes themselves otherwise."""
+        if self.caller_identity != "topic":
+            return self.reply_prefixes
+        return tuple(f"{prefix}{caller or ANONYMOUS_CALLER}/" for prefix in self.reply_prefixes)

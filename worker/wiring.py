@@ -26,6 +26,7 @@ from toolbus.observability.export import TraceCollector
 from toolbus.observability.metrics import Metrics
 from toolbus.pipeline import Pipeline
 from toolbus.publisher import ConnectionPublisher
+from toolbus.quotas import Quotas
 from toolbus.registry import Registry
 from toolbus.status import StatusReporter
 from toolbus.topics import Topics
@@ -70,7 +71,13 @@ def build_executor(
 
 
 def topics_for(settings: Settings) -> Topics:
-    return Topics(settings.topic_prefix, settings.shared_group, settings.allowed_reply_prefixes)
+    return Topics(
+        settings.topic_prefix,
+        settings.shared_group,
+        settings.allowed_reply_prefixes,
+        caller_identity=settings.caller_identity,
+        require_caller=settings.require_caller,
+    )
 
 
 def build_worker(
@@ -139,6 +146,7 @@ def build_worker(
         collector=collector,
         metrics=metrics,
         once=once,
+        quotas=Quotas(settings.callers),
     )
     return Worker(
         broker=settings.broker,

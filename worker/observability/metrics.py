@@ -5,6 +5,7 @@
     toolbus.calls.in_flight       up-down    {}                messages being handled
     toolbus.normalize.rewrites    counter    {rule}            normalization report entries
     toolbus.dead_letters          counter    {code}
+    toolbus.rate_limited          counter    {limit}           limit: rate or in_flight
     toolbus.internal_errors       counter    {stage}           bugs caught: see docs/operations.md
     toolbus.mcp.server.up         gauge      {server}          1 ready, 0 otherwise
 
@@ -56,6 +57,11 @@ class Metrics:
         self._dead = meter.create_counter(
             "toolbus.dead_letters", unit="{message}", description="Messages dead-lettered"
         )
+        self._limited = meter.create_counter(
+            "toolbus.rate_limited",
+            unit="{message}",
+            description="Requests refused because their caller was over its quota",
+        )
         self._internal = meter.create_counter(
             "toolbus.internal_errors",
             unit="{message}",
@@ -88,6 +94,9 @@ class Metrics:
 
     def dead_lettered(self, code: str) -> None:
         self._dead.add(1, {"code": code})
+
+    def rate_limited(self, limit: str) -> None:
+        self._limited.add(1, {"limit": limit})
 
     def internal_error(self, stage: str) -> None:
         self._internal.add(1, {"stage": stage})
