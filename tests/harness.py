@@ -59,11 +59,17 @@ class Broker:
     """A mosquitto process of our own; tests may stop and restart it."""
 
     def __init__(
-        self, directory: Path, *, persistence: bool = False, max_queued_messages: int = 1000
+        self,
+        directory: Path,
+        *,
+        persistence: bool = False,
+        max_queued_messages: int = 1000,
+        extra_config: str = "",
     ) -> None:
         """`persistence`: sessions and queued messages saved to `directory` every second
         (and restored on start); `max_queued_messages`: per-session backlog (mosquitto's
-        default 1000; beyond it the broker drops QoS 1 messages for that session)."""
+        default 1000; beyond it the broker drops QoS 1 messages for that session);
+        `extra_config`: more mosquitto.conf lines (e.g. a password file and an ACL)."""
         self.port = free_port()
         self.url = f"mqtt://127.0.0.1:{self.port}"
         self.config = directory / "mosquitto.conf"
@@ -74,7 +80,10 @@ class Broker:
         )
         self.config.write_text(
             f"listener {self.port} 127.0.0.1\n"
-            "allow_anonymous true\n"
+            # Run as root (CI), mosquitto would drop to its own user before reading the
+            # password and ACL files, which it cannot then read from a 0700 temp folder.
+            "user root\n"
+            f"{extra_config or 'allow_anonymous true'}\n"
             "set_tcp_nodelay true\n"
             f"{saving}"
             f"max_queued_messages {max_queued_messages}\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import uuid
 from types import TracebackType
 from typing import Any, Self
@@ -33,15 +34,22 @@ def call_topic(topics: Topics, tool: str | None = None) -> str:
 
 
 class Caller:
-    def __init__(self, url: str, *, v5: bool = True) -> None:
+    def __init__(
+        self, url: str, *, v5: bool = True, username: str | None = None, password: str | None = None
+    ) -> None:
         b = BrokerUrl.from_url(url)
         self.v5 = v5
         self.client = aiomqtt.Client(
             b.host,
             b.port,
+            username=username,
+            password=password,
             identifier=f"test-{uuid.uuid4().hex[:10]}",
             protocol=aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
             max_inflight_messages=1000,
+            # As the worker does: without it each QoS 1 round trip can wait out Nagle's
+            # delay, and the callers, not the worker, would set the pace of a load test.
+            socket_options=((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),),
         )
         self.client.pending_calls_threshold = 10_000
         # Replies to `call()` go to the waiting future (by correlation data or body id);
@@ -80,10 +88,15 @@ class Caller:
             return None
         return ident.encode() if isinstance(ident, str) else None
 
-    async def subscribe(self, topic: str) -> None:
-        if topic not in self._subscribed:
-            await self.client.subscribe(topic, qos=1)
+    async def subscribe(self, topic: str) -> int:
+        """Subscribed (QoS 1); returns the broker's reason code (0x80 and up: refused)."""
+        if topic in self._subscribed:
+            return 1
+        granted = await self.client.subscribe(topic, qos=1)
+        code = int(getattr(granted[0], "value", granted[0])) if granted else 0x80
+        if code < 0x80:
             self._subscribed.add(topic)
+        return code
 
     async def publish(
         self,

@@ -13,9 +13,13 @@ import logging
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tests.hostile import envelopes, tool_names
 from tests.test_pipeline import REPLY, Rig, rig_for
 from tests.tools import Probe, probe_tools
+from toolbus.contracts import ErrorCode
 from toolbus.messages import Inbound
 from toolbus.untrusted import shown, topic_problem
 
@@ -254,3 +258,35 @@ def test_shown_is_printable_and_bounded() -> None:
     text = shown("a\x01b\ud800" + "x" * 500)
     assert text.isprintable()
     assert len(text) < 260
+
+
+# -- fuzzing: whatever the envelope holds, exactly one well-formed answer -------------
+
+FUZZ_RIG = hostile_rig(max_payload_bytes=64 * 1024)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=envelopes(), v5=st.booleans(), topic_tool=st.one_of(st.none(), tool_names))
+async def test_fuzzed_envelopes_get_exactly_one_answer_and_never_internal(
+    body: dict[str, Any], v5: bool, topic_tool: str | None
+) -> None:
+    topic = f"tb/call/{topic_tool}" if topic_tool else "tb/call"
+    payload = json.dumps(body).encode()
+    await send(
+        FUZZ_RIG,
+        topic,
+        payload,
+        response_topic=REPLY if v5 else None,
+        correlation_data=b"c" if v5 else None,
+    )
+    if not v5 and FUZZ_RIG.sent.sent == []:
+        # A 3.1.1 success without a usable reply address publishes nothing, by design.
+        return
+    where, answer = only_answer(FUZZ_RIG)
+    codes = {code.value for code in ErrorCode}
+    if where == "tb/dead":
+        assert answer["error"]["code"] in codes - {"internal"}, answer
+        assert len(json.dumps(answer)) < 2 * len(payload) + 4096
+    else:
+        assert isinstance(answer["ok"], bool)
+        assert answer.get("error", {}).get("code", "ok") in (codes | {"ok"}) - {"internal"}, answer

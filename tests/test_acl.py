@@ -1,0 +1,146 @@
+"""Caller identity from the broker: the shipped ACL and `caller_identity = "topic"`, end to end.
+
+A mosquitto of our own with `allow_anonymous false`, a password file made by
+`mosquitto_passwd`, and the ACL the project ships (compose/mosquitto/acl). Logged in as
+`kitchen`, a client cannot act as `garage`, cannot read `garage`'s replies, and cannot
+make the worker publish on them. Every "nothing arrived" is bounded by a later message
+the same client does receive (the broker keeps each session's order).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from tests.harness import Broker, make_settings, running_worker
+from tests.mqtt import Caller
+from toolbus.service import Worker
+
+ROOT = Path(__file__).parent.parent
+ACL = ROOT / "compose" / "mosquitto" / "acl"
+LOGINS = {"toolbus": "pw-worker", "operator": "pw-op", "kitchen": "pw-k", "garage": "pw-g"}
+
+
+@pytest.fixture(scope="module")
+def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    directory = tmp_path_factory.mktemp("mosquitto-acl")
+    passwords = directory / "passwords"
+    passwords.write_text("".join(f"{login}:{pw}\n" for login, pw in LOGINS.items()))
+    tool = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
+    subprocess.run([tool, "-U", str(passwords)], check=True, timeout=30)
+    assert "pw-k" not in passwords.read_text()  # hashed, as an operator would ship it
+    shutil.copy(ACL, directory / "acl")
+    broker = Broker(
+        directory,
+        extra_config=(
+            f"allow_anonymous false\npassword_file {passwords}\nacl_file {directory / 'acl'}"
+        ),
+    )
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest_asyncio.fixture(scope="module")
+async def acl_worker(secured_broker: Broker) -> AsyncIterator[Worker]:
+    host = secured_broker.url.removeprefix("mqtt://")
+    settings = make_settings(
+        secured_broker,
+        broker_url=f"mqtt://toolbus:{LOGINS['toolbus']}@{host}",
+        topic_prefix="toolbus",
+        caller_identity="topic",
+    )
+    async with running_worker(settings) as worker:
+        yield worker
+
+
+def login(broker: Broker, name: str) -> Caller:
+    return Caller(broker.url, username=name, password=LOGINS[name])
+
+
+async def echo(caller: Caller, name: str, reply: str) -> dict[str, object]:
+    body = {"arguments": {"text": name}}
+    answer, _ = await caller.call(f"toolbus/call/{name}/echo", body, reply_topic=reply)
+    return answer
+
+
+async def test_a_caller_can_call_as_itself(acl_worker: Worker, secured_broker: Broker) -> None:
+    async with login(secured_broker, "kitchen") as kitchen:
+        reply = await echo(kitchen, "kitchen", "toolbus/reply/kitchen/r1")
+    assert reply["ok"] is True
+
+
+async def test_a_caller_cannot_publish_as_another(
+    acl_worker: Worker, secured_broker: Broker
+) -> None:
+    async with (
+        login(secured_broker, "kitchen") as kitchen,
+        login(secured_broker, "operator") as operator,
+    ):
+        assert await operator.subscribe("toolbus/call/#") < 0x80
+        await kitchen.publish(
+            "toolbus/call/garage/echo",
+            b'{"arguments": {"text": "spoof"}}',
+            response_topic="toolbus/reply/kitchen/spoof",
+            correlation=b"spoof",
+        )
+        assert (await echo(kitchen, "kitchen", "toolbus/reply/kitchen/r2"))["ok"] is True
+        seen = [m.topic.value for m in operator.unclaimed()]
+        # Only kitchen's own request ever reached a subscriber; the spoof never got past.
+        assert seen == ["toolbus/call/kitchen/echo"]
+        assert kitchen.unclaimed() == []
+
+
+async def test_a_caller_cannot_read_another_callers_replies(
+    acl_worker: Worker, secured_broker: Broker
+) -> None:
+    async with (
+        login(secured_broker, "kitchen") as kitchen,
+        login(secured_broker, "garage") as garage,
+    ):
+        # mosquitto 2.0 grants the subscription and checks `read` on each delivery.
+        await kitchen.subscribe("toolbus/reply/garage/#")
+        assert (await echo(garage, "garage", "toolbus/reply/garage/r1"))["ok"] is True
+        assert (await echo(kitchen, "kitchen", "toolbus/reply/kitchen/r3"))["ok"] is True
+        assert kitchen.unclaimed() == []
+
+
+async def test_a_caller_cannot_make_the_worker_publish_on_another_callers_replies(
+    acl_worker: Worker, secured_broker: Broker
+) -> None:
+    async with (
+        login(secured_broker, "kitchen") as kitchen,
+        login(secured_broker, "garage") as garage,
+        login(secured_broker, "operator") as operator,
+    ):
+        assert await garage.subscribe("toolbus/reply/garage/#") < 0x80
+        assert await operator.subscribe("toolbus/dead") < 0x80
+        await kitchen.publish(
+            "toolbus/call/kitchen/echo",
+            b'{"id": "forged-ok", "arguments": {"text": "x"}}',
+            response_topic="toolbus/reply/garage/inbox",
+            correlation=b"garage-correlation",
+        )
+        letter = json.loads((await operator.next_message()).payload)
+        assert letter["error"]["code"] == "forbidden"
+        assert letter["error"]["details"]["reason"] == "outside_prefixes"
+        assert (await echo(garage, "garage", "toolbus/reply/garage/r2"))["ok"] is True
+        assert garage.unclaimed() == []
+
+
+async def test_a_body_claim_of_another_caller_is_forbidden(
+    acl_worker: Worker, secured_broker: Broker
+) -> None:
+    async with login(secured_broker, "kitchen") as kitchen:
+        body = {"caller": "garage", "arguments": {"text": "x"}}
+        reply, _ = await kitchen.call(
+            "toolbus/call/kitchen/echo", body, reply_topic="toolbus/reply/kitchen/r4"
+        )
+    assert reply["error"]["code"] == "forbidden"
+    assert reply["error"]["details"]["reason"] == "caller_mismatch"
