@@ -16,6 +16,7 @@ from typing import Any, Self
 import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 
 from toolbus.config import BrokerUrl
 from toolbus.topics import Topics
@@ -93,7 +94,8 @@ class Caller:
         if topic in self._subscribed:
             return 1
         granted = await self.client.subscribe(topic, qos=1)
-        code = int(getattr(granted[0], "value", granted[0])) if granted else 0x80
+        first = granted[0] if granted else 0x80
+        code = first.value if isinstance(first, ReasonCode) else int(first)
         if code < 0x80:
             self._subscribed.add(topic)
         return code
