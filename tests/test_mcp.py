@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -95,8 +96,11 @@ async def test_killed_stdio_server_gives_unavailable_not_a_hang(
         pids = demo_server_pids(mark)
         assert len(pids) == 1
         os.kill(pids[0], signal.SIGKILL)
+        began = time.monotonic()
         reply = await caller.call_tool(worker.topics, "list_devices", {}, wait_s=10)
+        took_s = time.monotonic() - began
         assert reply["error"]["code"] == "unavailable"
+        assert took_s < 2.0, f"unavailable after {took_s:.2f} s, not at once"
         assert reply["error"]["details"]["server"] == "victim"
         # The worker itself carries on.
         assert (await caller.call_tool(worker.topics, "echo", {"text": "x"}))["ok"]
