@@ -638,9 +638,10 @@ async def test_argument_values_are_logged_with_log_arguments(
 async def test_hostile_argument_names_are_escaped_and_bounded_in_the_log(
     caplog: pytest.LogCaptureFixture, rig: Rig
 ) -> None:
-    names = {"line\nbreak": 1, "x" * 3000: 2}
+    names = {"line\nbreak": 1, "x" * 1000: 2, **{f"k{i}": i for i in range(200)}}
     with caplog.at_level(logging.INFO, logger="toolbus.execute"):
         await rig.call("no_such_tool", {"arguments": names})
     [line] = [r for r in caplog.records if hasattr(r, "call_id")]
     assert "\n" not in line.getMessage() and "line\\nbreak:1B" in line.getMessage()
     assert len(line.getMessage()) < 1000
+    assert len(vars(line)["argument_names"]) == 50  # the names in `extra` are bounded too

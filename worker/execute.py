@@ -39,7 +39,8 @@ from toolbus.validate import check_arguments
 log = logging.getLogger("toolbus.execute")
 
 LOGGED_ARGUMENTS_CHARS = 500
-LOGGED_NAME_CHARS = 64  # a caller chooses the keys: one must not make a huge log line
+LOGGED_NAME_CHARS = 64  # a caller chooses the keys: they must not make a huge log line
+LOGGED_NAMES = 50
 
 
 class Startup(Protocol):
@@ -293,14 +294,14 @@ class Executor:
                 "call_id": call.id,
                 "tool": outcome.tool or call.tool,
                 "outcome": outcome_text,
-                "argument_names": [_loggable_name(name) for name in sizes],
+                "argument_names": [_loggable_name(name) for name in list(sizes)[:LOGGED_NAMES]],
                 "argument_bytes": sum(sizes.values()),
             },
         )
 
 
 def _json_bytes(value: Any) -> int:
-    """A value's size as the caller sent it: its JSON, in UTF-8 bytes."""
+    """A value's size: its compact JSON, in UTF-8 bytes."""
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
     return len(text.encode("utf-8", "surrogatepass"))  # a lone surrogate still has a size
 
