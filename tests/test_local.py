@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from typing import Literal
 import pytest
 
 from toolbus.backends.local import ENTRY_POINT_GROUP, LocalTool, load_entry_points, to_result, tool
+from toolbus.contracts import ErrorCode
 from toolbus.errors import InvalidArguments, ToolFailed
 from toolbus.tools import BUILTIN_TOOLS
 
@@ -60,6 +62,40 @@ async def test_exceptions_become_tool_error_and_toolbus_errors_pass_through() ->
     assert caught.value.details["exception"] == "KeyError"
     with pytest.raises(InvalidArguments):
         await invoke({"kind": "mine"})
+
+
+class Unusual(BaseException):
+    """Neither an Exception nor one of Python's own control signals."""
+
+
+@pytest.mark.parametrize(
+    "raised", [SystemExit(3), KeyboardInterrupt(), Unusual("odd")], ids=lambda e: type(e).__name__
+)
+async def test_base_exceptions_from_a_tool_are_its_failure(raised: BaseException) -> None:
+    """`sys.exit()` in a tool is that call's `tool_error`, not the worker's end."""
+
+    @tool
+    async def quits() -> str:
+        raise raised
+
+    with pytest.raises(ToolFailed) as caught:
+        await quits.to_tool().invoke({})
+    assert caught.value.code is ErrorCode.TOOL_ERROR
+    assert caught.value.details["exception"] == type(raised).__name__
+
+
+@pytest.mark.parametrize("signal", [asyncio.CancelledError, GeneratorExit])
+async def test_cancellation_and_generator_exit_keep_their_meaning(
+    signal: type[BaseException],
+) -> None:
+    """A timeout or shutdown cancels the tool: that must reach the executor as such."""
+
+    @tool
+    async def stopped() -> str:
+        raise signal
+
+    with pytest.raises(signal):
+        await stopped.to_tool().invoke({})
 
 
 def test_results() -> None:

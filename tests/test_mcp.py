@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from tests.harness import DEMO_SERVER, Broker, free_port, make_settings, running
 from tests.logwait import watching
 from tests.mqtt import Caller
 from tests.processes import start_http_demo, stop_process
+from toolbus.backends.local import tool
 
 
 @pytest_asyncio.fixture
@@ -93,8 +96,34 @@ async def test_killed_stdio_server_gives_unavailable_not_a_hang(
         pids = demo_server_pids(mark)
         assert len(pids) == 1
         os.kill(pids[0], signal.SIGKILL)
+        began = time.monotonic()
         reply = await caller.call_tool(worker.topics, "list_devices", {}, wait_s=10)
+        took_s = time.monotonic() - began
         assert reply["error"]["code"] == "unavailable"
+        assert took_s < 2.0, f"unavailable after {took_s:.2f} s, not at once"
         assert reply["error"]["details"]["server"] == "victim"
         # The worker itself carries on.
         assert (await caller.call_tool(worker.topics, "echo", {"text": "x"}))["ok"]
+
+
+@tool(name="list_devices")
+async def local_list_devices() -> str:
+    """A local tool with the name the demo server's tool has."""
+    return "the local list"
+
+
+async def test_a_local_tool_keeps_its_name_and_the_mcp_tool_is_qualified(
+    broker: Broker, caller: Caller
+) -> None:
+    settings = make_settings(broker, mcpServers={"devices": DEMO_SERVER})
+    with watching("toolbus.registry", "both expose", logging.WARNING) as collision:
+        async with running_worker(settings, [local_list_devices]) as worker:
+            local = await caller.call_tool(worker.topics, "list_devices", {})
+            assert (local["tool"], local["result"]["text"]) == ("list_devices", "the local list")
+            remote = await caller.call_tool(worker.topics, "devices.list_devices", {})
+            assert remote["tool"] == "devices.list_devices" and remote["ok"], remote
+            assert remote["result"]["text"] != "the local list"
+            listed = {t["name"]: t["origin"] for t in await caller.list_tools(worker.topics)}
+            assert listed["list_devices"] == "local"
+            assert listed["devices.list_devices"] == "mcp:devices"
+    assert [r.levelno for r in collision.records] == [logging.WARNING]

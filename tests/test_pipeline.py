@@ -8,6 +8,7 @@ reconnects, drain, flow control) stays in test_worker.py.
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import json
 import logging
@@ -24,7 +25,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.harness import ListPublisher, RedisServer
-from tests.tools import Probe, probe_tools
+from tests.tools import Probe, probe_tools, quits
 from toolbus.backends.local import LocalTool, tool
 from toolbus.config import Settings
 from toolbus.contracts import ErrorCode, ToolResult
@@ -33,6 +34,7 @@ from toolbus.dedup.redis import RedisStore
 from toolbus.errors import ToolFailed
 from toolbus.messages import Inbound, Outbound
 from toolbus.observability.export import TraceCollector
+from toolbus.observability.logs import JsonFormatter
 from toolbus.observability.metrics import Metrics
 from toolbus.pipeline import Pipeline
 from toolbus.quotas import Quotas
@@ -155,6 +157,7 @@ def rig_for(
         sent,
         worker_id="w1",
         max_payload_bytes=settings.max_payload_bytes,
+        dead_letter_max_bytes=settings.dead_letter_max_bytes,
         tracer=tracer,
         collector=collector,
         metrics=metrics,
@@ -167,7 +170,7 @@ def rig_for(
 def standard_rig(publisher: ListPublisher | None = None, store: DedupStore | None = None) -> Rig:
     probe = Probe()
     return rig_for(
-        [*probe_tools(probe), when_failed, unencodable],
+        [*probe_tools(probe), when_failed, unencodable, quits],
         probe,
         publisher,
         store,
@@ -334,6 +337,16 @@ async def test_tool_error(rig: Rig) -> None:
     reply = await rig.call("explode", {"arguments": {"reason": "boom"}})
     assert reply["error"]["code"] == "tool_error"
     assert reply["error"]["details"]["exception"] == "ValueError"
+
+
+@pytest.mark.parametrize(
+    ("how", "exception"), [("exit", "SystemExit"), ("interrupt", "KeyboardInterrupt")]
+)
+async def test_a_tool_that_exits_gets_tool_error(rig: Rig, how: str, exception: str) -> None:
+    reply = await rig.call("quits", {"arguments": {"how": how}})
+    assert reply["error"]["code"] == "tool_error"
+    assert reply["error"]["details"]["exception"] == exception
+    assert (await rig.call("echo", {"arguments": {"text": "after"}}))["ok"]
 
 
 async def test_tool_error_details_that_are_not_json_still_reach_the_caller(rig: Rig) -> None:
@@ -507,6 +520,53 @@ async def test_dead_letters_keep_the_payload_and_topic(rig: Rig) -> None:
     assert rig.counted("toolbus.dead_letters", code="unknown_tool") == 1
 
 
+def bounded_rig(**overrides: Any) -> Rig:
+    probe = Probe()
+    return rig_for(probe_tools(probe), probe, max_payload_bytes=16_384, **overrides)
+
+
+async def test_dead_letters_keep_at_most_4_kib_by_default() -> None:
+    rig = bounded_rig()
+    payload = b"not json: " + b"x" * 5000 + b" SECRET-TAIL"
+    await rig.request(None, payload, response_topic=None)
+    [letter] = rig.dead()
+    assert letter["payload"] == payload[:4096].decode()
+    assert (letter["payload_bytes"], letter["truncated"]) == (len(payload), True)
+    assert b"SECRET-TAIL" not in rig.sent.sent[0].payload
+
+
+async def test_a_character_cut_by_the_bound_is_left_out_not_base64() -> None:
+    rig = bounded_rig(dead_letter_max_bytes=100)
+    payload = b"x" * 99 + "é".encode() * 10  # byte 100 is the first half of an é
+    await rig.request(None, payload, response_topic=None)
+    [letter] = rig.dead()
+    assert (letter["encoding"], letter["payload"]) == ("utf-8", "x" * 99)
+    assert (letter["payload_bytes"], letter["truncated"]) == (119, True)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"\xff\xfe binary" + b"y" * 200, b"ends mid-character \xc3"],
+    ids=["binary-and-cut", "whole-but-incomplete"],
+)
+async def test_invalid_utf8_is_base64_of_the_kept_bytes(payload: bytes) -> None:
+    rig = bounded_rig(dead_letter_max_bytes=100)
+    await rig.request(None, payload, response_topic=None)
+    [letter] = rig.dead()
+    assert letter["encoding"] == "base64"
+    assert base64.b64decode(letter["payload"]) == payload[:100]
+    assert (letter["payload_bytes"], letter["truncated"]) == (len(payload), len(payload) > 100)
+
+
+async def test_dead_letter_max_bytes_0_keeps_no_payload() -> None:
+    rig = bounded_rig(dead_letter_max_bytes=0)
+    await rig.request("no_such_tool", {"arguments": {"secret": "s3cr3t"}}, response_topic=None)
+    [letter] = rig.dead()
+    assert letter["error"]["code"] == "unknown_tool"
+    assert (letter["payload"], letter["truncated"]) == ("", True)
+    assert letter["payload_bytes"] == len(b'{"arguments": {"secret": "s3cr3t"}}')
+
+
 async def test_a_success_without_reply_address_publishes_nothing(rig: Rig) -> None:
     await rig.request("echo", {"arguments": {"text": "x"}}, response_topic=None)
     assert rig.sent.sent == []
@@ -555,5 +615,69 @@ async def test_slow_calls_log_a_warning(
     rig = rig_for(probe_tools(probe), probe, slow_call_ms=slow_call_ms)
     with caplog.at_level(logging.INFO, logger="toolbus.execute"):
         reply = await rig.call("busy", {"arguments": {"n": 1, "hold_ms": 20}})
-    levels = {r.call_id: r.levelno for r in caplog.records if hasattr(r, "call_id")}
-    assert levels[reply["id"]] == level
+    [line] = [r for r in caplog.records if getattr(r, "call_id", None) == reply["id"]]
+    assert line.levelno == level
+    # The fast call is not flagged in any way: no warning anywhere, no "slow" in its line.
+    slow = level == logging.WARNING
+    assert ("(slow: over" in line.getMessage()) is slow
+    assert any(r.levelno >= logging.WARNING for r in caplog.records) is slow
+
+
+SECRET = "Flat 3, 12 Quiet Lane"  # distinctive: in a log only if a value leaked there
+
+
+async def log_of_calls_carrying_a_secret(caplog: pytest.LogCaptureFixture, rig: Rig) -> str:
+    """Calls that succeed, fail in the tool, fail validation and name no tool, each with
+    the secret in its arguments; every record at any level, as the JSON log shows it."""
+    with caplog.at_level(logging.DEBUG):
+        assert (await rig.call("echo", {"arguments": {"text": SECRET}}))["ok"]
+        codes = [
+            (await rig.call(tool, {"arguments": arguments}))["error"]["code"]
+            for tool, arguments in [
+                ("explode", {"reason": SECRET}),
+                ("busy", {"n": SECRET}),
+                ("no_such_tool", {"where": SECRET}),
+            ]
+        ]
+    assert codes == ["tool_error", "invalid_arguments", "unknown_tool"]
+    return "\n".join(JsonFormatter().format(record) for record in caplog.records)
+
+
+async def test_argument_values_are_not_logged_by_default(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    logged = await log_of_calls_carrying_a_secret(caplog, standard_rig())
+    assert SECRET not in logged
+    assert "Quiet Lane" not in logged
+    # What a call carried is still there: each argument's name and size (JSON bytes).
+    [line] = [r for r in caplog.records if getattr(r, "tool", None) == "echo"]
+    assert f"arguments=[text:{len(SECRET) + 2}B]" in line.getMessage()
+    extra = vars(line)
+    assert (extra["argument_names"], extra["argument_bytes"]) == (["text"], len(SECRET) + 2)
+    # The failing tool's stack is logged, without its message.
+    [failure] = [r for r in caplog.records if r.name == "toolbus.local"]
+    assert failure.levelno == logging.ERROR and vars(failure)["exception_type"] == "ValueError"
+
+
+async def test_argument_values_are_logged_with_log_arguments(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    probe = Probe()
+    rig = rig_for(probe_tools(probe), probe, log_arguments=True)
+    logged = await log_of_calls_carrying_a_secret(caplog, rig)
+    [line] = [r for r in caplog.records if getattr(r, "tool", None) == "echo"]
+    assert SECRET in line.getMessage()
+    [failure] = [r for r in caplog.records if r.name == "toolbus.local"]
+    assert failure.exc_info is not None and SECRET in logged
+
+
+async def test_hostile_argument_names_are_escaped_and_bounded_in_the_log(
+    caplog: pytest.LogCaptureFixture, rig: Rig
+) -> None:
+    names = {"line\nbreak": 1, "x" * 1000: 2, **{f"k{i}": i for i in range(200)}}
+    with caplog.at_level(logging.INFO, logger="toolbus.execute"):
+        await rig.call("no_such_tool", {"arguments": names})
+    [line] = [r for r in caplog.records if hasattr(r, "call_id")]
+    assert "\n" not in line.getMessage() and "line\\nbreak:1B" in line.getMessage()
+    assert len(line.getMessage()) < 1000
+    assert len(vars(line)["argument_names"]) == 50  # the names in `extra` are bounded too

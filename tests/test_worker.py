@@ -18,7 +18,7 @@ import pytest
 
 from tests.harness import DEMO_SERVER, Broker, free_port, make_settings, running_worker
 from tests.mqtt import Caller, call_topic, correlation_of, reply_topic_for
-from tests.tools import Probe, probe_tools
+from tests.tools import Probe, probe_tools, quits
 from toolbus.config import Settings
 from toolbus.service import Worker
 from toolbus.wiring import build_worker
@@ -309,6 +309,16 @@ async def test_random_garbage_is_answered_and_the_worker_lives(
     )
     reply = await caller.call_tool(demo_worker.topics, "echo", {"text": "alive"}, reply_topic=topic)
     assert reply["ok"]
+
+
+async def test_a_tool_that_exits_costs_only_its_call(broker: Broker, caller: Caller) -> None:
+    """`sys.exit()` or KeyboardInterrupt in a local tool: `tool_error`, and the worker goes on."""
+    async with running_worker(make_settings(broker), [quits]) as worker:
+        for how, exception in [("exit", "SystemExit"), ("interrupt", "KeyboardInterrupt")]:
+            reply = await caller.call_tool(worker.topics, "quits", {"how": how})
+            assert reply["error"]["code"] == "tool_error"
+            assert reply["error"]["details"]["exception"] == exception
+        assert (await caller.call_tool(worker.topics, "echo", {"text": "still here"}))["ok"]
 
 
 async def test_the_message_expiry_travels_to_the_call_and_its_reply(

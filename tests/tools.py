@@ -79,3 +79,9 @@ def probe_tools(probe: Probe) -> list[LocalTool]:
         return deviceName
 
     return [busy, sleepy, gate, explode, local_device]
+
+
+@tool
+async def quits(how: str = "exit") -> str:
+    """Ends the process, as a careless tool does (`sys.exit()`, KeyboardInterrupt)."""
+    raise SystemExit(3) if how == "exit" else KeyboardInterrupt

@@ -301,6 +301,16 @@ class Settings(BaseSettings):
     trace_arguments: bool = Field(
         default=False, description="Record argument values on spans (they may be personal data)."
     )
+    # Personal data kept out of logs and dead letters unless asked for.
+    log_arguments: bool = Field(
+        default=False,
+        description="Log argument values on each call's line; otherwise only names and sizes.",
+    )
+    dead_letter_max_bytes: int = Field(
+        default=4096,
+        ge=0,
+        description="Bytes of a request's payload kept in its dead letter; 0 keeps none.",
+    )
     log_level: str = "INFO"
     log_format: Literal["auto", "json", "text"] = "auto"
     tools: dict[str, ToolSettings] = Field(default_factory=dict)

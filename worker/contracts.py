@@ -165,10 +165,13 @@ class DeadLetter(_Wire):
     topic: str
     error: ErrorBody
     id: str | None = None
-    payload: str = Field(description="The original payload, UTF-8 text or base64 (see encoding).")
+    payload: str = Field(
+        description="The original payload's first `dead_letter_max_bytes` bytes, UTF-8 text "
+        "or base64 (see encoding); a character cut in half at the bound is left out."
+    )
     encoding: Literal["utf-8", "base64"] = "utf-8"
-    payload_bytes: int
-    truncated: bool = False
+    payload_bytes: int = Field(description="The whole original payload's size.")
+    truncated: bool = Field(default=False, description="Not all of the payload is kept.")
 
 
 class ServerStatus(_Wire):

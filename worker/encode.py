@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import codecs
 import math
 import time
 
@@ -69,9 +70,12 @@ def dead_letter(
     ident: str | None,
     max_payload_bytes: int,
 ) -> Outbound:
+    """The message as a dead letter, keeping at most `max_payload_bytes` of its payload
+    (it may hold personal data); `payload_bytes` is always the whole payload's size."""
     kept = payload[:max_payload_bytes]
+    truncated = len(kept) < len(payload)
     try:
-        text, encoding = kept.decode("utf-8"), "utf-8"
+        text, encoding = _utf8_text(kept, cut=truncated), "utf-8"
     except UnicodeDecodeError:
         text, encoding = base64.b64encode(kept).decode(), "base64"
     letter = DeadLetter(
@@ -81,6 +85,16 @@ def dead_letter(
         payload=text,
         encoding=encoding,
         payload_bytes=len(payload),
-        truncated=len(kept) < len(payload),
+        truncated=truncated,
     )
     return Outbound(topic=dead_topic, payload=letter.model_dump_json(exclude_none=True).encode())
+
+
+def _utf8_text(data: bytes, *, cut: bool) -> str:
+    """`data` as UTF-8. When it was `cut` from a longer payload, a character the cut split
+    in half is dropped (the text is marked truncated anyway) instead of making the whole
+    text look binary; any other invalid byte still raises."""
+    if not cut:
+        return data.decode("utf-8")
+    # Not final: an incomplete sequence at the end is held back, not an error.
+    return codecs.getincrementaldecoder("utf-8")().decode(data, final=False)

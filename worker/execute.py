@@ -39,6 +39,8 @@ from toolbus.validate import check_arguments
 log = logging.getLogger("toolbus.execute")
 
 LOGGED_ARGUMENTS_CHARS = 500
+LOGGED_NAME_CHARS = 64  # a caller chooses the keys: they must not make a huge log line
+LOGGED_NAMES = 50
 
 
 class Startup(Protocol):
@@ -79,6 +81,7 @@ class Executor:
         startup: Startup | None = None,
         tracer: trace.Tracer | None = None,
         trace_arguments: bool = False,
+        log_arguments: bool = False,
         metrics: Metrics | None = None,
     ) -> None:
         self.registry = registry
@@ -91,6 +94,7 @@ class Executor:
         self._startup = startup  # backends still registering tools (MCP servers starting)
         self._tracer = tracer or default_tracer()
         self._trace_arguments = trace_arguments  # values may be personal data: off by default
+        self._log_arguments = log_arguments  # the same for the per-call log line
         self.metrics = metrics or Metrics()
         self.access.refresh(registry)
         registry.listeners.append(self.registry_changed)
@@ -262,14 +266,22 @@ class Executor:
             raise
 
     def _log(self, call: Call, arguments: dict[str, Any], outcome: Outcome) -> None:
-        shown = repr(arguments)
-        if len(shown) > LOGGED_ARGUMENTS_CHARS:
-            shown = shown[:LOGGED_ARGUMENTS_CHARS] + "...}"
+        """One line per call. Argument values only with `log_arguments`: they may be
+        personal data. Without it the line names each argument and its size."""
         outcome_text = "ok" if outcome.error is None else outcome.error.code.value
         level = logging.INFO
         if outcome.duration_ms > self._slow_call_ms:
             level = logging.WARNING
             outcome_text += f" (slow: over {self._slow_call_ms:g} ms)"
+        if not log.isEnabledFor(level):
+            return  # no line: the arguments need not be measured
+        sizes = {name: _json_bytes(value) for name, value in arguments.items()}
+        if self._log_arguments:
+            shown = repr(arguments)
+            if len(shown) > LOGGED_ARGUMENTS_CHARS:
+                shown = shown[:LOGGED_ARGUMENTS_CHARS] + "...}"
+        else:
+            shown = _names_and_sizes(sizes)
         log.log(
             level,
             "call %s tool=%s arguments=%s duration_ms=%.1f outcome=%s",
@@ -278,8 +290,34 @@ class Executor:
             shown,
             outcome.duration_ms,
             outcome_text,
-            extra={"call_id": call.id, "tool": outcome.tool or call.tool, "outcome": outcome_text},
+            extra={
+                "call_id": call.id,
+                "tool": outcome.tool or call.tool,
+                "outcome": outcome_text,
+                "argument_names": [_loggable_name(name) for name in list(sizes)[:LOGGED_NAMES]],
+                "argument_bytes": sum(sizes.values()),
+            },
         )
+
+
+def _json_bytes(value: Any) -> int:
+    """A value's size: its compact JSON, in UTF-8 bytes."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    return len(text.encode("utf-8", "surrogatepass"))  # a lone surrogate still has a size
+
+
+def _loggable_name(name: str) -> str:
+    """An argument name fit for a log line: printable (else escaped) and bounded."""
+    shown = name if name.isprintable() else repr(name)[1:-1]
+    return shown if len(shown) <= LOGGED_NAME_CHARS else shown[:LOGGED_NAME_CHARS] + "..."
+
+
+def _names_and_sizes(sizes: dict[str, int]) -> str:
+    """`[device_name:12B, level:1B]`: what a call carried, without what it said."""
+    shown = "[" + ", ".join(f"{_loggable_name(n)}:{size}B" for n, size in sizes.items()) + "]"
+    if len(shown) > LOGGED_ARGUMENTS_CHARS:
+        shown = shown[:LOGGED_ARGUMENTS_CHARS] + "...]"
+    return shown
 
 
 def _refuse_expired(call: Call) -> None:

@@ -53,7 +53,8 @@ class Pipeline:
         topics: the topic layout (decoding rules, reply prefixes, dead-letter topic).
         publisher: where replies, dead letters and published traces go.
         worker_id: names this worker in span attributes.
-        max_payload_bytes: the largest request accepted (and dead-letter payload kept).
+        max_payload_bytes: the largest request accepted.
+        dead_letter_max_bytes: how much of a request's payload its dead letter keeps.
         publish_traces: send every caller its call's spans, not only those who ask.
         tracer, collector, metrics: telemetry; the process-wide ones by default.
         once: deduplication by request id; none without it.
@@ -68,6 +69,7 @@ class Pipeline:
         *,
         worker_id: str,
         max_payload_bytes: int,
+        dead_letter_max_bytes: int,
         publish_traces: bool = False,
         tracer: trace.Tracer | None = None,
         collector: TraceCollector | None = None,
@@ -82,6 +84,7 @@ class Pipeline:
         self._publisher = publisher
         self._worker_id = worker_id
         self._max_payload_bytes = max_payload_bytes
+        self._dead_letter_max_bytes = dead_letter_max_bytes
         self._publish_traces = publish_traces
         self._tracer = tracer or default_tracer()
         self._collector = collector or COLLECTOR
@@ -311,6 +314,6 @@ class Pipeline:
                 payload=message.payload,
                 error=error,
                 ident=ident,
-                max_payload_bytes=self._max_payload_bytes,
+                max_payload_bytes=self._dead_letter_max_bytes,
             )
         )

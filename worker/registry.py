@@ -5,8 +5,10 @@ A name resolves, in order: the exact canonical name; a server-qualified name
 a spelling-insensitive match (case, `_`, `-`, `.`, spaces ignored). Two candidates
 are never guessed between: the call gets `unknown_tool` listing them.
 
-When two MCP servers expose one name, the bare name belongs to the server listed
-first in the configuration and the other stays reachable by its qualified name.
+Two tools of different origins may share a bare name. It belongs to a local tool
+(configured in this process on purpose) before any MCP tool, and among MCP servers to
+the one listed first in the configuration; every other stays reachable by its
+qualified name (`server.tool`). Each such collision is logged once, as a warning.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class Registry:
         self._bare: dict[str, str] = {}  # bare name -> qualified name of its owner
         self._aliases = {k.casefold(): v for k, v in (aliases or {}).items()}
         self._spellings: dict[str, set[str]] = {}
+        self._collisions: set[tuple[str, str]] = set()  # reported (owner, shadowed) pairs
         self.listeners: list[Callable[[], None]] = []
 
     # -- changes ------------------------------------------------------------
@@ -146,29 +149,28 @@ class Registry:
                     tool.origin,
                 )
             self._bare[tool.name] = key
-        elif owner.server and tool.server and owner.server != tool.server:
-            first, second = sorted((owner, tool), key=lambda t: t.rank)
+        else:  # another tool, of another origin, has this bare name
+            first, second = sorted((owner, tool), key=_precedence)
             self._bare[tool.name] = first.qualified_name
-            log.warning(
-                "MCP servers %s and %s both expose %s: the bare name goes to %s (listed first); "
-                "use %s or %s",
-                first.server,
-                second.server,
-                tool.name,
-                first.server,
-                first.qualified_name,
-                second.qualified_name,
-            )
-        else:
-            log.warning(
-                "tool %s registered twice (%s, then %s): the later one wins",
-                tool.name,
-                owner.origin,
-                tool.origin,
-            )
-            if owner_key != key:
-                del self._tools[owner_key]  # type: ignore[arg-type]
-            self._bare[tool.name] = key
+            self._report_collision(first, second)
+
+    def _report_collision(self, owner: Tool, shadowed: Tool) -> None:
+        """Once per pair: an MCP server re-lists its tools at every reconnect."""
+        pair = (owner.qualified_name, shadowed.qualified_name)
+        if pair in self._collisions:
+            return
+        self._collisions.add(pair)
+        why = "local tools come first" if owner.server is None else "its server is listed first"
+        log.warning(
+            "%s and %s both expose a tool %s: the bare name goes to %s (%s); "
+            "the other is reached as %s",
+            _origin_text(owner),
+            _origin_text(shadowed),
+            owner.name,
+            _origin_text(owner),
+            why,
+            shadowed.qualified_name,
+        )
 
     def unregister_origin(self, origin: str) -> list[str]:
         gone = self._drop_origin(origin)
@@ -194,7 +196,7 @@ class Registry:
         for key in gone:
             del self._tools[key]
         self._bare = {name: key for name, key in self._bare.items() if key in self._tools}
-        for key, tool in sorted(self._tools.items(), key=lambda kv: kv[1].rank):
+        for key, tool in sorted(self._tools.items(), key=lambda kv: _precedence(kv[1])):
             self._bare.setdefault(tool.name, key)  # a shadowed tool gets its bare name back
         return gone
 
@@ -275,6 +277,15 @@ class Registry:
     def unknown_aliases(self) -> dict[str, str]:
         """Alias entries whose target resolves to no tool (reported at start-up)."""
         return {a: t for a, t in self._aliases.items() if self._exact(t) is None}
+
+
+def _precedence(tool: Tool) -> tuple[bool, int]:
+    """Who owns a shared bare name: local tools, then MCP servers in configuration order."""
+    return (tool.server is not None, tool.rank)
+
+
+def _origin_text(tool: Tool) -> str:
+    return "the local tools" if tool.server is None else f"MCP server {tool.server}"
 
 
 def _entry(from_: str, to: str, rule: str) -> Change:

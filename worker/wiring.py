@@ -41,7 +41,10 @@ def build_registry(local_tools: Iterable[LocalTool], settings: Settings) -> Regi
     """The local tools, each with its resolved `[tools.NAME]` settings; aliases applied."""
     registry = Registry(settings.aliases)
     registry.register_all(
-        local.to_tool(tool_settings(settings.tools, local.name)) for local in local_tools
+        local.to_tool(
+            tool_settings(settings.tools, local.name), log_arguments=settings.log_arguments
+        )
+        for local in local_tools
     )
     return registry
 
@@ -66,6 +69,7 @@ def build_executor(
         startup=startup,
         tracer=tracer,
         trace_arguments=settings.trace_arguments,
+        log_arguments=settings.log_arguments,
         metrics=metrics,
     )
 
@@ -141,6 +145,7 @@ def build_worker(
         publisher,
         worker_id=worker_id,
         max_payload_bytes=settings.max_payload_bytes,
+        dead_letter_max_bytes=settings.dead_letter_max_bytes,
         publish_traces=settings.publish_traces,
         tracer=tracer,
         collector=collector,

@@ -12,9 +12,11 @@ each entry point names a `LocalTool` or an iterable of them.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
+import traceback
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -45,16 +47,26 @@ class LocalTool:
     async def __call__(self, **arguments: Any) -> Any:
         return await self.fn(**arguments)
 
-    def to_tool(self, settings: ToolSettings = NO_TOOL_SETTINGS) -> Tool:
-        """The tool as the pipeline sees it, with its resolved `[tools.NAME]` entry."""
+    def to_tool(
+        self, settings: ToolSettings = NO_TOOL_SETTINGS, *, log_arguments: bool = False
+    ) -> Tool:
+        """The tool as the pipeline sees it, with its resolved `[tools.NAME]` entry.
+
+        A failure is logged with its stack; its message only with `log_arguments`, since
+        exception messages often quote argument values (`KeyError('alice@example.com')`).
+        """
 
         async def invoke(arguments: dict[str, Any]) -> ToolResult:
             try:
                 value = await self.fn(**arguments)
-            except ToolbusError:
-                raise
-            except Exception as exc:
-                log.exception("local tool %s raised", self.name)
+            except (ToolbusError, asyncio.CancelledError, GeneratorExit):
+                raise  # our own errors; a timeout or shutdown; a closing coroutine
+            except BaseException as exc:
+                # A tool's `sys.exit()` or KeyboardInterrupt is its failure, not the worker's:
+                # uncaught, either escapes the event loop and ends the process (and any other
+                # BaseException ends the handler without an answer). SIGINT never raises one
+                # here: the worker handles the signal itself.
+                _log_failure(self.name, exc, with_message=log_arguments)
                 raise ToolFailed(
                     f"{self.name} failed: {type(exc).__name__}: {exc}", exception=type(exc).__name__
                 ) from exc
@@ -70,6 +82,20 @@ class LocalTool:
             timeout_s=self.timeout_s,
             settings=settings,
         )
+
+
+def _log_failure(name: str, exc: BaseException, *, with_message: bool) -> None:
+    if with_message:
+        log.error("local tool %s raised", name, exc_info=exc)
+        return
+    stack = "".join(traceback.format_tb(exc.__traceback__)).rstrip()
+    log.error(
+        "local tool %s raised %s (its message is not logged without log_arguments)\n%s",
+        name,
+        type(exc).__name__,
+        stack,
+        extra={"exception_type": type(exc).__name__},
+    )
 
 
 @overload
