@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,10 +157,53 @@ class ParameterSettings(BaseModel):
 
     max_string_length: int | None = Field(default=None, ge=1)
     max_array_length: int | None = Field(default=None, ge=0)
-    forbidden_pattern: str | None = None
-    path: bool = Field(default=False, description="A file path: refuse `..` and foreign roots.")
-    allowed_roots: list[str] = Field(default_factory=list)
+    forbidden_pattern: str | None = Field(
+        default=None, description="Added to the patterns of `[guards]` and the tool's guards."
+    )
+    path: bool = Field(
+        default=False,
+        description="A file path: decoded, refused outside `allowed_roots` (or when absolute "
+        "or `..` without them), and handed to the tool in canonical form.",
+    )
+    allowed_roots: list[str] = Field(
+        default_factory=list, description="Absolute directories; relative paths go under the first."
+    )
     lenient: bool = Field(default=False, description="Drop array items that fail their schema.")
+
+    @field_validator("forbidden_pattern")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value:
+            re.compile(value)
+        return value
+
+    @field_validator("allowed_roots")
+    @classmethod
+    def _absolute_roots(cls, roots: list[str]) -> list[str]:
+        return [_root(root) for root in roots]
+
+    @model_validator(mode="after")
+    def _roots_need_path(self) -> Self:
+        # Roots without `path = true` would look like protection and give none.
+        if self.allowed_roots and not self.path:
+            raise ValueError("allowed_roots needs path = true")
+        return self
+
+
+def _root(root: str) -> str:
+    """An allowed root in the form the path guard compares: `/a/b`, nothing to decode."""
+    segments = [s for s in root.split("/") if s not in ("", ".")]
+    if (
+        not root.startswith("/")
+        or ".." in segments
+        or unicodedata.normalize("NFKC", root) != root
+        or any(unicodedata.category(c)[0] == "C" or c in "\\%" for c in root)
+    ):
+        raise ValueError(
+            f"allowed root {root!r}: must be an absolute POSIX path, without `..`, `%`, "
+            "backslashes, control characters or compatibility forms (NFKC)"
+        )
+    return "/" + "/".join(segments)
 
 
 class McpPolicy(BaseModel):
