@@ -10,20 +10,21 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Self, TypeVar
+from typing import Annotated, Any, Literal, Self, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+
+from toolbus.normalization.paths import root_form
 
 DEFAULT_BROKER_URL = "mqtt://localhost:1883"
 
@@ -116,6 +117,18 @@ ALL_COERCIONS: frozenset[str] = frozenset(Coercion.__args__)  # type: ignore[att
 CoercionName = Coercion | Literal["all"]  # what `skip_coercions` accepts
 
 
+def _compiles(pattern: str | None) -> str | None:
+    if pattern:
+        try:  # `re.error` is no ValueError: pydantic would let it escape unreported
+            re.compile(pattern)
+        except re.error as error:
+            raise ValueError(f"forbidden_pattern {pattern!r}: {error}") from None
+    return pattern
+
+
+ForbiddenPattern = Annotated[str | None, AfterValidator(_compiles)]
+
+
 class GuardSettings(BaseModel):
     """Input guards; `[guards]` globally, `[tools.NAME.guards]` per tool (unset: inherited)."""
 
@@ -125,14 +138,7 @@ class GuardSettings(BaseModel):
     max_array_length: int | None = Field(default=None, ge=0)
     max_depth: int | None = Field(default=None, ge=1)
     max_argument_bytes: int | None = Field(default=None, ge=2)
-    forbidden_pattern: str | None = None
-
-    @field_validator("forbidden_pattern")
-    @classmethod
-    def _compiles(cls, value: str | None) -> str | None:
-        if value:
-            re.compile(value)
-        return value
+    forbidden_pattern: ForbiddenPattern = Field(default=None, description="Adds to the default.")
 
 
 # The one place guard defaults are written; `complete_guards` fills a partial table from it.
@@ -157,53 +163,10 @@ class ParameterSettings(BaseModel):
 
     max_string_length: int | None = Field(default=None, ge=1)
     max_array_length: int | None = Field(default=None, ge=0)
-    forbidden_pattern: str | None = Field(
-        default=None, description="Added to the patterns of `[guards]` and the tool's guards."
-    )
-    path: bool = Field(
-        default=False,
-        description="A file path: decoded, refused outside `allowed_roots` (or when absolute "
-        "or `..` without them), and handed to the tool in canonical form.",
-    )
-    allowed_roots: list[str] = Field(
-        default_factory=list, description="Absolute directories; relative paths go under the first."
-    )
+    forbidden_pattern: ForbiddenPattern = Field(default=None, description="Adds to the tool's.")
+    path: bool = Field(default=False, description="A file path (implied by `allowed_roots`).")
+    allowed_roots: list[Annotated[str, AfterValidator(root_form)]] = Field(default_factory=list)
     lenient: bool = Field(default=False, description="Drop array items that fail their schema.")
-
-    @field_validator("forbidden_pattern")
-    @classmethod
-    def _compiles(cls, value: str | None) -> str | None:
-        if value:
-            re.compile(value)
-        return value
-
-    @field_validator("allowed_roots")
-    @classmethod
-    def _absolute_roots(cls, roots: list[str]) -> list[str]:
-        return [_root(root) for root in roots]
-
-    @model_validator(mode="after")
-    def _roots_need_path(self) -> Self:
-        # Roots without `path = true` would look like protection and give none.
-        if self.allowed_roots and not self.path:
-            raise ValueError("allowed_roots needs path = true")
-        return self
-
-
-def _root(root: str) -> str:
-    """An allowed root in the form the path guard compares: `/a/b`, nothing to decode."""
-    segments = [s for s in root.split("/") if s not in ("", ".")]
-    if (
-        not root.startswith("/")
-        or ".." in segments
-        or unicodedata.normalize("NFKC", root) != root
-        or any(unicodedata.category(c)[0] == "C" or c in "\\%" for c in root)
-    ):
-        raise ValueError(
-            f"allowed root {root!r}: must be an absolute POSIX path, without `..`, `%`, "
-            "backslashes, control characters or compatibility forms (NFKC)"
-        )
-    return "/" + "/".join(segments)
 
 
 class McpPolicy(BaseModel):

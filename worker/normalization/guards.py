@@ -189,7 +189,7 @@ class _Walk:
         if len(text) > limits.max_string_length:
             self.refuse(path, "max_string_length", limit=limits.max_string_length, actual=len(text))
         checked = [text]
-        if settings is not None and settings.path:
+        if settings is not None and (settings.path or settings.allowed_roots):
             text = self.file_path(text, settings, path)
             if text != checked[0]:
                 checked.append(text)  # the patterns hold for what the tool receives too

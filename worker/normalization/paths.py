@@ -82,6 +82,26 @@ def judge(text: str, roots: Sequence[str]) -> Verdict:
     return Verdict(canonical, tuple(steps))
 
 
+def root_form(root: str) -> str:
+    """An allowed root as the guard compares it (`/a/b`), or ValueError for the config.
+
+    A root the guard's decoding could never produce (`%`, a backslash, a compatibility
+    form) would match nothing, so it is refused instead of silently never matching.
+    """
+    segments = [s for s in root.split("/") if s not in ("", ".")]
+    if (
+        not root.startswith("/")
+        or ".." in segments
+        or unicodedata.normalize("NFKC", root) != root
+        or any(unicodedata.category(c) in _REFUSED_CATEGORIES or c in "\\%" for c in root)
+    ):
+        raise ValueError(
+            f"allowed root {root!r}: must be an absolute POSIX path, without `..`, `%`, "
+            "backslashes, control characters or compatibility forms (NFKC)"
+        )
+    return "/" + "/".join(segments)
+
+
 def inside(path: str, root: str) -> bool:
     """Lexically: `path` is `root` or below it (both normalized absolute paths)."""
     return root in ("/", path) or path.startswith(root + "/")
