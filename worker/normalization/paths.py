@@ -109,9 +109,11 @@ def inside(path: str, root: str) -> bool:
 
 def _canonical(text: str, roots: Sequence[str], steps: list[str]) -> str:
     text = _decode(text, steps)
-    for char in text:
-        if unicodedata.category(char) in _REFUSED_CATEGORIES:
-            raise _Refused(INVALID, "control_characters")
+    # isprintable (in C) is False for every refused category, and for a few allowed ones.
+    if not text.isprintable() and any(
+        unicodedata.category(char) in _REFUSED_CATEGORIES for char in text
+    ):
+        raise _Refused(INVALID, "control_characters")
     text = _strip_file_url(text, steps)
     if "\\" in text:
         text = text.replace("\\", "/")
