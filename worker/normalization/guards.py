@@ -1,7 +1,7 @@
 """Guards: input limits checked around normalization, before schema validation.
 
 Before normalization (cheap, on whatever arrived): total argument size and nesting
-depth. After it, walking the arguments with the tool's shapes: string length, a
+depth. After it, walking the arguments with the tool's shapes: string length,
 forbidden-character patterns, the path guard for parameters marked as paths (which
 hands the tool the canonical path, reported as `path_canonical`; see `paths`), array
 length, and lenient arrays whose invalid items are dropped and reported. Limits come
