@@ -13,7 +13,7 @@ from tests.normalize_cases import (
     mcp_tool,
     run,
 )
-from toolbus.config import Settings
+from toolbus.config import DEFAULT_FORBIDDEN_PATTERN, Settings
 from toolbus.contracts import ErrorCode
 
 
@@ -53,4 +53,67 @@ async def test_depth_and_size_guards() -> None:
     big = await run(settings, mcp_tool("other"), {"deviceName": "x" * 200})
     assert big.error is not None and [v["rule"] for v in big.error.details["violations"]] == [
         "max_argument_bytes"
+    ]
+
+
+# -- forbidden patterns add up -------------------------------------------------------
+
+
+TWO_STRINGS = {
+    "type": "object",
+    "properties": {"deviceName": {"type": "string"}, "action": {"type": "string"}},
+}
+
+
+def _forbidden_config(guards: dict[str, Any], tool_guards: dict[str, Any]) -> Settings:
+    return Settings.model_validate(
+        {
+            "guards": guards,
+            "tools": {
+                "other": {
+                    "guards": tool_guards,
+                    "parameters": {"deviceName": {"forbidden_pattern": "[;|]"}},
+                }
+            },
+        }
+    )
+
+
+async def _refused_by(settings: Settings, arguments: dict[str, Any]) -> list[tuple[str, str]]:
+    outcome = await run(settings, mcp_tool("other", TWO_STRINGS), arguments)
+    if outcome.error is None:
+        return []
+    assert outcome.error.code is ErrorCode.INVALID_ARGUMENTS
+    return [(v["path"], v["pattern"]) for v in outcome.error.details["violations"]]
+
+
+@pytest.mark.parametrize("global_pattern", [{}, {"forbidden_pattern": "<script"}])
+async def test_patterns_of_every_level_add_to_the_control_character_default(
+    global_pattern: dict[str, Any],
+) -> None:
+    settings = _forbidden_config(global_pattern, {"forbidden_pattern": "`"})
+    default = DEFAULT_FORBIDDEN_PATTERN
+    # The parameter's own pattern, the tool's and the default all hold for the parameter.
+    assert await _refused_by(settings, {"deviceName": "a;b"}) == [("arguments.deviceName", "[;|]")]
+    assert await _refused_by(settings, {"deviceName": "a`b"}) == [("arguments.deviceName", "`")]
+    assert await _refused_by(settings, {"deviceName": "a\x07b"}) == [
+        ("arguments.deviceName", default)
+    ]
+    # Another parameter of the tool: the tool's pattern and the default, not the parameter's.
+    assert await _refused_by(settings, {"action": "a;b"}) == []
+    assert await _refused_by(settings, {"action": "a\x1bb"}) == [("arguments.action", default)]
+    if global_pattern:
+        assert await _refused_by(settings, {"action": "<script>"}) == [
+            ("arguments.action", "<script")
+        ]
+
+
+async def test_an_empty_global_pattern_is_the_one_way_to_lift_the_default() -> None:
+    settings = _forbidden_config({"forbidden_pattern": ""}, {})
+    assert await _refused_by(settings, {"action": "bell\x07"}) == []
+    assert await _refused_by(settings, {"deviceName": "a|b"}) == [("arguments.deviceName", "[;|]")]
+    # An empty pattern lower down lifts nothing.
+    kept = _forbidden_config({}, {"forbidden_pattern": ""})
+    assert await _refused_by(kept, {"action": "bell\x07"}) == [
+        ("arguments.action", DEFAULT_FORBIDDEN_PATTERN)
     ]

@@ -28,7 +28,9 @@ async def test_analysis_context_example() -> None:
             "partialFindings": [{"finding": "cache misses", "confidence": 0.7}],
             "stuckPoints": ["cannot reproduce locally"],
             "focusArea": {
-                "files": ["src/cache.py", "/srv/repo/app.py"],
+                # The relative path anchored to the allowed root: the tool cannot read it
+                # against a working directory of its own.
+                "files": ["/srv/repo/src/cache.py", "/srv/repo/app.py"],
                 "entryPoints": ["main"],
                 "serviceNames": ["api"],
             },
@@ -40,6 +42,8 @@ async def test_analysis_context_example() -> None:
     assert ("arguments.analysisContext.code_scope", "static_map") in rules
     assert ("arguments.analysisContext.stuckPoints", "wrap_array") in rules
     assert ("arguments.analysisContext.partialFindings[0].confidence", "string_to_number") in rules
+    assert ("arguments.analysisContext.focusArea.files[0]", "path_canonical") in rules
+    assert ("arguments.analysisContext.focusArea.files[1]", "path_canonical") not in rules
     dropped = [p for p, r in rules if r == "lenient_drop"]
     assert dropped == [
         "arguments.analysisContext.partialFindings[1]",

@@ -13,10 +13,10 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Self, TypeVar
+from typing import Annotated, Any, Literal, Self, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -25,6 +25,7 @@ from pydantic_settings import (
 )
 
 from toolbus.callers import CallerProfile
+from toolbus.normalization.paths import root_form
 from toolbus.untrusted import topic_problem
 
 DEFAULT_BROKER_URL = "mqtt://localhost:1883"
@@ -118,6 +119,18 @@ ALL_COERCIONS: frozenset[str] = frozenset(Coercion.__args__)  # type: ignore[att
 CoercionName = Coercion | Literal["all"]  # what `skip_coercions` accepts
 
 
+def _compiles(pattern: str | None) -> str | None:
+    if pattern:
+        try:  # `re.error` is no ValueError: pydantic would let it escape unreported
+            re.compile(pattern)
+        except re.error as error:
+            raise ValueError(f"forbidden_pattern {pattern!r}: {error}") from None
+    return pattern
+
+
+ForbiddenPattern = Annotated[str | None, AfterValidator(_compiles)]
+
+
 class GuardSettings(BaseModel):
     """Input guards; `[guards]` globally, `[tools.NAME.guards]` per tool (unset: inherited)."""
 
@@ -127,14 +140,7 @@ class GuardSettings(BaseModel):
     max_array_length: int | None = Field(default=None, ge=0)
     max_depth: int | None = Field(default=None, ge=1)
     max_argument_bytes: int | None = Field(default=None, ge=2)
-    forbidden_pattern: str | None = None
-
-    @field_validator("forbidden_pattern")
-    @classmethod
-    def _compiles(cls, value: str | None) -> str | None:
-        if value:
-            re.compile(value)
-        return value
+    forbidden_pattern: ForbiddenPattern = Field(default=None, description="Adds to the default.")
 
 
 # The one place guard defaults are written; `complete_guards` fills a partial table from it.
@@ -159,9 +165,9 @@ class ParameterSettings(BaseModel):
 
     max_string_length: int | None = Field(default=None, ge=1)
     max_array_length: int | None = Field(default=None, ge=0)
-    forbidden_pattern: str | None = None
-    path: bool = Field(default=False, description="A file path: refuse `..` and foreign roots.")
-    allowed_roots: list[str] = Field(default_factory=list)
+    forbidden_pattern: ForbiddenPattern = Field(default=None, description="Adds to the tool's.")
+    path: bool = Field(default=False, description="A file path (implied by `allowed_roots`).")
+    allowed_roots: list[Annotated[str, AfterValidator(root_form)]] = Field(default_factory=list)
     lenient: bool = Field(default=False, description="Drop array items that fail their schema.")
 
 

@@ -1,27 +1,33 @@
 """Guards: input limits checked around normalization, before schema validation.
 
 Before normalization (cheap, on whatever arrived): total argument size and nesting
-depth. After it, walking the arguments with the tool's shapes: string length, a
-forbidden-character pattern, path traversal for parameters marked as paths, array
+depth. After it, walking the arguments with the tool's shapes: string length,
+forbidden-character patterns, the path guard for parameters marked as paths (which
+hands the tool the canonical path, reported as `path_canonical`; see `paths`), array
 length, and lenient arrays whose invalid items are dropped and reported. Limits come
 from `[guards]`, `[tools.NAME.guards]` and `[tools.NAME.parameters."dotted.path"]`,
-the most specific winning. Every violation is collected; a refusal is
-`invalid_arguments` with `details.violations`.
+the most specific winning; forbidden patterns add up instead (the control-character
+default, then each level's own), so no level can lift a ban made above it. Every
+violation is collected; a refusal is `invalid_arguments` with `details.violations`.
 """
 
 from __future__ import annotations
 
 import json
-import ntpath
-import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from jsonschema.protocols import Validator
 
-from toolbus.config import GuardSettings, ParameterSettings, complete_guards
+from toolbus.config import (
+    DEFAULT_FORBIDDEN_PATTERN,
+    GuardSettings,
+    ParameterSettings,
+    complete_guards,
+)
 from toolbus.errors import InvalidArguments
+from toolbus.normalization import paths
 from toolbus.normalization.report import Change
 from toolbus.normalization.shapes import ANY, Shape
 from toolbus.registry import Tool
@@ -35,10 +41,13 @@ class Limits:
     max_array_length: int
     max_depth: int
     max_argument_bytes: int
-    forbidden: re.Pattern[str] | None
+    forbidden: tuple[re.Pattern[str], ...]
 
     def narrowed(self, override: GuardSettings | ParameterSettings) -> Limits:
         pattern = override.forbidden_pattern
+        forbidden = self.forbidden
+        if pattern and all(p.pattern != pattern for p in forbidden):
+            forbidden = (*forbidden, re.compile(pattern))
         return Limits(
             max_string_length=override.max_string_length or self.max_string_length,
             max_array_length=(
@@ -49,7 +58,7 @@ class Limits:
             max_depth=getattr(override, "max_depth", None) or self.max_depth,
             max_argument_bytes=getattr(override, "max_argument_bytes", None)
             or self.max_argument_bytes,
-            forbidden=re.compile(pattern) if pattern else self.forbidden,
+            forbidden=forbidden,
         )
 
 
@@ -77,9 +86,7 @@ class Guards:
             max_array_length=_limit(complete.max_array_length),
             max_depth=_limit(complete.max_depth),
             max_argument_bytes=_limit(complete.max_argument_bytes),
-            forbidden=re.compile(complete.forbidden_pattern)
-            if complete.forbidden_pattern
-            else None,
+            forbidden=_global_forbidden(complete.forbidden_pattern),
         )
         self._cache: dict[int, tuple[Tool, _ToolGuards]] = {}
 
@@ -163,7 +170,7 @@ class _Walk:
         if settings is not None:
             limits = limits.narrowed(settings)
         if isinstance(value, str):
-            self.string(value, settings, limits, path)
+            value = self.string(value, settings, limits, path)
         elif isinstance(value, list):
             value = self.array(value, shape, param, settings, limits, path)
         elif isinstance(value, dict):
@@ -178,31 +185,46 @@ class _Walk:
 
     def string(
         self, text: str, settings: ParameterSettings | None, limits: Limits, path: str
-    ) -> None:
+    ) -> str:
         if len(text) > limits.max_string_length:
             self.refuse(path, "max_string_length", limit=limits.max_string_length, actual=len(text))
-        if limits.forbidden is not None:
-            found = limits.forbidden.search(text)
-            if found is not None:
-                self.refuse(
-                    path,
-                    "forbidden_characters",
-                    position=found.start(),
-                    pattern=limits.forbidden.pattern,
-                )
-        if settings is not None and settings.path:
-            self.file_path(text, settings, path)
+        checked = [text]
+        if settings is not None and (settings.path or settings.allowed_roots):
+            text = self.file_path(text, settings, path)
+            if text != checked[0]:
+                checked.append(text)  # the patterns hold for what the tool receives too
+        self.forbidden(checked, limits, path)
+        return text
 
-    def file_path(self, text: str, settings: ParameterSettings, path: str) -> None:
-        segments = re.split(r"[\\/]+", text)
-        if ".." in segments:
-            self.refuse(path, "path_traversal")
-            return
-        if posixpath.isabs(text) or ntpath.isabs(text) or re.match(r"^[A-Za-z]:", text):
-            roots = [posixpath.normpath(r) for r in settings.allowed_roots]
-            normal = posixpath.normpath(text.replace("\\", "/"))
-            if not any(normal == r or normal.startswith(r.rstrip("/") + "/") for r in roots):
-                self.refuse(path, "path_outside_roots", allowed_roots=settings.allowed_roots)
+    def forbidden(self, texts: list[str], limits: Limits, path: str) -> None:
+        for text in texts:
+            for pattern in limits.forbidden:
+                found = pattern.search(text)
+                if found is not None:
+                    self.refuse(
+                        path,
+                        "forbidden_characters",
+                        position=found.start(),
+                        pattern=pattern.pattern,
+                    )
+                    return
+
+    def file_path(self, text: str, settings: ParameterSettings, path: str) -> str:
+        verdict = paths.judge(text, settings.allowed_roots)
+        if verdict.refusal is not None:
+            facts: dict[str, Any] = {
+                "reason": verdict.refusal.reason,
+                "decoded": list(verdict.decoded),
+            }
+            if verdict.refusal.rule == paths.OUTSIDE_ROOTS:
+                facts["allowed_roots"] = settings.allowed_roots
+            self.refuse(path, verdict.refusal.rule, **facts)
+            return text
+        if verdict.canonical != text:
+            # Descriptions, not values: a path may be personal, and the report reaches spans.
+            where = "under " + settings.allowed_roots[0] if settings.allowed_roots else "relative"
+            self.report.append(Change(path, ", ".join(verdict.decoded), where, "path_canonical"))
+        return verdict.canonical
 
     def array(  # noqa: PLR0917 -- the walk's state, passed down as the other methods do
         self,
@@ -256,6 +278,15 @@ def _limit(value: int | None) -> int:
     if value is None:  # complete_guards sets every limit; a new field without a default would not
         raise ValueError("a global guard limit has no default in DEFAULT_GUARDS")
     return value
+
+
+def _global_forbidden(pattern: str | None) -> tuple[re.Pattern[str], ...]:
+    """The `[guards]` pattern adds to the default; only an empty one (`""`) lifts it."""
+    if not pattern:
+        return ()
+    if pattern == DEFAULT_FORBIDDEN_PATTERN:
+        return (re.compile(pattern),)
+    return re.compile(DEFAULT_FORBIDDEN_PATTERN), re.compile(pattern)
 
 
 def _depth(value: Any) -> int:
