@@ -26,7 +26,7 @@ from typing import Any, Self
 
 from pydantic import ValidationError
 
-from toolbus.config import BrokerUrl
+from toolbus.broker import BrokerUrl
 from toolbus.contracts import Reply
 from toolbus.messages import Outbound
 from toolbus.tasks import cancel_and_wait
