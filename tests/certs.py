@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+LOOPBACK = ("localhost", "127.0.0.1")
 VALID = datetime.timedelta(days=1)
 SKEW = datetime.timedelta(minutes=5)  # valid a little before now: clocks differ
 
@@ -71,12 +73,14 @@ class TestCa:
         self.cert = directory / f"{_slug(name)}.pem"
         self.cert.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
 
-    def server(self, name: str = "broker") -> Pem:
-        """A broker certificate for localhost and 127.0.0.1."""
-        names: list[x509.GeneralName] = [
-            x509.DNSName("localhost"),
-            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-        ]
+    def server(self, name: str = "broker", hosts: Sequence[str] = LOOPBACK) -> Pem:
+        """A broker certificate for `hosts` (names or IP addresses)."""
+        names: list[x509.GeneralName] = []
+        for host in hosts:
+            try:
+                names.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                names.append(x509.DNSName(host))
         return self._issue(name, ExtendedKeyUsageOID.SERVER_AUTH, names)
 
     def client(self, name: str = "worker") -> Pem:

@@ -24,6 +24,7 @@ def tls_context(broker: BrokerUrl) -> ssl.SSLContext | None:
         context = ssl.create_default_context(cafile=broker.ca_file)
     except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
         raise BrokerRefused(f"tls_ca_file {broker.ca_file}: {_reason(exc)}") from None
+    context.sslsocket_class = _ClosedOnFailedHandshake
     if broker.cert_file is not None:
         try:
             context.load_cert_chain(broker.cert_file, broker.key_file, password=_no_passphrase)
@@ -31,6 +32,18 @@ def tls_context(broker: BrokerUrl) -> ssl.SSLContext | None:
             files = _named(("tls_cert_file", broker.cert_file), ("tls_key_file", broker.key_file))
             raise BrokerRefused(f"{files}: {_reason(exc)}") from None
     return context
+
+
+class _ClosedOnFailedHandshake(ssl.SSLSocket):
+    """paho (2.2) drops the socket of a failed handshake without closing it: the file
+    descriptor would stay open until the garbage collector finds it, once per attempt."""
+
+    def do_handshake(self, block: bool = False) -> None:
+        try:
+            super().do_handshake(block)
+        except BaseException:
+            self.close()
+            raise
 
 
 def _no_passphrase() -> bytes:
