@@ -61,7 +61,8 @@ class Client:
     """Calls over one MQTT v5 connection: `async with Client(broker, ...) as client`.
 
     Args:
-        broker: where to connect.
+        broker: where to connect, with the credentials and TLS files
+            (`BrokerUrl.from_url("mqtts://host", ca_file=Path("ca.pem"))`).
         reply_prefix: an allowed reply prefix of the workers; the reply topic is
             `{reply_prefix}{client_id}`.
         retry: when and how often a call is sent again.

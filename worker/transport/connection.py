@@ -88,7 +88,8 @@ class MqttConnection:
     """One MQTT v5 connection: `async with MqttConnection(...) as conn`.
 
     Args:
-        broker: where to connect.
+        broker: where to connect, as whom, and for `mqtts://` with which CA and client
+            certificate (see `tls`); TLS files it cannot use raise `BrokerRefused` here.
         client_id: MQTT client identifier (stable ids keep sessions across reconnects).
         will: `Outbound` published by the broker if the connection dies uncleanly.
         max_inflight: QoS>0 messages we publish in flight (paho caps it at 20 by default).
