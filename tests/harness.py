@@ -7,6 +7,7 @@ fixtures. What each kind of test uses is in `tests/README.md`.
 from __future__ import annotations
 
 import asyncio
+import getpass
 import selectors
 import shutil
 import socket
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.certs import ListenerTls
 from tests.processes import BUNDLED_CONFIG
 from toolbus.backends.local import LocalTool
 from toolbus.config import Settings, read_config_file
@@ -64,26 +66,39 @@ class Broker:
         *,
         persistence: bool = False,
         max_queued_messages: int = 1000,
-        extra_config: str = "",
+        tls: ListenerTls | None = None,
+        passwords: dict[str, str] | None = None,
+        acl_file: Path | None = None,
     ) -> None:
         """`persistence`: sessions and queued messages saved to `directory` every second
         (and restored on start); `max_queued_messages`: per-session backlog (mosquitto's
         default 1000; beyond it the broker drops QoS 1 messages for that session);
-        `extra_config`: more mosquitto.conf lines (e.g. a password file and an ACL)."""
+        `tls`: the listener speaks TLS only (`url` is then `mqtts://`); `passwords`:
+        only these users, with these passwords, may connect; `acl_file`: what each
+        of them may do."""
         self.port = free_port()
-        self.url = f"mqtt://127.0.0.1:{self.port}"
+        self.url = f"{'mqtts' if tls else 'mqtt'}://127.0.0.1:{self.port}"
         self.config = directory / "mosquitto.conf"
         saving = (
             f"persistence true\npersistence_location {directory}/\nautosave_interval 1\n"
             if persistence
             else "persistence false\n"
         )
+        access = "allow_anonymous true\n"
+        if passwords is not None:
+            access = (
+                f"allow_anonymous false\npassword_file {_password_file(directory, passwords)}\n"
+            )
+        if acl_file is not None:
+            access += f"acl_file {acl_file}\n"
+        if tls is not None or passwords is not None:
+            # Started as root, mosquitto reads these files as the `mosquitto` user, who
+            # cannot enter a pytest temporary directory: it stays who started it.
+            access += f"user {getpass.getuser()}\n"
         self.config.write_text(
             f"listener {self.port} 127.0.0.1\n"
-            # Run as root (CI), mosquitto would drop to its own user before reading the
-            # password and ACL files, which it cannot then read from a 0700 temp folder.
-            "user root\n"
-            f"{extra_config or 'allow_anonymous true'}\n"
+            f"{tls.config() if tls else ''}"
+            f"{access}"
             "set_tcp_nodelay true\n"
             f"{saving}"
             f"max_queued_messages {max_queued_messages}\n"
@@ -143,6 +158,16 @@ class Broker:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
+
+
+def _password_file(directory: Path, passwords: dict[str, str]) -> Path:
+    """A mosquitto password file (hashed by `mosquitto_passwd`, which ships with it)."""
+    path = directory / "passwords"
+    path.write_text("")
+    tool = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
+    for user, password in passwords.items():
+        subprocess.run([tool, "-b", str(path), user, password], check=True, timeout=10)
+    return path
 
 
 class RedisServer:

@@ -7,12 +7,15 @@ within a bound; never slept on.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).parent.parent
 BUNDLED_CONFIG = ROOT / "config" / "toolbus.toml"
+RUN_BOUND_S = 30.0  # a `toolbus serve` starts, or ends, within this
 
 
 async def wait_for_line(
@@ -79,3 +82,78 @@ def install_plugin(directory: Path, module: str, source: str, tools: dict[str, s
     lines = "".join(f"{name} = {target}\n" for name, target in tools.items())
     (dist / "entry_points.txt").write_text(f"[toolbus.tools]\n{lines}")
     return directory
+
+
+def serve_env(**settings: str) -> dict[str, str]:
+    """This environment without TOOLBUS_*/OTEL_* settings, plus `settings` as TOOLBUS_*."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLBUS_", "OTEL_"))}
+    env.update({f"TOOLBUS_{k.upper()}": v for k, v in settings.items()})
+    return env
+
+
+class Serve:
+    """A `toolbus serve` with the bundled config, every line it writes kept."""
+
+    def __init__(self, env: dict[str, str], *flags: str) -> None:
+        self.env, self.flags = env, flags
+        self.stderr: list[str] = []
+        self.stdout = ""
+        self._seen = asyncio.Condition()
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Serve:
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "toolbus",
+            "serve",
+            "--config",
+            str(BUNDLED_CONFIG),
+            *self.flags,
+            env=self.env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        self._reader = asyncio.create_task(self._read(), name="serve-stderr")
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._proc is not None
+        if self._proc.returncode is None:
+            self._proc.kill()
+        await self._proc.wait()
+
+    async def _read(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        while line := await self._proc.stderr.readline():
+            async with self._seen:
+                self.stderr.append(line.decode(errors="replace"))
+                self._seen.notify_all()
+
+    async def wait_for(self, marker: str) -> None:
+        """Until a stderr line holds `marker` (bounded; fails if the process ends first)."""
+        reader = self._reader
+        assert reader is not None
+
+        def seen() -> bool:
+            return any(marker in line for line in self.stderr)
+
+        async with asyncio.timeout(RUN_BOUND_S), self._seen:
+            await self._seen.wait_for(lambda: seen() or reader.done())
+        assert seen(), self.stderr
+
+    async def exit_code(self, *, stop: bool = False) -> int:
+        """Its exit code once it ends (after SIGTERM with `stop`), all output read."""
+        assert self._proc is not None and self._proc.stdout is not None
+        assert self._reader is not None
+        if stop:
+            self._proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(RUN_BOUND_S):
+            self.stdout = (await self._proc.stdout.read()).decode(errors="replace")
+            await self._reader
+            return await self._proc.wait()
+
+    @property
+    def output(self) -> str:
+        return self.stdout + "".join(self.stderr)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -30,18 +29,8 @@ LOGINS = {"toolbus": "pw-worker", "operator": "pw-op", "kitchen": "pw-k", "garag
 @pytest.fixture(scope="module")
 def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     directory = tmp_path_factory.mktemp("mosquitto-acl")
-    passwords = directory / "passwords"
-    passwords.write_text("".join(f"{login}:{pw}\n" for login, pw in LOGINS.items()))
-    tool = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
-    subprocess.run([tool, "-U", str(passwords)], check=True, timeout=30)
-    assert "pw-k" not in passwords.read_text()  # hashed, as an operator would ship it
     shutil.copy(ACL, directory / "acl")
-    broker = Broker(
-        directory,
-        extra_config=(
-            f"allow_anonymous false\npassword_file {passwords}\nacl_file {directory / 'acl'}"
-        ),
-    )
+    broker = Broker(directory, passwords=LOGINS, acl_file=directory / "acl")
     broker.start()
     yield broker
     broker.stop()

@@ -22,7 +22,8 @@ from toolbus.config import BrokerUrl, load_settings
 )
 def test_broker_url(url: str, expected: tuple[object, ...]) -> None:
     b = BrokerUrl.from_url(url)
-    assert (b.host, b.port, b.tls, b.username, b.password) == expected
+    password = b.password.get_secret_value() if b.password else None
+    assert (b.host, b.port, b.tls, b.username, password) == expected
 
 
 @pytest.mark.parametrize("url", ["http://h", "mqtt://", "mqtt://h:port", "localhost:1883"])

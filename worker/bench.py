@@ -30,7 +30,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from toolbus.config import BrokerUrl, Settings
+from toolbus.broker import BrokerUrl
+from toolbus.config import Settings
 from toolbus.messages import Outbound
 from toolbus.service import Worker
 from toolbus.tools import BUILTIN_TOOLS

@@ -2,7 +2,9 @@
 
 This is the entry point: the only place that reads the environment and files.
 Exit codes of `call`/`tools`: 0 ok, 1 the tool or worker answered with an error,
-2 usage or configuration error, 3 no reply in time, 4 broker unreachable.
+2 usage or configuration error, 3 no reply in time, 4 broker unreachable. `serve`
+exits 2 on a configuration error and 4 when the broker refuses it at the first connect
+(its certificate fails verification, or it rejects the credentials).
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ def _parser() -> argparse.ArgumentParser:
 
     def config_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", type=Path, help="config file (TOML or JSON)")
-        p.add_argument("--broker", help="mqtt://[user:pass@]host:port (env TOOLBUS_BROKER_URL)")
+        p.add_argument(
+            "--broker",
+            help="mqtt://[user@]host:port or mqtts:// (env TOOLBUS_BROKER_URL); the password "
+            "from TOOLBUS_BROKER_PASSWORD or TOOLBUS_BROKER_PASSWORD_FILE",
+        )
 
     serve = sub.add_parser("serve", help="run the worker")
     config_flags(serve)
@@ -102,10 +108,24 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         code: int = handlers[args.command](args)
-    except (ValidationError, ValueError, OSError) as exc:
+    except ValidationError as exc:
+        print(f"toolbus: bad configuration: {config_errors(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, OSError) as exc:
         print(f"toolbus: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return code
+
+
+def config_errors(exc: ValidationError) -> str:
+    """Each error as `where: why`, on one line, never with the value that failed: it
+    may be a secret (a password, an MCP server's token)."""
+    found = []
+    for error in exc.errors(include_input=False, include_url=False):
+        where = ".".join(str(part) for part in error["loc"]) or "settings"
+        why = error["msg"].removeprefix("Value error, ")
+        found.append(f"{where}: {why}")
+    return "; ".join(found)
 
 
 def _settings(args: argparse.Namespace) -> Any:
@@ -123,6 +143,7 @@ def _serve(args: argparse.Namespace) -> int:
     from toolbus.observability.logs import setup_logging
     from toolbus.observability.sdk import child_environment, configure_metrics, configure_tracing
     from toolbus.tools import BUILTIN_TOOLS
+    from toolbus.transport import BrokerRefused
     from toolbus.wiring import build_worker
 
     settings = _settings(args)
@@ -142,6 +163,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(run())
+    except BrokerRefused as exc:  # at the first connect: the configuration is wrong
+        print(f"toolbus: cannot connect to the broker at {settings.broker}: {exc}", file=sys.stderr)
+        return EXIT_BROKER
     finally:
         if provider is not None:
             provider.shutdown()  # flushes the spans still batched

@@ -26,7 +26,7 @@ from typing import Any, Self
 
 from pydantic import ValidationError
 
-from toolbus.config import BrokerUrl
+from toolbus.broker import BrokerUrl
 from toolbus.contracts import Reply
 from toolbus.messages import Outbound
 from toolbus.tasks import cancel_and_wait
@@ -61,7 +61,8 @@ class Client:
     """Calls over one MQTT v5 connection: `async with Client(broker, ...) as client`.
 
     Args:
-        broker: where to connect.
+        broker: where to connect, with the credentials and TLS files
+            (`BrokerUrl.from_url("mqtts://host", ca_file=Path("ca.pem"))`).
         reply_prefix: an allowed reply prefix of the workers; the reply topic is
             `{reply_prefix}{client_id}`.
         retry: when and how often a call is sent again.

@@ -11,12 +11,18 @@ import json
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self, TypeVar
-from urllib.parse import unquote, urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -24,6 +30,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from toolbus.broker import BrokerUrl as BrokerUrl  # noqa: PLC0414 -- re-exported: its former home
+from toolbus.broker import gather_password
 from toolbus.callers import CallerProfile
 from toolbus.normalization.paths import root_form
 from toolbus.untrusted import topic_problem
@@ -31,46 +39,6 @@ from toolbus.untrusted import topic_problem
 DEFAULT_BROKER_URL = "mqtt://localhost:1883"
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerUrl:
-    """`mqtt://[user:pass@]host:port` or `mqtts://...` for TLS."""
-
-    host: str
-    port: int
-    tls: bool = False
-    username: str | None = None
-    password: str | None = None
-
-    @classmethod
-    def from_url(cls, url: str) -> Self:
-        parts = urlsplit(url)
-        if parts.scheme not in ("mqtt", "mqtts"):
-            raise ValueError(
-                f"broker URL must start with mqtt:// or mqtts://, got {parts.scheme!r}"
-            )
-        if not parts.hostname:
-            raise ValueError("broker URL has no host")
-        tls = parts.scheme == "mqtts"
-        try:
-            port = parts.port or (8883 if tls else 1883)
-        except ValueError as exc:  # urlsplit raises on a non-numeric port
-            raise ValueError(f"broker URL has a bad port: {exc}") from None
-        return cls(
-            host=parts.hostname,
-            port=port,
-            tls=tls,
-            username=unquote(parts.username) if parts.username else None,
-            password=unquote(parts.password) if parts.password else None,
-        )
-
-    def __str__(self) -> str:
-        # Never print the password: this string goes to logs.
-        user = f"{self.username}:***@" if self.username else ""
-        return f"{'mqtts' if self.tls else 'mqtt'}://{user}{self.host}:{self.port}"
-
-    __repr__ = __str__
 
 
 class McpServerConfig(BaseModel):
@@ -241,9 +209,31 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         populate_by_name=True,
         extra="forbid",
+        # Errors never echo a value: values may be secrets (a password, a token in an
+        # MCP server's env or headers); the location and the reason are enough.
+        hide_input_in_errors=True,
     )
 
     broker_url: str = DEFAULT_BROKER_URL
+    # -- broker credentials and TLS: how the worker proves who it is, and checks the broker.
+    broker_username: str | None = Field(
+        default=None, description="MQTT user name, instead of `mqtt://USER@host` in the URL."
+    )
+    broker_password: SecretStr | None = Field(
+        default=None, description="MQTT password; one in the URL is moved here on loading."
+    )
+    broker_password_file: Path | None = Field(
+        default=None, description="Read once into `broker_password` (a docker secret)."
+    )
+    tls_ca_file: Path | None = Field(
+        default=None, description="PEM CA(s) that signed the broker's certificate (mqtts://)."
+    )
+    tls_cert_file: Path | None = Field(
+        default=None, description="PEM client certificate, for brokers that require one."
+    )
+    tls_key_file: Path | None = Field(
+        default=None, description="Its unencrypted PEM key (unset: it is in tls_cert_file)."
+    )
     topic_prefix: str = "toolbus"
     shared_group: str = Field(
         default="toolbus",
@@ -335,11 +325,21 @@ class Settings(BaseSettings):
     mcp: McpPolicy = Field(default_factory=McpPolicy)
     mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict, alias="mcpServers")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _broker_password(cls, data: Any) -> Any:
+        return gather_password(data) if isinstance(data, dict) else data
+
     @field_validator("broker_url")
     @classmethod
     def _parse_broker(cls, value: str) -> str:
         BrokerUrl.from_url(value)
         return value
+
+    @model_validator(mode="after")
+    def _broker_complete(self) -> Self:
+        _ = self.broker  # the credentials and TLS files fit together and with the URL
+        return self
 
     @field_validator("dedup_store")
     @classmethod
@@ -384,7 +384,14 @@ class Settings(BaseSettings):
 
     @property
     def broker(self) -> BrokerUrl:
-        return BrokerUrl.from_url(self.broker_url)
+        return BrokerUrl.from_url(
+            self.broker_url,
+            username=self.broker_username,
+            password=self.broker_password,
+            ca_file=self.tls_ca_file,
+            cert_file=self.tls_cert_file,
+            key_file=self.tls_key_file,
+        )
 
     @property
     def allowed_reply_prefixes(self) -> tuple[str, ...]:

@@ -12,6 +12,9 @@ already holds within the grace period, answers anything still running with
 
 `async with Worker(...)` starts it and returns once it is subscribed; leaving the
 block drains it. `run(stop)` is the same for a caller that owns the stop event.
+Refused at the first connect for its configuration (the broker's certificate or the
+credentials: `BrokerRefused`), the worker stops with that error, since no retry can fix
+it; once it has been connected, it retries that like any other loss.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-from toolbus.config import BrokerUrl
+from toolbus.broker import BrokerUrl
 from toolbus.inflight import InFlight
 from toolbus.messages import Inbound, Outbound
 from toolbus.observability.metrics import Metrics
@@ -35,7 +38,7 @@ from toolbus.registry import Registry
 from toolbus.status import StatusReporter
 from toolbus.tasks import cancel_and_wait
 from toolbus.topics import Topics
-from toolbus.transport import MqttConnection, TransportError
+from toolbus.transport import BrokerRefused, MqttConnection, TransportError
 
 if TYPE_CHECKING:  # annotations only: importing the mcp SDK costs a second
     from toolbus.backends.mcp import McpBackend
@@ -168,12 +171,14 @@ class Worker:
 
     async def _serve(self, stop: asyncio.Event) -> None:
         delay_s = RECONNECT_FIRST_DELAY_S
+        connected_once = False
         while not stop.is_set():
             try:
                 async with (
                     self._links.requests(self._status.worker("offline")) as conn,
                     self._links.replies() as out,
                 ):
+                    connected_once = True
                     self._conn = conn
                     self._publisher.attach(out)
                     if not self.draining.is_set():
@@ -190,6 +195,8 @@ class Worker:
                         await self._drain(conn, out)
                         return
             except TransportError as exc:
+                if isinstance(exc, BrokerRefused) and not connected_once:
+                    raise  # a configuration no retry can fix: say so and stop
                 log.warning(
                     "broker connection lost or refused (%s); retrying in %.1f s", exc, delay_s
                 )

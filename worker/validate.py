@@ -20,6 +20,7 @@ from jsonschema import validators
 from jsonschema.protocols import Validator
 
 from toolbus.errors import InvalidArguments
+from toolbus.untrusted import shown
 
 log = logging.getLogger("toolbus.validate")
 
@@ -53,7 +54,7 @@ class CompiledSchema:
             return [
                 {
                     "path": _path(error.instance_path),
-                    "problem": error.message,
+                    "problem": shown(error.message),
                     "expected": _expected(self.schema, list(error.schema_path)),
                 }
                 for error in islice(self._fast.iter_errors(instance), MAX_REPORTED_ERRORS)
@@ -64,7 +65,7 @@ class CompiledSchema:
         return [
             {
                 "path": _path(error.absolute_path),
-                "problem": error.message,
+                "problem": shown(error.message),
                 "expected": {str(error.validator): error.validator_value},
             }
             for error in errors[:MAX_REPORTED_ERRORS]
@@ -106,7 +107,8 @@ def _schema_problem(schema: dict[str, Any]) -> str | None:
 
 
 def _path(parts: Any) -> str:
-    return "/".join(str(p) for p in parts) or "(root)"
+    # Keys are the caller's: bounded and printable, as every echoed string.
+    return shown("/".join(str(p) for p in parts)) or "(root)"
 
 
 def _expected(schema: dict[str, Any], schema_path: list[Any]) -> dict[str, Any]:

@@ -28,19 +28,18 @@ from typing import Self
 import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 
-from toolbus.config import BrokerUrl
+from toolbus.broker import BrokerUrl
 from toolbus.messages import Inbound, Outbound
+from toolbus.transport.errors import BrokerRefused, TransportError
 from toolbus.transport.socket_reader import BoundedReader, paho_of
+from toolbus.transport.tls import tls_context
 
 LOST_LOOK_S = 0.25  # how often a publish waiting for its PUBACK looks at the connection
 
 # Nagle's algorithm otherwise adds 40-90 ms to every QoS 1 round trip.
 _NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
-
-
-class TransportError(Exception):
-    """The broker connection failed or was lost."""
 
 
 def _properties(out: Outbound, packet_type: int = PacketTypes.PUBLISH) -> Properties:
@@ -89,7 +88,8 @@ class MqttConnection:
     """One MQTT v5 connection: `async with MqttConnection(...) as conn`.
 
     Args:
-        broker: where to connect.
+        broker: where to connect, as whom, and for `mqtts://` with which CA and client
+            certificate (see `tls`); TLS files it cannot use raise `BrokerRefused` here.
         client_id: MQTT client identifier (stable ids keep sessions across reconnects).
         will: `Outbound` published by the broker if the connection dies uncleanly.
         max_inflight: QoS>0 messages we publish in flight (paho caps it at 20 by default).
@@ -123,7 +123,7 @@ class MqttConnection:
         keepalive_s: int = 60,
         tcp_nodelay: bool = True,
     ) -> None:
-        tls = ssl.create_default_context() if broker.tls else None
+        tls = tls_context(broker)  # raises BrokerRefused for TLS files it cannot use
         connect = Properties(PacketTypes.CONNECT)
         if receive_maximum is not None:
             connect.ReceiveMaximum = receive_maximum
@@ -133,7 +133,7 @@ class MqttConnection:
             broker.host,
             broker.port,
             username=broker.username,
-            password=broker.password,
+            password=broker.password.get_secret_value() if broker.password else None,
             identifier=client_id,
             protocol=aiomqtt.ProtocolVersion.V5,
             will=_will(will) if will else None,
@@ -171,7 +171,7 @@ class MqttConnection:
         try:
             await self._stack.enter_async_context(self._client)
         except aiomqtt.MqttError as exc:
-            raise TransportError(str(exc)) from exc
+            raise _connect_error(exc) from exc
         return self
 
     async def __aexit__(
@@ -260,6 +260,27 @@ class MqttConnection:
         with contextlib.suppress(aiomqtt.MqttError):
             async for _ in self._client.messages:
                 pass  # nothing is subscribed: nothing comes
+
+
+# CONNACK reason codes that refuse the credentials: MQTT v5, then 3.1.1.
+_CREDENTIALS_REFUSED = frozenset({134, 135, 4, 5})  # bad user name or password, not authorized
+
+
+def _connect_error(exc: aiomqtt.MqttError) -> TransportError:
+    """What a failed connect means: `BrokerRefused` when retrying cannot help."""
+    # aiomqtt raises `from None`: the handshake's own error is still the context.
+    cause = exc.__context__
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return BrokerRefused(
+            f"TLS certificate verification failed: {cause.verify_message} (check that "
+            "tls_ca_file holds the CA that signed the broker's certificate, and that the "
+            "certificate names the host of the broker URL)"
+        )
+    if isinstance(exc, aiomqtt.MqttCodeError):
+        code = exc.rc.value if isinstance(exc.rc, ReasonCode) else exc.rc
+        if code in _CREDENTIALS_REFUSED:
+            return BrokerRefused(f"it refused the credentials ({exc})")
+    return TransportError(str(exc))
 
 
 def _will(out: Outbound) -> aiomqtt.Will:
