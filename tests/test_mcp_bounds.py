@@ -62,23 +62,25 @@ def test_the_default_limit_is_4_mib_and_lines_get_room_for_escaping() -> None:
 
 
 @pytest.mark.parametrize(
-    ("tool", "mbytes", "path"),
+    ("tool", "mbytes", "parsed"),
     [
-        ("big_result", 0.1, "parsed, then measured"),  # under the line limit
-        ("big_result", 1.0, "never parsed, id first"),  # over it
-        ("big_answer_id_last", 1.0, "never parsed, id last"),
+        ("big_result", 0.07, True),  # its line is under the line limit: parsed, then measured
+        ("big_result", 1.0, False),  # over it: never parsed, the id read from its start
+        ("big_answer_id_last", 1.0, False),  # never parsed, the id read from its end
     ],
+    ids=["parsed", "id-first", "id-last"],
 )
 async def test_a_result_over_the_limit_is_a_tool_error_and_the_session_goes_on(
-    broker: Broker, client: Caller, tmp_path: Path, tool: str, mbytes: float, path: str
+    broker: Broker, client: Caller, tmp_path: Path, tool: str, mbytes: float, parsed: bool
 ) -> None:
     settings = make_settings(broker, mcpServers={"big": bounded(tmp_path)})
     async with running_worker(settings) as worker:
         reply = await call(client, worker, tool, {"mbytes": mbytes})
         assert reply["error"]["code"] == "tool_error", reply
         details = reply["error"]["details"]
-        assert details["limit_bytes"] == SMALL_LIMIT_BYTES, path
+        assert details["limit_bytes"] == SMALL_LIMIT_BYTES
         assert details["received_bytes"] > SMALL_LIMIT_BYTES
+        assert (details["received_bytes"] <= line_limit_bytes(SMALL_LIMIT_BYTES)) == parsed
         assert details["server"] == "big"
         await still_serves(client, worker, "big", connects=1)
 

@@ -133,8 +133,8 @@ async def stdio_transport(
             # leave the process running.
             with anyio.CancelScope(shield=True):
                 await pipes.stop()
-                await incoming.aclose()
-                await outgoing.aclose()
+                for stream in (incoming, incoming_send, outgoing, outgoing_receive):
+                    await stream.aclose()
             tasks.cancel_scope.cancel()
 
 
