@@ -6,6 +6,7 @@ is that each one runs to its table, so a refactor cannot leave them broken unnot
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -52,3 +53,16 @@ def test_flood_bench_runs() -> None:
     result = run(sys.executable, "bench/flood.py", "--requests", "200", "--timeout", "60")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "answered 200" in result.stdout, result.stdout
+
+
+def test_mcp_output_bench_runs() -> None:
+    result = run(sys.executable, "bench/mcp_output.py", "--scale", "0.01")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["case"] for row in rows] == [
+        "stdout-line-100mb",
+        "result-50mb",
+        "result-50mb-id-last",
+        "stderr-line-100kb",
+    ]
+    assert all(row["next_call"].startswith("ok") for row in rows), rows

@@ -58,6 +58,9 @@ class McpServerConfig(BaseModel):
     max_in_flight: int | None = Field(
         default=None, ge=1, description="Default: [mcp].max_in_flight."
     )
+    max_result_bytes: int | None = Field(
+        default=None, ge=1, description="Default: [mcp].max_result_bytes."
+    )
 
     @model_validator(mode="after")
     def _one_transport(self) -> Self:
@@ -155,6 +158,12 @@ class McpPolicy(BaseModel):
         default=15.0, gt=0, description="How often an HTTP session is pinged to notice loss."
     )
     max_in_flight: int = Field(default=32, ge=1, description="Calls in flight per server.")
+    max_result_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1,
+        description="The largest tool result taken from a server (its JSON); a larger one "
+        "is `tool_error` with `details.limit_bytes`, and the session goes on.",
+    )
 
 
 class ToolSettings(BaseModel):

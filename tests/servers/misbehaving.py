@@ -9,7 +9,11 @@ Modes, from the environment:
 Tools: `work` (answers), `exit_now` (dies mid-call), `hang` (never answers),
 `stubborn` (ignores cancellation, answers late), `noisy` (garbage on stdout, then
 answers), `add_tool`/`remove_tool` (changes its tool list and notifies), `picture`
-(non-text content).
+(non-text content), `env_value`/`environment` (what it inherited). Output without bounds:
+`big_result` (a result of N MB), `big_answer_id_last` (writes its own N MB answer with
+the id at the end, as some servers order the keys), `stdout_flood` (one N MB line that
+answers no call, then a normal answer), `stderr_flood` (one N KB stderr line, then a
+normal answer).
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import os
+import select
 import sys
 import time
 from pathlib import Path
@@ -60,8 +66,18 @@ def wire_fd() -> int:
     return 1
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """All of `data`, however the pipe takes it (partly, or not now if non-blocking)."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            select.select([], [fd], [])
+
+
 def garbage(text: str) -> None:
-    os.write(wire_fd(), f"{text}\n".encode())
+    write_all(wire_fd(), f"{text}\n".encode())
 
 
 @server.tool()
@@ -158,6 +174,59 @@ async def cancellations() -> int:
 def env_value(name: str) -> str:
     """One variable of this server's environment ("" when unset)."""
     return os.environ.get(name, "")
+
+
+@server.tool()
+def environment() -> str:
+    """The names of every variable in this server's environment, as a JSON list."""
+    return json.dumps(sorted(os.environ))
+
+
+def megabytes(mbytes: float) -> int:
+    return int(mbytes * 1024 * 1024)
+
+
+@server.tool()
+def big_result(mbytes: float) -> str:
+    """A text result of `mbytes` MB (through the SDK: `{"jsonrpc", "id", "result"}`)."""
+    return "x" * megabytes(mbytes)
+
+
+@server.tool()
+async def big_answer_id_last(mbytes: float, ctx: Context) -> str:
+    """Writes its own answer of `mbytes` MB with the id last; the SDK's answer comes late."""
+    ident = ctx.request_id
+    wire_id = ident if not ident.isdigit() else int(ident)
+    text = "y" * megabytes(mbytes)
+    body = json.dumps({"result": {"content": [{"type": "text", "text": text}]}})
+    write_all(wire_fd(), f'{body[:-1]},"jsonrpc":"2.0","id":{json.dumps(wire_id)}}}\n'.encode())
+    return "the real answer, too late"
+
+
+@server.tool()
+async def stdout_flood(mbytes: float, shape: str = "garbage", answer: bool = True) -> str:
+    """One stdout line of `mbytes` MB answering no call, then a normal answer (or none).
+
+    shape: `garbage` (not JSON) or `notification` (a JSON-RPC notification).
+    """
+    filler = "z" * megabytes(mbytes)
+    if shape == "notification":
+        message = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": filler}}
+        line = json.dumps(message)
+    else:
+        line = filler
+    write_all(wire_fd(), f"{line}\n".encode())  # blocks the loop: nothing else interleaves
+    if not answer:
+        await asyncio.Event().wait()
+    return f"after a {shape} line"
+
+
+@server.tool()
+def stderr_flood(kbytes: float) -> str:
+    """One stderr line of `kbytes` KB, then a normal answer."""
+    line = "e" * int(kbytes * 1024)
+    write_all(2, f"{line}\n".encode())
+    return "after a long stderr line"
 
 
 @server.tool()

@@ -44,9 +44,18 @@ def exporter_choice(env: Mapping[str, str], signal: str) -> str | None:
 
 
 def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The OTEL_* settings a stdio MCP server should inherit (it names its own service)."""
+    """The OTEL_* settings a stdio MCP server should inherit (it names its own service).
+
+    Never the exporter headers (`OTEL_EXPORTER_OTLP_HEADERS`, `..._TRACES_HEADERS`, ...):
+    they often carry a collector's bearer token. A server that needs them names them
+    in its own `env`.
+    """
     env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items() if k.startswith("OTEL_") and k != "OTEL_SERVICE_NAME"}
+    return {
+        k: v
+        for k, v in env.items()
+        if k.startswith("OTEL_") and k != "OTEL_SERVICE_NAME" and not k.endswith("_HEADERS")
+    }
 
 
 def configure_tracing(

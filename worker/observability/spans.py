@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from opentelemetry import trace
 
@@ -32,6 +33,35 @@ def messaging_attributes(
         "messaging.client.id": client_id,
         **extra,
     }
+
+
+def url_without_secrets(url: str) -> str:
+    """`url` without its userinfo, query and fragment, where tokens travel: for spans."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:  # not a URL we can take apart: nothing of it is kept
+        return ""
+    if ":" in host:  # IPv6, bracketed again
+        host = f"[{host}]"
+    netloc = f"{host}:{port}" if port is not None else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def server_attributes(url: str) -> dict[str, Any]:
+    """The `server.*` and `url.full` attributes of a client span to `url`, secrets dropped."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return {}
+    attributes: dict[str, Any] = {"url.full": url_without_secrets(url)}
+    if host:
+        attributes["server.address"] = host
+    if port is not None:
+        attributes["server.port"] = port
+    return attributes
 
 
 def mark_failed(span: trace.Span, code: str, exception: BaseException | None = None) -> None:

@@ -4,7 +4,9 @@ The only package that imports `mcp`:
 
     backend  the facade: every configured server, started and stopped together
     server   one server's state machine, retries, session and calls
-    stdio    a stdio server's process and its stderr pump
+    stdio    a stdio server's process, and bounded pipes to it (our own transport)
+    lines    bounded line splitting, and whose answer an oversized line is
+    environment  what a stdio server's process inherits
     http     a streamable-HTTP server's client
     convert  the SDK's types to ours (tools, results, failures)
 """

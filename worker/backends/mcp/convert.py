@@ -23,6 +23,7 @@ from mcp_types import (
     TextContent,
 )
 from mcp_types import Tool as ListedTool
+from pydantic_core import to_json
 
 from toolbus.config import ToolSettings
 from toolbus.contracts import ContentItem, ToolResult
@@ -30,6 +31,13 @@ from toolbus.errors import CallTimeout, ToolbusError, ToolFailed, Unavailable
 from toolbus.registry import Invoke, Tool
 
 BAD_LINE_CHARS = 200
+
+RESULT_TOO_LARGE = -32019
+"""Ours, in JSON-RPC's implementation-defined band: an answer over `max_result_bytes`.
+
+The stdio transport answers a request with it when the server's answer was too long to
+read; like any error from a server, it costs only that call (`tool_error`).
+"""
 
 
 def to_tool(
@@ -101,8 +109,39 @@ def to_result(result: CallToolResult) -> ToolResult:
     )
 
 
+def checked_result(result: CallToolResult, server: str, limit_bytes: int) -> ToolResult:
+    """A call's result as ours, or the error its caller gets: too large, or failed."""
+    converted = to_result(result)
+    size = result_bytes(converted)
+    if size > limit_bytes:
+        raise too_large(server, size, limit_bytes)
+    if result.is_error:
+        # The server's own words reach the caller unchanged.
+        raise ToolFailed(converted.text, server=server)
+    return converted
+
+
+def result_bytes(result: ToolResult) -> int:
+    """A result's size as its caller receives it: the bytes of its JSON."""
+    return len(to_json(result))
+
+
+def too_large(server: str, received_bytes: int, limit_bytes: int) -> ToolFailed:
+    return ToolFailed(
+        f"MCP server {server} answered with {received_bytes} bytes, over the limit of "
+        f"{limit_bytes} (max_result_bytes)",
+        server=server,
+        limit_bytes=limit_bytes,
+        received_bytes=received_bytes,
+    )
+
+
 def call_error(exc: MCPError, server: str) -> ToolbusError:
     """An MCP error answering `tools/call`, as the error the caller gets."""
+    if exc.code == RESULT_TOO_LARGE and isinstance(exc.data, dict):
+        limit, received = exc.data.get("limit_bytes"), exc.data.get("received_bytes")
+        if isinstance(limit, int) and isinstance(received, int):
+            return too_large(server, received, limit)
     if exc.code == CONNECTION_CLOSED:
         return Unavailable(f"MCP server {server} closed the connection", server=server)
     if exc.code == REQUEST_TIMEOUT:

@@ -6,7 +6,7 @@ delays), registers the tools, holds the session until it ends, and reconnects in
 background with capped, jittered backoff, for as long as the worker runs. Its tools
 stay registered while it is away, so calls get `unavailable` naming the server, never
 `unknown_tool`. HTTP sessions are pinged every `[mcp].health_interval_s`. A tool call is
-never re-sent.
+never re-sent; a result over `max_result_bytes` is that call's `tool_error`, no more.
 
 States: `connecting` (start-up), `ready`, `degraded` (lost its session, reconnecting),
 `down` (start-up attempts exhausted; still retried in the background), `stopped`.
@@ -30,14 +30,15 @@ from mcp_types import Tool as ListedTool
 from opentelemetry import trace
 from tenacity import RetryCallState
 
-from toolbus.backends.mcp.convert import bad_line, call_error, describe, to_result, to_tool
+from toolbus.backends.mcp.convert import bad_line, call_error, checked_result, describe, to_tool
 from toolbus.backends.mcp.http import open_http
 from toolbus.backends.mcp.retry import Stopping, connect_attempts
-from toolbus.backends.mcp.session import Session, list_tools
+from toolbus.backends.mcp.session import Ending, Session, list_tools
 from toolbus.backends.mcp.stdio import CLOSE_DEADLINE_S, open_stdio
 from toolbus.config import McpPolicy, McpServerConfig, ToolSettings, tool_settings
 from toolbus.contracts import ToolResult
-from toolbus.errors import ToolFailed, Unavailable
+from toolbus.errors import Unavailable
+from toolbus.observability.spans import server_attributes
 from toolbus.registry import Registry, Tool, sanitize_name
 
 log = logging.getLogger("toolbus.mcp")
@@ -83,6 +84,14 @@ class McpServer:
         self._stop = asyncio.Event()
         self._tools_changed = asyncio.Event()
         self._limit = config.max_in_flight or policy.max_in_flight
+        self.max_result_bytes = config.max_result_bytes or policy.max_result_bytes
+        self._span_attributes: dict[str, Any] = {
+            "mcp.method.name": "tools/call",
+            "gen_ai.operation.name": "execute_tool",
+            "toolbus.mcp.server": name,
+            # A URL may carry a token (userinfo, query): never the whole of it.
+            **(server_attributes(config.url) if config.url else {"network.transport": "pipe"}),
+        }
         self._slots = asyncio.Semaphore(self._limit)
         self._tool_slots: dict[str, tuple[int, asyncio.Semaphore]] = {}
         self._registry = registry
@@ -234,19 +243,24 @@ class McpServer:
         )
 
     async def _open(self) -> Session:
-        ended = asyncio.Event()
-        # On failure the stack must exit *with* the exception: anyio turns its
-        # cancel-scope cancellation into the real error (e.g. ConnectError) there.
-        async with AsyncExitStack() as stack:
-            async with asyncio.timeout(self.config.connect_timeout_s):
-                session = await self._open_session(stack, ended)
-                await session.initialize()
-                tools = await list_tools(session)
-            self.connects += 1
-            # The holder closes it, later, in this same task.
-            return Session(session, tools, stack.pop_all(), ended)
+        ending = Ending()
+        try:
+            # On failure the stack must exit *with* the exception: anyio turns its
+            # cancel-scope cancellation into the real error (e.g. ConnectError) there.
+            async with AsyncExitStack() as stack:
+                async with asyncio.timeout(self.config.connect_timeout_s):
+                    session = await self._open_session(stack, ending)
+                    await session.initialize()
+                    tools = await list_tools(session)
+                self.connects += 1
+                # The holder closes it, later, in this same task.
+                return Session(session, tools, stack.pop_all(), ending)
+        except Exception as exc:
+            if ending.event.is_set():  # the server's side ended first: that is why
+                raise ConnectionError(ending.why) from exc
+            raise
 
-    async def _open_session(self, stack: AsyncExitStack, ended: asyncio.Event) -> ClientSession:
+    async def _open_session(self, stack: AsyncExitStack, ending: Ending) -> ClientSession:
         if self.config.command is None:
             return await open_http(stack, self.config, self._on_message)
         return await open_stdio(
@@ -254,16 +268,11 @@ class McpServer:
             self.name,
             self.config,
             child_env=self._child_env,
+            max_result_bytes=self.max_result_bytes,
             tail=self.stderr_tail,
-            on_exit=lambda: self._process_exited(ended),
+            on_end=ending.end,
             message_handler=self._on_message,
         )
-
-    def _process_exited(self, ended: asyncio.Event) -> None:
-        current = self._current
-        if current is not None and current.ended is ended:
-            current.end("the server process exited")
-        ended.set()
 
     async def _hold(self, current: Session) -> None:
         """Serve through this session until it ends or the worker stops."""
@@ -357,13 +366,7 @@ class McpServer:
                 with _tracer.start_as_current_span(
                     f"tools/call {remote_name}",
                     kind=trace.SpanKind.CLIENT,
-                    attributes={
-                        "mcp.method.name": "tools/call",
-                        "gen_ai.tool.name": remote_name,
-                        "gen_ai.operation.name": "execute_tool",
-                        "server.address": self.config.url or self.config.command or "",
-                        "toolbus.mcp.server": self.name,
-                    },
+                    attributes={**self._span_attributes, "gen_ai.tool.name": remote_name},
                 ):
                     result = await current.session.call_tool(remote_name, arguments)
             except MCPError as exc:
@@ -375,11 +378,7 @@ class McpServer:
                 raise Unavailable(
                     f"MCP server {self.name} is unreachable: {describe(exc)}", server=self.name
                 ) from exc
-        converted = to_result(result)
-        if result.is_error:
-            # The server's own words reach the caller unchanged.
-            raise ToolFailed(converted.text, server=self.name)
-        return converted
+        return checked_result(result, self.name, self.max_result_bytes)
 
     async def _on_message(self, message: IncomingMessage) -> None:
         if isinstance(message, Exception):

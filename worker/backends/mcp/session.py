@@ -23,20 +23,42 @@ log = logging.getLogger("toolbus.mcp")
 
 
 @dataclass
+class Ending:
+    """How a session ends: once, with the first reason anyone gives.
+
+    Made before the session opens, so that the transport can end it (a process that
+    exits during start-up) before there is a `Session` to end.
+    """
+
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    why: str = "the session ended"
+
+    def end(self, why: str) -> None:
+        if not self.event.is_set():
+            self.why = why
+            self.event.set()
+
+
+@dataclass
 class Session:
     """An open session, the tools it listed, and the stack that closes it."""
 
     session: ClientSession
     tools: list[ListedTool]
     stack: AsyncExitStack
-    ended: asyncio.Event = field(default_factory=asyncio.Event)
-    why: str = "the session ended"
+    ending: Ending = field(default_factory=Ending)
+
+    @property
+    def ended(self) -> asyncio.Event:
+        return self.ending.event
+
+    @property
+    def why(self) -> str:
+        return self.ending.why
 
     def end(self, why: str) -> None:
         """Mark the session over; the first reason given is the one reported."""
-        if not self.ended.is_set():
-            self.why = why
-            self.ended.set()
+        self.ending.end(why)
 
     async def close(self) -> None:
         """Close the transport (and stop a stdio process) within its deadline."""

@@ -1,28 +1,68 @@
-"""A stdio MCP server's process: its transport, and its stderr pumped to our log.
+"""A stdio MCP server: its process, and bounded pipes between it and a `ClientSession`.
 
-The server's stderr goes through a pipe of ours, never mixed with the protocol: each
-line to the worker's log (logger `toolbus.mcp.{server}`) and a bounded tail kept for
-error reports. EOF on that pipe means the process has exited, which ends the session
-at once instead of at the next call.
+The mcp SDK's `stdio_client` is not used: it reads stdout without a bound, at a cost
+quadratic in a line's length (each chunk re-joins the whole line so far: one 100 MB
+line kept a core busy for minutes), and offers no way to bound it. Its transport
+contract is public (`mcp.client.Transport`: a pair of streams of `SessionMessage`), so
+this module is a transport of its own under the SDK's `ClientSession`:
+
+    stdout  split by `LineSplitter` (bounded, linear), each line parsed by the SDK's
+            own `jsonrpc_message_adapter`. A line over `line_limit_bytes` is never
+            parsed: if its ends show which request it answers, that request gets
+            `RESULT_TOO_LARGE` (a `tool_error` for the caller) and the session goes
+            on; if it starts like a message but answers nothing we can name, the
+            session ends (and is restarted); anything else is a bad line, counted.
+    stdin   one JSON-RPC message per line, as the SDK writes them.
+    stderr  read in chunks and split the same way: each line to the log
+            `toolbus.mcp.{server}` (a long one cut, never fatal), a tail kept for
+            error reports.
+    end     when stdout ends, the session ends with the truth: the exit code or the
+            signal, or that the server closed its stdout and runs on.
+    stop    as the MCP spec says and the SDK does: close stdin, wait, then SIGTERM
+            and SIGKILL to the server's process group, every wait bounded.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 import os
+import signal
 from collections import deque
-from collections.abc import Callable, Mapping
-from contextlib import AsyncExitStack
-from typing import TextIO
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
 
-from mcp import ClientSession, StdioServerParameters, stdio_client
+import anyio
+from anyio.abc import Process
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp import ClientSession
 from mcp.client.session import MessageHandlerFnT
+from mcp.shared.message import SessionMessage
+from mcp_types import ErrorData, JSONRPCError, jsonrpc_message_adapter
 
+from toolbus.backends.mcp.convert import RESULT_TOO_LARGE, describe
+from toolbus.backends.mcp.environment import server_environment
+from toolbus.backends.mcp.lines import LineSplitter, Oversized, answered_id, looks_like_json_object
 from toolbus.config import McpServerConfig
 
-STDERR_LINE_CHARS = 500
-CLOSE_DEADLINE_S = 5.0  # the SDK's stdio shutdown waits 2 s, then terminates the tree
+log = logging.getLogger("toolbus.mcp")
+
+READ_BYTES = 256 * 1024
+LINE_HEADROOM_BYTES = 64 * 1024  # the JSON-RPC envelope around a result, and then some
+STDERR_LINE_BYTES = 8 * 1024  # a stderr line longer than this is logged cut
+STDERR_LINE_CHARS = 500  # of each stderr line kept in the tail for error reports
+CLOSE_DEADLINE_S = 5.0  # the longest `stop` takes, and then some
+EXIT_GRACE_S = 2.0  # after stdin closes, as the SDK waits
+TERM_GRACE_S = 1.0  # after SIGTERM, before SIGKILL
+KILL_REAP_S = 1.0  # after SIGKILL, for the event loop to see the exit
+EXIT_SEEN_S = 1.0  # after stdout ends, for the exit status to arrive
+EXIT_POLL_S = 0.01
+
+
+def line_limit_bytes(max_result_bytes: int) -> int:
+    """The longest stdout line read: a result at its limit escaped (a quote, backslash or
+    newline takes two bytes on the wire), and the envelope around it."""
+    return 2 * max_result_bytes + LINE_HEADROOM_BYTES
 
 
 async def open_stdio(
@@ -31,61 +71,258 @@ async def open_stdio(
     config: McpServerConfig,
     *,
     child_env: Mapping[str, str],
+    max_result_bytes: int,
     tail: deque[str],
-    on_exit: Callable[[], None],
+    on_end: Callable[[str], None],
     message_handler: MessageHandlerFnT,
 ) -> ClientSession:
     """Start the server and open a session to it; both close with `stack`.
 
-    Its stderr pump runs until then; `on_exit` runs once stderr reaches EOF (the
-    process has exited).
+    `on_end` is called with the reason once the server's side is over (its stdout
+    ended, or a line answering no call was too long to read).
     """
     assert config.command is not None
-    read_fd, write_fd = os.pipe()
-    errlog = os.fdopen(write_fd, "w")
-    pump = asyncio.create_task(_pump(name, read_fd, tail, on_exit), name=f"mcp-stderr:{name}")
-    stack.push_async_callback(_finish, pump)
-    stack.callback(_close_quietly, errlog)
-    params = StdioServerParameters(
-        command=config.command,
-        args=config.args,
-        env={**child_env, **config.env} or None,  # the server's own env wins
-        cwd=config.cwd,
+    # The worker's own environment, read as any process launcher does: only the basics.
+    env = server_environment(os.environ, child_env, config.env)
+    read, write = await stack.enter_async_context(
+        stdio_transport(
+            name,
+            [config.command, *config.args],
+            env=env,
+            cwd=config.cwd,
+            max_result_bytes=max_result_bytes,
+            tail=tail,
+            on_end=on_end,
+        )
     )
-    read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
-    # The child holds its own copy of the pipe now; closing ours lets the pump see EOF
-    # the moment the server exits.
-    errlog.close()
     return await stack.enter_async_context(
         ClientSession(read, write, message_handler=message_handler)
     )
 
 
-async def _pump(name: str, read_fd: int, tail: deque[str], on_exit: Callable[[], None]) -> None:
-    server_log = logging.getLogger(f"toolbus.mcp.{name}")
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    pipe = os.fdopen(read_fd, "rb")
-    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
-    try:
-        while line := await reader.readline():
+@asynccontextmanager
+async def stdio_transport(
+    name: str,
+    command: list[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    max_result_bytes: int,
+    tail: deque[str],
+    on_end: Callable[[str], None],
+) -> AsyncIterator[
+    tuple[
+        MemoryObjectReceiveStream[SessionMessage | Exception],
+        MemoryObjectSendStream[SessionMessage],
+    ]
+]:
+    """The server's process, and the streams a `ClientSession` takes (an MCP transport)."""
+    process = await anyio.open_process(command, env=dict(env), cwd=cwd, start_new_session=True)
+    # No awaits until the task group is entered: a cancellation there would leak it.
+    pipes = Pipes(name, process, max_result_bytes=max_result_bytes, tail=tail, on_end=on_end)
+    incoming_send, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    outgoing, outgoing_receive = anyio.create_memory_object_stream[SessionMessage](0)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(pipes.read_stdout, incoming_send)
+        tasks.start_soon(pipes.write_stdin, outgoing_receive)
+        tasks.start_soon(pipes.read_stderr)
+        try:
+            yield incoming, outgoing
+        finally:
+            # Every wait in `stop` is bounded; shielded, so a cancelled holder cannot
+            # leave the process running.
+            with anyio.CancelScope(shield=True):
+                await pipes.stop()
+                for stream in (incoming, incoming_send, outgoing, outgoing_receive):
+                    await stream.aclose()
+            tasks.cancel_scope.cancel()
+
+
+class OversizedLine(ValueError):
+    """A stdout line over the limit that is not a message: never read, counted as bad."""
+
+    def __init__(self, line: Oversized, limit_bytes: int) -> None:
+        start = line.head[:120].decode("utf-8", "replace")
+        super().__init__(
+            f"a line of {line.size_bytes} bytes, over the limit of {limit_bytes}, not read: {start}"
+        )
+
+
+class Pipes:
+    """The three pipes of one server process, and how the process is stopped."""
+
+    def __init__(
+        self,
+        name: str,
+        process: Process,
+        *,
+        max_result_bytes: int,
+        tail: deque[str],
+        on_end: Callable[[str], None],
+    ) -> None:
+        self.name = name
+        self.process = process
+        self.max_result_bytes = max_result_bytes
+        self.line_limit_bytes = line_limit_bytes(max_result_bytes)
+        self.tail = tail
+        self.stopping = False
+        self._on_end = on_end
+        self._server_log = logging.getLogger(f"toolbus.mcp.{name}")
+
+    def _end(self, why: str) -> None:
+        if not self.stopping:
+            self._on_end(why)
+
+    # -- stdout ----------------------------------------------------------------------
+
+    async def read_stdout(self, sink: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
+        assert self.process.stdout is not None
+        splitter = LineSplitter(self.line_limit_bytes)
+        delivering = True
+        with contextlib.suppress(
+            anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError
+        ):
+            while True:
+                chunk = await self.process.stdout.receive(READ_BYTES)
+                for line in splitter.feed(chunk):
+                    item = self._item(line)
+                    if item is None or not delivering:
+                        continue  # the session is gone: drain, so the server never blocks
+                    try:
+                        await sink.send(item)
+                    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                        delivering = False
+        if not self.stopping:
+            self._end(await self._exit_reason("the server closed its stdout and runs on"))
+        # After the reason: the session then fails what is in flight (connection closed).
+        await sink.aclose()
+
+    def _item(self, line: bytes | Oversized) -> SessionMessage | Exception | None:
+        if isinstance(line, Oversized):
+            return self._oversized(line)
+        if not line.strip():
+            return None
+        try:
+            return SessionMessage(jsonrpc_message_adapter.validate_json(line, by_name=False))
+        except ValueError as exc:  # not JSON-RPC: the session hands it to our handler
+            return exc
+
+    def _oversized(self, line: Oversized) -> SessionMessage | Exception | None:
+        ident = answered_id(line)
+        if ident is not None:
+            log.warning(
+                "MCP server %s answered request %s with a line of %d bytes, over the limit "
+                "of %d: not read, the call gets tool_error",
+                self.name,
+                ident,
+                line.size_bytes,
+                self.line_limit_bytes,
+            )
+            error = ErrorData(
+                code=RESULT_TOO_LARGE,
+                message="the answer is too large",
+                data={"limit_bytes": self.max_result_bytes, "received_bytes": line.size_bytes},
+            )
+            return SessionMessage(JSONRPCError(jsonrpc="2.0", id=ident, error=error))
+        if looks_like_json_object(line):
+            # Perhaps an answer whose id we cannot see: its call would wait forever.
+            self._end(
+                f"the server wrote a stdout line of {line.size_bytes} bytes, over the limit "
+                f"of {self.line_limit_bytes}, that answers no call we can name"
+            )
+            return None
+        return OversizedLine(line, self.line_limit_bytes)
+
+    # -- stdin -----------------------------------------------------------------------
+
+    async def write_stdin(self, source: MemoryObjectReceiveStream[SessionMessage]) -> None:
+        assert self.process.stdin is not None
+        try:
+            async with source:
+                async for message in source:
+                    text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await self.process.stdin.send(text.encode() + b"\n")
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
+            if not self.stopping:
+                self._end(await self._exit_reason(f"writing to the server failed: {describe(exc)}"))
+
+    # -- stderr ----------------------------------------------------------------------
+
+    async def read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        splitter = LineSplitter(STDERR_LINE_BYTES)
+        with contextlib.suppress(
+            anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError
+        ):
+            while True:
+                for line in splitter.feed(await self.process.stderr.receive(READ_BYTES)):
+                    self._stderr_line(line)
+        rest = splitter.rest()
+        if rest is not None:  # a last line without its newline (a crash, say)
+            self._stderr_line(rest)
+
+    def _stderr_line(self, line: bytes | Oversized) -> None:
+        if isinstance(line, Oversized):
+            start = line.head.decode("utf-8", "replace")
+            text = f"{start}… [cut: a line of {line.size_bytes} bytes]"
+        else:
             text = line.decode("utf-8", "replace").rstrip()
-            if text:
-                tail.append(text[:STDERR_LINE_CHARS])
-                server_log.info("%s", text)
-    finally:
-        transport.close()
-        on_exit()  # EOF: the process has exited (or closed stderr, which servers do not)
+        if text:
+            self.tail.append(text[:STDERR_LINE_CHARS])
+            self._server_log.info("%s", text)
+
+    # -- the process -----------------------------------------------------------------
+
+    async def _exit_reason(self, running: str) -> str:
+        """Why the server's side ended: how its process exited, else `running`."""
+        code = await _exit_code(self.process, EXIT_SEEN_S)
+        if code is None:
+            return running
+        if code < 0:
+            return f"the server process was killed by signal {_signal_name(-code)}"
+        return f"the server process exited with code {code}"
+
+    async def stop(self) -> None:
+        """Close stdin, wait, then SIGTERM and SIGKILL the process group (bounded)."""
+        self.stopping = True
+        assert self.process.stdin is not None
+        with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self.process.stdin.aclose()
+        if await _exit_code(self.process, EXIT_GRACE_S) is None:
+            self._signal_group(signal.SIGTERM)
+            if await _exit_code(self.process, TERM_GRACE_S) is None:
+                self._signal_group(signal.SIGKILL)
+                if await _exit_code(self.process, KILL_REAP_S) is None:
+                    log.warning(
+                        "MCP server %s (pid %d) is still alive after SIGKILL; abandoning it",
+                        self.name,
+                        self.process.pid,
+                    )
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError, anyio.BrokenResourceError):
+                    await stream.aclose()
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        # The server leads its own process group (start_new_session): its children too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, sig)
 
 
-def _close_quietly(stream: TextIO) -> None:
-    if not stream.closed:
-        stream.close()
+async def _exit_code(process: Process, within_s: float) -> int | None:
+    """The process's exit status once it has one, else None after `within_s`.
+
+    Polled, not `process.wait()`: on Python 3.11 that also waits for every pipe to
+    close, and a child of the server holding one would make an exited server look alive.
+    """
+    with anyio.move_on_after(within_s):
+        while process.returncode is None:  # noqa: ASYNC110 -- no event to wait on, see above
+            await anyio.sleep(EXIT_POLL_S)
+    return process.returncode
 
 
-async def _finish(task: asyncio.Task[None]) -> None:
+def _signal_name(number: int) -> str:
     try:
-        async with asyncio.timeout(CLOSE_DEADLINE_S):
-            await task
-    except TimeoutError:
-        task.cancel()
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
