@@ -1,23 +1,13 @@
-"""Configuration: one settings model, read once at the entry point.
-
-Sources, strongest first: command-line flags, `TOOLBUS_*` environment variables,
-the config file (TOML or JSON), defaults. MCP servers use the `mcpServers` shape
-that MCP clients such as Claude Desktop use, so their config files load as they are.
-"""
+"""The settings model, and loading it: flags > environment > files > defaults."""
 
 from __future__ import annotations
 
 import json
-import re
 import tomllib
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self, TypeVar
+from typing import Any, Literal, Self
 
 from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     field_validator,
@@ -33,181 +23,11 @@ from pydantic_settings import (
 from toolbus.broker import BrokerUrl as BrokerUrl  # noqa: PLC0414 -- re-exported: its former home
 from toolbus.broker import gather_password
 from toolbus.callers import CallerProfile
-from toolbus.normalization.paths import root_form
+from toolbus.config.servers import McpPolicy, McpServerConfig
+from toolbus.config.tools import DEFAULT_GUARDS, GuardSettings, ToolSettings, complete_guards
 from toolbus.untrusted import topic_problem
 
 DEFAULT_BROKER_URL = "mqtt://localhost:1883"
-
-T = TypeVar("T")
-
-
-class McpServerConfig(BaseModel):
-    """One entry of `mcpServers`: `command`/`args`/`env` (stdio) or `url` (streamable HTTP)."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    command: str | None = None
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    cwd: str | None = None
-    url: str | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
-    type: Literal["stdio", "http", "streamable-http", "streamable_http"] | None = None
-    disabled: bool = False
-    connect_timeout_s: float = Field(default=20.0, gt=0)
-    max_in_flight: int | None = Field(
-        default=None, ge=1, description="Default: [mcp].max_in_flight."
-    )
-    max_result_bytes: int | None = Field(
-        default=None, ge=1, description="Default: [mcp].max_result_bytes."
-    )
-
-    @model_validator(mode="after")
-    def _one_transport(self) -> Self:
-        if (self.command is None) == (self.url is None):
-            raise ValueError("an MCP server needs exactly one of `command` (stdio) or `url` (HTTP)")
-        return self
-
-    @property
-    def transport(self) -> Literal["stdio", "http"]:
-        return "stdio" if self.command is not None else "http"
-
-
-# Control characters other than tab, newline and carriage return have no business in
-# tool arguments and are a classic injection vector for downstream shells and logs.
-DEFAULT_FORBIDDEN_PATTERN = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
-
-Coercion = Literal[
-    "wrap_array",
-    "parse_json",
-    "string_to_integer",
-    "string_to_number",
-    "string_to_boolean",
-    "enum_case",
-    "default",
-]
-ALL_COERCIONS: frozenset[str] = frozenset(Coercion.__args__)  # type: ignore[attr-defined]
-CoercionName = Coercion | Literal["all"]  # what `skip_coercions` accepts
-
-
-def _compiles(pattern: str | None) -> str | None:
-    if pattern:
-        try:  # `re.error` is no ValueError: pydantic would let it escape unreported
-            re.compile(pattern)
-        except re.error as error:
-            raise ValueError(f"forbidden_pattern {pattern!r}: {error}") from None
-    return pattern
-
-
-ForbiddenPattern = Annotated[str | None, AfterValidator(_compiles)]
-
-
-class GuardSettings(BaseModel):
-    """Input guards; `[guards]` globally, `[tools.NAME.guards]` per tool (unset: inherited)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_string_length: int | None = Field(default=None, ge=1)
-    max_array_length: int | None = Field(default=None, ge=0)
-    max_depth: int | None = Field(default=None, ge=1)
-    max_argument_bytes: int | None = Field(default=None, ge=2)
-    forbidden_pattern: ForbiddenPattern = Field(default=None, description="Adds to the default.")
-
-
-# The one place guard defaults are written; `complete_guards` fills a partial table from it.
-DEFAULT_GUARDS = GuardSettings(
-    max_string_length=2000,
-    max_array_length=100,
-    max_depth=16,
-    max_argument_bytes=64 * 1024,
-    forbidden_pattern=DEFAULT_FORBIDDEN_PATTERN,
-)
-
-
-def complete_guards(partial: GuardSettings) -> GuardSettings:
-    """A `[guards]` table with the defaults for what it does not set."""
-    return DEFAULT_GUARDS.model_copy(update=partial.model_dump(exclude_none=True))
-
-
-class ParameterSettings(BaseModel):
-    """One parameter of one tool, under `[tools.NAME.parameters."dotted.path"]`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_string_length: int | None = Field(default=None, ge=1)
-    max_array_length: int | None = Field(default=None, ge=0)
-    forbidden_pattern: ForbiddenPattern = Field(default=None, description="Adds to the tool's.")
-    path: bool = Field(default=False, description="A file path (implied by `allowed_roots`).")
-    allowed_roots: list[Annotated[str, AfterValidator(root_form)]] = Field(default_factory=list)
-    lenient: bool = Field(default=False, description="Drop array items that fail their schema.")
-
-
-class McpPolicy(BaseModel):
-    """How MCP sessions are started, recovered and loaded, under `[mcp]` (all servers)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    startup_attempts: int = Field(default=3, ge=1)
-    startup_base_delay_s: float = Field(
-        default=2.0, ge=0, description="Delay before the 2nd attempt; it doubles after each."
-    )
-    recovery_max_delay_s: float = Field(
-        default=60.0, gt=0, description="Cap of the jittered backoff once start-up has failed."
-    )
-    health_interval_s: float = Field(
-        default=15.0, gt=0, description="How often an HTTP session is pinged to notice loss."
-    )
-    max_in_flight: int = Field(default=32, ge=1, description="Calls in flight per server.")
-    max_result_bytes: int = Field(
-        default=4 * 1024 * 1024,
-        ge=1,
-        description="The largest tool result taken from a server (its JSON); a larger one "
-        "is `tool_error` with `details.limit_bytes`, and the session goes on.",
-    )
-
-
-class ToolSettings(BaseModel):
-    """Per-tool overrides, under `[tools.NAME]`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    timeout_s: float | None = Field(default=None, gt=0)
-    max_in_flight: int | None = Field(default=None, ge=1, description="MCP tools: own limit.")
-    rename_arguments: bool | None = None
-    skip_coercions: list[CoercionName] = Field(default_factory=list)
-    model_invocable: bool = True
-    idempotent: bool | None = Field(
-        default=None,
-        description="Safe to run twice for one request: a repeat of a call cut short by a "
-        "dead worker runs again instead of answering `in_doubt`. Unset: the MCP tool's "
-        "readOnlyHint/idempotentHint annotations decide; local tools are not.",
-    )
-    guards: GuardSettings = Field(default_factory=GuardSettings)
-    parameters: dict[str, ParameterSettings] = Field(default_factory=dict)
-
-
-NO_TOOL_SETTINGS = ToolSettings()
-
-
-def for_tool(table: Mapping[str, T], name: str, server: str | None = None) -> T | None:
-    """A per-tool table's entry for one tool: `server.tool` first, then the bare name.
-
-    The one lookup rule for every table keyed by tool name (`[tools.NAME]`,
-    `[argument_maps.NAME]`): with both `lamp` and `devices.lamp` configured, the tool
-    `lamp` of server `devices` gets `devices.lamp`, every other `lamp` gets `lamp`.
-    """
-    if server is not None:
-        qualified = table.get(f"{server}.{name}")
-        if qualified is not None:
-            return qualified
-    return table.get(name)
-
-
-def tool_settings(
-    tools: Mapping[str, ToolSettings], name: str, server: str | None = None
-) -> ToolSettings:
-    """A tool's `[tools.NAME]` entry (see `for_tool`), resolved once when the tool is built."""
-    return for_tool(tools, name, server) or NO_TOOL_SETTINGS
 
 
 class Settings(BaseSettings):
