@@ -33,6 +33,13 @@ async def start_serve(
     broker_url: str, env: dict[str, str], **streams: Any
 ) -> asyncio.subprocess.Process:
     """`toolbus serve` with the bundled config, as `make run` starts it."""
+    return await spawn_serve(env, "--broker", broker_url, **streams)
+
+
+async def spawn_serve(
+    env: dict[str, str], *flags: str, **streams: Any
+) -> asyncio.subprocess.Process:
+    """`toolbus serve --config <the bundled config> *flags`."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -40,8 +47,7 @@ async def start_serve(
         "serve",
         "--config",
         str(BUNDLED_CONFIG),
-        "--broker",
-        broker_url,
+        *flags,
         env=env,
         **streams,
     )
@@ -103,17 +109,8 @@ class Serve:
         self._reader: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Serve:
-        self._proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "toolbus",
-            "serve",
-            "--config",
-            str(BUNDLED_CONFIG),
-            *self.flags,
-            env=self.env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+        self._proc = await spawn_serve(
+            self.env, *self.flags, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
         self._reader = asyncio.create_task(self._read(), name="serve-stderr")
         return self

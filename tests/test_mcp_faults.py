@@ -149,6 +149,7 @@ async def test_crash_mid_call_is_unavailable_and_the_session_comes_back(
     )
     async with running_worker(settings) as worker:
         states = ServerStates(caller_for_faults, worker, "crashy")
+        await states.until("ready")  # from here on every change arrives, in order
         assert (await call(caller_for_faults, worker, "work", {"value": "1"}))["ok"]
         began = time.monotonic()
         crashed, took_s = await timed(call(caller_for_faults, worker, "work", {"value": "2"}))
@@ -158,12 +159,14 @@ async def test_crash_mid_call_is_unavailable_and_the_session_comes_back(
             and crashed["error"]["details"]["server"] == "crashy"
         )
         assert took_s < AT_ONCE_S
+        await states.until("degraded")  # the call may be answered before the state changes
         await states.until("ready")
         measured(f"crash to recovery (session re-initialized): {time.monotonic() - began:.3f} s")
         assert (await call(caller_for_faults, worker, "work", {"value": "3"}))["ok"]
 
         exiting, took_s = await timed(call(caller_for_faults, worker, "exit_now"))
         assert exiting["error"]["code"] == "unavailable" and took_s < AT_ONCE_S
+        await states.until("degraded")
         await states.until("ready")
         # A real signal from outside, between calls.
         os.kill(int((tmp_path / "pid").read_text()), signal.SIGKILL)
