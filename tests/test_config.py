@@ -127,3 +127,16 @@ def test_every_setting_is_documented() -> None:
     doc = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
     for name, field in Settings.model_fields.items():
         assert f"`{field.alias or name}`" in doc, name
+
+
+def test_reply_prefixes_must_not_nest_when_callers_are_in_the_topic() -> None:
+    from pydantic import ValidationError
+
+    from toolbus.config import Settings
+
+    nested = {"reply_prefixes": ["a/", "a/b/"]}
+    assert Settings.model_validate(nested).allowed_reply_prefixes == ("a/", "a/b/")
+    with pytest.raises(ValidationError):
+        Settings.model_validate({**nested, "caller_identity": "topic"})
+    with pytest.raises(ValidationError):
+        Settings.model_validate({"reply_prefixes": [""]})

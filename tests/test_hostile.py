@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 from tests.hostile import envelopes, tool_names
 from tests.test_pipeline import REPLY, Rig, rig_for
 from tests.tools import Probe, probe_tools
+from toolbus.callers import CallerProfile
 from toolbus.contracts import ErrorCode
 from toolbus.messages import Inbound
+from toolbus.quotas import Quotas
 from toolbus.untrusted import shown, topic_problem
 
 BAD_TOPIC_CHARS = ["\x00", "\x01", "\x1f", "\x7f", "\x85", "\x9f", "\ufffe", "\U0010ffff", "\ufdd0"]
@@ -143,6 +145,30 @@ async def test_strings_that_cannot_be_echoed_get_bad_request_and_run_nothing(
     assert reply["id_generated"] is True or "\\" not in reply["id"]
 
 
+def function_call(arguments: str) -> bytes:
+    body = {"type": "function", "function": {"name": "busy", "arguments": arguments}}
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"tool": "echo", "arguments": {"text": "\xed\xa0\x80"}}',  # surrogate as UTF-8 bytes
+        '{"tool": "echo", "arguments": {"text": "x"}}'.encode("utf-16"),
+        function_call('{"n": "\\ud800"}'),  # parsed only once the envelope is read
+        function_call("[" * 5000 + "]" * 5000),
+        function_call('{"n": NaN}'),
+        json.dumps({"tool": "no\nFAKE LOG LINE \u001b[31m", "arguments": {}}).encode(),
+    ],
+)
+async def test_payloads_that_slip_past_a_naive_check_get_bad_request(payload: bytes) -> None:
+    probe = Probe()
+    rig = rig_for(probe_tools(probe), probe, max_payload_bytes=64 * 1024)
+    await send(rig, "tb/call", payload, response_topic=REPLY, correlation_data=b"c")
+    assert reply_code(rig) == "bad_request"
+    assert probe.calls == 0
+
+
 async def test_a_valid_surrogate_pair_is_a_character_like_any_other() -> None:
     rig = hostile_rig()
     await send(
@@ -246,6 +272,31 @@ async def test_topic_mode_malformed_request_topics_are_refused(topic: str) -> No
     assert dead_code(rig) == "bad_request"
 
 
+async def test_claim_mode_call_caller_tool_topics_name_the_caller_for_quotas() -> None:
+    rig = hostile_rig(callers={"garage": {"rate_per_s": 0.01, "burst": 1}})
+    await call_as(rig, "tb/call/garage/echo", {"arguments": {"text": "x"}}, REPLY)
+    assert reply_code(rig) == "ok"
+    await call_as(rig, "tb/call/garage/echo", {"arguments": {"text": "x"}}, REPLY)
+    assert reply_code(rig) == "rate_limited"
+
+
+async def test_require_caller_in_claim_mode() -> None:
+    rig = hostile_rig(require_caller=True)
+    await call_as(rig, "tb/call/kitchen/echo", {"arguments": {"text": "x"}}, REPLY)
+    assert reply_code(rig) == "ok"
+    for body in ({"arguments": {"text": "x"}}, {"caller": "", "arguments": {"text": "x"}}):
+        await call_as(rig, "tb/call/echo", body, REPLY)
+        assert reply_code(rig) == "forbidden"
+
+
+@pytest.mark.parametrize("reply_to", ["tb/dead", "tb/status/workers/w1", "tb/status"])
+async def test_a_reply_never_lands_on_dead_letters_or_statuses(reply_to: str) -> None:
+    rig = hostile_rig(reply_prefixes=["tb/"])
+    body = {"tool": "echo", "arguments": {"text": "x"}, "reply_to": reply_to}
+    await call_as(rig, "tb/call", body, None)
+    assert dead_code(rig) == "forbidden"
+
+
 async def test_claim_mode_keeps_call_caller_tool_topics() -> None:
     rig = hostile_rig(callers={"kitchen": {"tools": ["echo"]}})
     await call_as(rig, "tb/call/kitchen/echo", {"arguments": {"text": "x"}}, REPLY)
@@ -266,12 +317,22 @@ FUZZ_RIG = hostile_rig(max_payload_bytes=64 * 1024)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(body=envelopes(), v5=st.booleans(), topic_tool=st.one_of(st.none(), tool_names))
+@given(
+    body=envelopes(),
+    v5=st.booleans(),
+    topic_tool=st.one_of(st.none(), tool_names),
+    raw=st.booleans(),
+)
 async def test_fuzzed_envelopes_get_exactly_one_answer_and_never_internal(
-    body: dict[str, Any], v5: bool, topic_tool: str | None
+    body: dict[str, Any], v5: bool, topic_tool: str | None, raw: bool
 ) -> None:
     topic = f"tb/call/{topic_tool}" if topic_tool else "tb/call"
-    payload = json.dumps(body).encode()
+    # `raw`: non-ASCII as bytes, lone surrogates too (as a hostile client may send them).
+    payload = (
+        json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        if raw
+        else json.dumps(body).encode()
+    )
     await send(
         FUZZ_RIG,
         topic,
@@ -290,3 +351,11 @@ async def test_fuzzed_envelopes_get_exactly_one_answer_and_never_internal(
     else:
         assert isinstance(answer["ok"], bool)
         assert answer.get("error", {}).get("code", "ok") in (codes | {"ok"}) - {"internal"}, answer
+
+
+def test_quota_state_stays_bounded_with_many_caller_names() -> None:
+    quotas = Quotas({"*": CallerProfile(rate_per_s=1.0)}, max_callers=50)
+    for n in range(1000):
+        with quotas.admit(f"caller-{n}"):
+            pass
+    assert len(quotas) <= 51

@@ -106,11 +106,13 @@ def decode(message: Inbound, topics: Topics, max_payload_bytes: int) -> Call | R
         body = _parse_object(message.payload)
         if reply is None and "reply_to" in body:
             reply = _body_reply(message, topics, route, body["reply_to"])
-        if may_hold_surrogates(message.payload):
-            _refuse_surrogates(body)
         if isinstance(route, str):
             raise BadRequest(f"not a request topic: {shown(message.topic)}", reason=route)
-        request = _request(_envelope(body))
+        envelope = _envelope(body)
+        if may_hold_surrogates(message.payload):  # escapes: the only way in, once UTF-8
+            _refuse_surrogates(body)
+            _refuse_surrogates(envelope)  # `function.arguments` as a string, parsed
+        request = _request(envelope)
         return _call(message, topics, route, request, reply)
     except ToolbusError as error:
         raw_id = body.get("id") if body is not None else None
@@ -189,15 +191,25 @@ def _refuse_constant(name: str) -> Any:
 
 def _parse_object(payload: bytes) -> dict[str, Any]:
     try:
-        # Strict JSON: Python would otherwise accept NaN and Infinity.
-        body = json.loads(payload, parse_constant=_refuse_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"payload is not JSON: {exc}") from None
-    except RecursionError:
-        raise BadRequest("payload is nested too deeply") from None
+        # Strict UTF-8 first: `json.loads(bytes)` would also take UTF-16 and UTF-32, and
+        # surrogates encoded as UTF-8 bytes, which no reply could carry back.
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"payload is not UTF-8: {exc.reason} at byte {exc.start}") from None
+    body = _json(text, "payload")
     if not isinstance(body, dict):
         raise BadRequest(f"payload must be a JSON object, got {type(body).__name__}")
     return body
+
+
+def _json(text: str, what: str) -> Any:
+    """Strict JSON (Python would otherwise accept NaN and Infinity), bounded in depth."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as exc:
+        raise BadRequest(f"{what} is not JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest(f"{what} is nested too deeply") from None
 
 
 def _envelope(body: dict[str, Any]) -> dict[str, Any]:
@@ -215,10 +227,7 @@ def _envelope(body: dict[str, Any]) -> dict[str, Any]:
     if isinstance(function, dict):
         arguments = function.get("arguments", {})
         if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except ValueError:
-                raise BadRequest("`function.arguments` is not valid JSON") from None
+            arguments = _json(arguments, "`function.arguments`") if arguments.strip() else {}
         return {**body, "tool": function.get("name"), "arguments": arguments}
     return body
 
@@ -251,6 +260,8 @@ def _call(
         tool = route.tool or request.tool or ""
         if not tool:
             raise BadRequest("request names no tool: use `{prefix}/call/{tool}` or a `tool` field")
+        if text_problem(tool) is not None:
+            raise BadRequest("the tool name cannot be echoed", reason="bad_character")
     ident, generated = (request.id, False) if request.id else (_new_id(), True)
     deadline_at = _deadline_at(message, request)
     if reply is not None and deadline_at is not None:
@@ -284,7 +295,7 @@ def _call(
 
 def _caller(topics: Topics, route: Route, request: Request) -> str | None:
     """Who is calling: the topic's word in `topic` mode, the request's claim otherwise."""
-    claimed = request.caller
+    claimed = request.caller or None
     if claimed is not None and text_problem(claimed) is not None:
         raise BadRequest("the caller name cannot be echoed", reason="bad_character")
     if topics.caller_identity == "topic":
@@ -295,7 +306,9 @@ def _caller(topics: Topics, route: Route, request: Request) -> str | None:
         if route.caller and claimed and route.caller != claimed:
             raise BadRequest("the topic and the body name different callers")
         caller = route.caller or claimed
-    if caller is None and topics.require_caller:
+    # `call/{a}/{b}` in claim mode may name caller `a`: the pipeline decides once the
+    # registry says whether `a/b` is a tool, and checks `require_caller` then.
+    if caller is None and topics.require_caller and not route.ambiguous:
         raise Forbidden("this worker answers only named callers", reason="caller_required")
     return caller
 

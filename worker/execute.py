@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from opentelemetry import trace
 
 from toolbus.access import Access
+from toolbus.callers import ANONYMOUS_CALLER
 from toolbus.contracts import ToolList, ToolResult
 from toolbus.decode import Call
 from toolbus.errors import (
@@ -238,7 +239,19 @@ class Executor:
 
     def _check_access(self, caller: str | None, resolved: Resolved) -> None:
         if not self.access.allows(caller, resolved.tool):
-            raise Forbidden(f"caller {caller!r} may not use {resolved.name}", caller=caller)
+            who = caller or ANONYMOUS_CALLER
+            raise Forbidden(f"caller {who!r} may not use {resolved.name}", caller=who)
+
+    def caller_of(self, call: Call) -> str | None:
+        """Who calls: the request's caller, or `a` of a `call/{a}/{b}` topic when no tool
+        is named `a/b` (the registry decides, so this is known only here)."""
+        if call.caller is not None or not call.topic_path or "/" not in call.tool:
+            return call.caller
+        try:
+            self.registry.resolve(call.tool)
+        except UnknownTool:
+            return call.tool.partition("/")[0]
+        return None
 
     def _resolve(self, call: Call) -> tuple[Resolved, str | None]:
         """The tool and the caller; `{prefix}/call/{caller}/{tool}` names both."""

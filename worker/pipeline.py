@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import Protocol, Self
 
 from opentelemetry import trace
@@ -20,7 +21,7 @@ from toolbus.contracts import ErrorBody, Reply
 from toolbus.decode import Call, Rejected, ReplyAddress, decode
 from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict
 from toolbus.encode import dead_letter, outbound_reply, reply_for_call, reply_for_rejected
-from toolbus.errors import InternalError, RateLimited, Unavailable
+from toolbus.errors import Forbidden, InternalError, RateLimited, ToolbusError, Unavailable
 from toolbus.execute import Executor, Outcome
 from toolbus.messages import Inbound, Outbound
 from toolbus.observability.export import COLLECTOR, TraceCollector, descendants, otlp_json
@@ -113,12 +114,12 @@ class Pipeline:
             decoded = decode(message, self.topics, self._max_payload_bytes)
             fields = decoded.trace_fields if isinstance(decoded, Call) else None
             with self._tracer.start_as_current_span(
-                f"process {message.topic}",
+                f"process {shown(message.topic)}",
                 context=extract_context(message.user_properties, fields),
                 kind=trace.SpanKind.CONSUMER,
                 attributes=messaging_attributes(
                     "process",
-                    message.topic,
+                    shown(message.topic),
                     decoded.id,
                     self._worker_id,
                     **{"messaging.message.body.size": len(message.payload)},
@@ -162,25 +163,33 @@ class Pipeline:
             await self._dead(message, rejected.error.body(), rejected.id)
 
     async def _call(self, message: Inbound, call: Call) -> None:
+        # The caller as quotas, dedup and access will see it (`call/{a}/{b}` may name one).
+        call = replace(call, caller=self.executor.caller_of(call))
+        if call.caller is None and self.topics.require_caller:
+            error = Forbidden("this worker answers only named callers", reason="caller_required")
+            await self._refuse(message, call, error)
+            return
         try:
             ticket = self._quotas.admit(call.caller)
         except RateLimited as error:
-            await self._limited(message, call, error)
+            # Logged at DEBUG only (a flood would flood the log); counted instead.
+            log.debug("rate limited %s from %s: %s", call.id, shown(call.caller or "-"), error)
+            self._metrics.rate_limited(str(error.details.get("limit")))
+            await self._refuse(message, call, error, quiet=True)
             return
         with ticket:
             await self._admitted(message, call)
 
-    async def _limited(self, message: Inbound, call: Call, error: RateLimited) -> None:
-        """Over its caller's quota: answered at once, nothing claimed or run. Logged at
-        DEBUG only (a flood would flood the log); counted in `toolbus.rate_limited`."""
-        log.debug("rate limited %s from %s: %s", call.id, shown(call.caller or "-"), error)
-        self._metrics.rate_limited(str(error.details.get("limit")))
+    async def _refuse(
+        self, message: Inbound, call: Call, error: ToolbusError, *, quiet: bool = False
+    ) -> None:
+        """Answered at once, nothing claimed or run."""
         mark_failed(trace.get_current_span(), error.code.value)
         reply = reply_for_call(call, Outcome(tool=None, error=error))
         if call.reply is not None:
             await self._reply(call.reply, reply)
         else:
-            await self._dead(message, error.body(), call.id)
+            await self._dead(message, error.body(), call.id, quiet=quiet)
 
     async def _admitted(self, message: Inbound, call: Call) -> None:
         verdict = await self._claim(call)
@@ -304,8 +313,15 @@ class Pipeline:
             out = outbound_reply(address, reply, inject_headers())
             await self._publisher.publish(out)
 
-    async def _dead(self, message: Inbound, error: ErrorBody, ident: str | None) -> None:
-        log.warning("dead-lettering message on %s: %s", shown(message.topic), error.code.value)
+    async def _dead(
+        self, message: Inbound, error: ErrorBody, ident: str | None, *, quiet: bool = False
+    ) -> None:
+        log.log(
+            logging.DEBUG if quiet else logging.WARNING,
+            "dead-lettering message on %s: %s",
+            shown(message.topic),
+            error.code.value,
+        )
         self._metrics.dead_lettered(error.code.value)
         await self._publisher.publish(
             dead_letter(

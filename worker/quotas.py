@@ -127,7 +127,13 @@ class Quotas:
         excess = len(self._callers) - self._max_callers
         if excess <= 0:
             return
-        for name in [n for n, s in self._callers.items() if s.in_flight == 0][:excess]:
+        idle: list[str] = []
+        for name, state in self._callers.items():  # least recently seen first
+            if state.in_flight == 0:
+                idle.append(name)
+                if len(idle) == excess:
+                    break
+        for name in idle:
             del self._callers[name]
 
 

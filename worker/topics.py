@@ -108,13 +108,20 @@ class Topics:
             topic == base or topic.startswith(base + "/") for base in (self.call, self.tools)
         )
 
+    def _is_ours(self, topic: str) -> bool:
+        status = f"{self.prefix}/status"
+        return topic in (self.dead, status) or topic.startswith((self.dead + "/", status + "/"))
+
     def reply_problem(self, topic: str, caller: str | None) -> str | None:
         """Why a reply may not go to `topic` for `caller` (a reason key), or None."""
         if (problem := topic_problem(topic, max_bytes=MAX_REPLY_TOPIC_BYTES)) is not None:
             return problem
-        # Whatever the prefixes allow, a reply must never become a request.
+        # Whatever the prefixes allow, a reply must never become a request, a dead
+        # letter or a status that operators and other workers read.
         if self.is_request(topic):
             return "request_topic"
+        if self._is_ours(topic):
+            return "worker_topic"
         if not any(topic.startswith(prefix) for prefix in self.reply_space(caller)):
             return "outside_prefixes"
         return None

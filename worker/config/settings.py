@@ -197,6 +197,20 @@ class Settings(BaseSettings):
                 raise ValueError(f"a reply prefix must be a plain topic prefix: {prefix!r}")
         return value
 
+    @model_validator(mode="after")
+    def _caller_spaces_apart(self) -> Self:
+        # With callers in the topic, nested prefixes would put one caller's reply space
+        # inside another's (`a/b/x/` is caller `x` under `a/b/` and caller `b` under `a/`).
+        if self.caller_identity == "topic":
+            prefixes = self.allowed_reply_prefixes
+            for prefix in prefixes:
+                inner = [
+                    other for other in prefixes if other != prefix and other.startswith(prefix)
+                ]
+                if inner:
+                    raise ValueError(f"reply prefixes must not nest: {prefix!r} holds {inner[0]!r}")
+        return self
+
     @field_validator("worker_id")
     @classmethod
     def _topic_level(cls, value: str | None) -> str | None:
