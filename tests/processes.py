@@ -119,7 +119,8 @@ class Serve:
         assert self._proc is not None
         if self._proc.returncode is None:
             self._proc.kill()
-        await self._proc.wait()
+        async with asyncio.timeout(RUN_BOUND_S):
+            await self._proc.wait()
 
     async def _read(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None

@@ -55,6 +55,7 @@ async def flood_and_time(
     worker = WorkerProcess(broker.url, env)
     outcomes: dict[str, int] = {}
     quiet_done = asyncio.Event()
+    flooding = asyncio.Event()  # as many of the hog's calls answered as it keeps in flight
     await worker.start()
     async with Caller(broker.url) as hog, Caller(broker.url) as quiet:
 
@@ -69,12 +70,13 @@ async def flood_and_time(
                 )
                 code = reply["error"]["code"] if not reply["ok"] else "ok"
                 outcomes[code] = outcomes.get(code, 0) + 1
+                if sum(outcomes.values()) >= HOG_IN_FLIGHT:
+                    flooding.set()
 
         hogs = [asyncio.create_task(hog_loop(), name=f"hog-{n}") for n in range(HOG_IN_FLIGHT)]
         await hog.subscribe(f"{prefix}/reply/hog/r")
         async with asyncio.timeout(60):  # the flood is under way before the first timing
-            while sum(outcomes.values()) < HOG_IN_FLIGHT:
-                await asyncio.sleep(0.01)  # polling a counter the hog tasks fill, bounded
+            await flooding.wait()
         latencies_ms = []
         try:
             for n in range(QUIET_CALLS):

@@ -359,3 +359,13 @@ def test_quota_state_stays_bounded_with_many_caller_names() -> None:
         with quotas.admit(f"caller-{n}"):
             pass
     assert len(quotas) <= 51
+
+
+async def test_a_profile_without_tools_takes_them_from_the_default_profile() -> None:
+    rig = hostile_rig(callers={"*": {"tools": ["echo"]}, "garage": {"max_in_flight": 2}})
+    body = {"caller": "garage", "tool": "echo", "arguments": {"text": "x"}}
+    await call_as(rig, "tb/call", body, REPLY)
+    assert reply_code(rig) == "ok"
+    await call_as(rig, "tb/call", {"caller": "garage", "tool": "busy", "arguments": {}}, REPLY)
+    assert reply_code(rig) == "forbidden"
+    assert rig.pipeline.executor.access.unknown == {}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +21,8 @@ from cryptography.hazmat.primitives import serialization
 
 from tests.certs import ListenerTls, Pem, TestCa
 from tests.harness import Broker, make_settings, running_worker
-from tests.processes import RUN_BOUND_S, Serve, serve_env
+from tests.processes import Serve, serve_env
+from tests.test_cli import run_cli
 from toolbus.broker import BrokerUrl
 from toolbus.cli import EXIT_BROKER, EXIT_OK
 from toolbus.client import Client
@@ -215,21 +215,9 @@ async def test_toolbus_call_over_tls(tls_broker: Broker, pki: Pki) -> None:
         broker_url=tls_broker.url, tls_ca_file=str(pki.ca.cert), topic_prefix=settings.topic_prefix
     )
     async with running_worker(settings):
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "toolbus",
-            "call",
-            "echo",
-            "text=hi",
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        async with asyncio.timeout(RUN_BOUND_S):
-            out, err = await proc.communicate()
-    assert proc.returncode == EXIT_OK, err
-    assert b'"ok": true' in out
+        code, out, err = await run_cli("call", "echo", "text=hi", env=env)
+    assert code == EXIT_OK, err
+    assert '"ok": true' in out
 
 
 # -- TLS files the transport cannot use -------------------------------------------------

@@ -13,7 +13,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from toolbus.callers import ANONYMOUS_CALLER, DEFAULT_CALLER_PROFILE, CallerProfile
+from toolbus.callers import (
+    ANONYMOUS_CALLER,
+    DEFAULT_CALLER_PROFILE,
+    CallerProfile,
+    caller_profile,
+)
 from toolbus.errors import UnknownTool
 from toolbus.registry import Registry, Tool
 
@@ -27,17 +32,20 @@ class Access:
         self.unknown: dict[str, list[str]] = {}
 
     def refresh(self, registry: Registry) -> None:
+        """Each profile's tools (its own, or those `*` lends it) as canonical names."""
         allowed: dict[str, frozenset[str]] = {}
         unknown: dict[str, list[str]] = {}
         for caller, profile in self._profiles.items():
-            if profile.tools is None:
+            tools = caller_profile(self._profiles, caller).tools
+            if tools is None:
                 continue
             names = set()
-            for name in profile.tools:
+            for name in tools:
                 try:
                     names.add(registry.resolve(name).tool.qualified_name)
                 except UnknownTool:
-                    unknown.setdefault(caller, []).append(name)
+                    if profile.tools is not None:  # reported once, by the profile naming it
+                        unknown.setdefault(caller, []).append(name)
             allowed[caller] = frozenset(names)
         self._allowed, self.unknown = allowed, unknown
 
@@ -50,10 +58,7 @@ class Access:
     def allows(self, caller: str | None, tool: Tool) -> bool:
         if not self._allowed:
             return True
-        # The profile whose `tools` apply: the caller's own, else `*` (see caller_profile).
         name = caller or ANONYMOUS_CALLER
-        own = self._profiles.get(name)
-        if own is None or own.tools is None:
-            name = DEFAULT_CALLER_PROFILE
-        allowed = self._allowed.get(name)
+        # As `caller_profile` looks it up: a caller without a profile of its own is `*`.
+        allowed = self._allowed.get(name if name in self._profiles else DEFAULT_CALLER_PROFILE)
         return allowed is None or tool.qualified_name in allowed

@@ -109,9 +109,10 @@ def decode(message: Inbound, topics: Topics, max_payload_bytes: int) -> Call | R
         if isinstance(route, str):
             raise BadRequest(f"not a request topic: {shown(message.topic)}", reason=route)
         envelope = _envelope(body)
-        if may_hold_surrogates(message.payload):  # escapes: the only way in, once UTF-8
-            _refuse_surrogates(body)
-            _refuse_surrogates(envelope)  # `function.arguments` as a string, parsed
+        # Escapes are the only way in, once the payload is UTF-8. The envelope holds every
+        # field the worker reads (a string `function.arguments` parsed, too).
+        if may_hold_surrogates(message.payload):
+            _refuse_surrogates(envelope)
         request = _request(envelope)
         return _call(message, topics, route, request, reply)
     except ToolbusError as error:

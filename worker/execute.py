@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from opentelemetry import trace
@@ -141,6 +141,7 @@ class Executor:
             attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.id": call.id},
         ) as span:
             try:
+                call = self.locate(call)
                 _refuse_expired(call)
                 await self._await_startup(call)
                 tool, arguments = self.prepare(call, outcome)
@@ -242,28 +243,24 @@ class Executor:
             who = caller or ANONYMOUS_CALLER
             raise Forbidden(f"caller {who!r} may not use {resolved.name}", caller=who)
 
-    def caller_of(self, call: Call) -> str | None:
-        """Who calls: the request's caller, or `a` of a `call/{a}/{b}` topic when no tool
-        is named `a/b` (the registry decides, so this is known only here)."""
-        if call.caller is not None or not call.topic_path or "/" not in call.tool:
-            return call.caller
+    def locate(self, call: Call) -> Call:
+        """The call as the registry reads a `call/{a}/{b}` topic in claim mode: caller `a`
+        and tool `b`, unless a tool is named `a/b`. The one place this is decided; the
+        pipeline asks before quotas (they need the caller), `execute` for direct callers."""
+        if not call.topic_path:
+            return call
         try:
             self.registry.resolve(call.tool)
         except UnknownTool:
-            return call.tool.partition("/")[0]
-        return None
+            topic_caller, _, name = call.tool.partition("/")
+            if call.caller and call.caller != topic_caller:
+                raise BadRequest("the topic and the body name different callers") from None
+            return replace(call, caller=topic_caller, tool=name, topic_path=False)
+        return replace(call, topic_path=False)
 
     def _resolve(self, call: Call) -> tuple[Resolved, str | None]:
-        """The tool and the caller; `{prefix}/call/{caller}/{tool}` names both."""
-        try:
-            return self.registry.resolve(call.tool), call.caller
-        except UnknownTool:
-            if not call.topic_path or "/" not in call.tool:
-                raise
-        topic_caller, _, name = call.tool.partition("/")
-        if call.caller and call.caller != topic_caller:
-            raise BadRequest("the topic and the body name different callers")
-        return self.registry.resolve(name), topic_caller
+        """The tool and the caller (`locate` has read the topic already)."""
+        return self.registry.resolve(call.tool), call.caller
 
     @staticmethod
     async def _run(tool: Tool, arguments: dict[str, Any], deadline_s: float) -> ToolResult:

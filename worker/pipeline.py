@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
 from typing import Protocol, Self
 
 from opentelemetry import trace
@@ -164,10 +163,12 @@ class Pipeline:
 
     async def _call(self, message: Inbound, call: Call) -> None:
         # The caller as quotas, dedup and access will see it (`call/{a}/{b}` may name one).
-        call = replace(call, caller=self.executor.caller_of(call))
-        if call.caller is None and self.topics.require_caller:
-            error = Forbidden("this worker answers only named callers", reason="caller_required")
-            await self._refuse(message, call, error)
+        try:
+            call = self.executor.locate(call)
+            if call.caller is None and self.topics.require_caller:
+                raise Forbidden("this worker answers only named callers", reason="caller_required")
+        except ToolbusError as refused:
+            await self._refuse(message, call, refused)
             return
         try:
             ticket = self._quotas.admit(call.caller)
