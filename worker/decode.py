@@ -203,10 +203,14 @@ def _parse_object(payload: bytes) -> dict[str, Any]:
     return body
 
 
+# Made once: `json.loads` with an argument builds a new decoder for every call.
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
 def _json(text: str, what: str) -> Any:
     """Strict JSON (Python would otherwise accept NaN and Infinity), bounded in depth."""
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return _DECODER.decode(text)
     except ValueError as exc:
         raise BadRequest(f"{what} is not JSON: {exc}") from None
     except RecursionError:

@@ -20,6 +20,7 @@ publish on another caller's replies.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,7 +28,8 @@ from toolbus.callers import ANONYMOUS_CALLER
 from toolbus.untrusted import text_problem, topic_problem
 
 MAX_REPLY_TOPIC_BYTES = 1024
-MAX_NAME_CHARS = 200  # a caller or tool named by a topic level
+MAX_NAME_CHARS = 200
+TOPIC_CACHE_SIZE = 4096  # a caller or tool named by a topic level
 
 CallerIdentity = Literal["claim", "topic"]
 
@@ -75,6 +77,9 @@ class Topics:
             return filters
         return tuple(f"$share/{self.shared_group}/{f}" for f in filters)
 
+    # Callers reuse their topics: each is judged once (bounded; Topics lives as long as
+    # the worker, so holding `self` in the cache keeps nothing alive that would not be).
+    @functools.lru_cache(maxsize=TOPIC_CACHE_SIZE)  # noqa: B019 -- see the comment above
     def route(self, topic: str) -> Route | str:
         """What a request topic names, or why it names nothing usable (a reason key)."""
         for base, list_tools in ((self.call, False), (self.tools, True)):
@@ -112,6 +117,7 @@ class Topics:
         status = f"{self.prefix}/status"
         return topic in (self.dead, status) or topic.startswith((self.dead + "/", status + "/"))
 
+    @functools.lru_cache(maxsize=TOPIC_CACHE_SIZE)  # noqa: B019 -- as for `route`
     def reply_problem(self, topic: str, caller: str | None) -> str | None:
         """Why a reply may not go to `topic` for `caller` (a reason key), or None."""
         if (problem := topic_problem(topic, max_bytes=MAX_REPLY_TOPIC_BYTES)) is not None:
