@@ -43,12 +43,85 @@ class ErrorCode(StrEnum):
     `details.retry_after_ms` says when to try again, `details.limit` which quota it hit."""
 
 
+class ReplyFormat(StrEnum):
+    """The shape of a reply: ours, or what a provider's SDK appends to its conversation."""
+
+    TOOLBUS = "toolbus"
+    """A `Reply` per call (a `CallsReply` holding them when a message carries many)."""
+    ANTHROPIC = "anthropic"
+    """A `CallsReply` whose `append` holds one `{"role": "user"}` message of `tool_result`s."""
+    OPENAI = "openai"
+    """A `CallsReply` whose `append` holds Chat Completions `{"role": "tool"}` messages."""
+    OPENAI_RESPONSES = "openai-responses"
+    """A `CallsReply` whose `append` holds Responses `function_call_output` items."""
+    OLLAMA = "ollama"
+    """A `CallsReply` whose `append` holds Ollama `{"role": "tool", "tool_name"}` messages."""
+
+
+class ToolsFormat(StrEnum):
+    """The shape of the tool definitions a request on `{prefix}/tools` gets back."""
+
+    TOOLBUS = "toolbus"
+    MCP = "mcp"
+    ANTHROPIC = "anthropic"
+    OPENAI = "openai"
+    OPENAI_RESPONSES = "openai-responses"
+    OLLAMA = "ollama"
+
+
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
 
 
-class Request(_Wire):
-    """A tool-call request, as published on `{prefix}/call` or `{prefix}/call/{tool}`."""
+class Options(_Wire):
+    """How to answer a request, under a `toolbus` object beside any provider shape.
+
+    A provider's own fields (an Anthropic block's `caller`, say) never mean anything to
+    the worker: its options live here. The plain envelope may also carry them at its top
+    level, as it always has.
+    """
+
+    reply_to: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Reply topic for MQTT 3.1.1 callers; MQTT v5 callers use Response Topic.",
+    )
+    caller: str | None = Field(default=None, max_length=200)
+    timeout_s: float | None = Field(default=None, gt=0, description="Deadline for each call.")
+    deadline_ms: int | None = Field(
+        default=None,
+        ge=0,
+        le=2**53,  # JSON's exact integers: far enough, and no float overflow
+        description=(
+            "When the caller stops waiting, as Unix epoch milliseconds (for MQTT 3.1.1 "
+            "callers; v5 callers set a Message Expiry Interval). A request past it is not "
+            "run: it gets `timeout` with `details.expired`."
+        ),
+    )
+    reply_format: ReplyFormat | None = Field(
+        default=None,
+        description="The reply's shape; by default the request's own (a provider's shape "
+        "gets its provider's format, the envelope `toolbus`).",
+    )
+    format: ToolsFormat | None = Field(
+        default=None,
+        description="On `{prefix}/tools`: the shape of the tool definitions (default `toolbus`).",
+    )
+    traceparent: str | None = Field(
+        default=None, max_length=512, description="W3C trace context, for MQTT 3.1.1 callers."
+    )
+    tracestate: str | None = Field(default=None, max_length=512)
+    publish_trace: bool | None = Field(
+        default=None,
+        description="Publish this call's spans as OTLP JSON on `{reply_topic}/trace`.",
+    )
+
+
+class Request(Options):
+    """A tool-call request, as published on `{prefix}/call` or `{prefix}/call/{tool}`.
+
+    Its options may also sit under `toolbus`, as every provider shape carries them.
+    """
 
     id: str | None = Field(
         default=None,
@@ -61,30 +134,10 @@ class Request(_Wire):
         description="Tool name; taken from the topic on `{prefix}/call/{tool}`.",
     )
     arguments: dict[str, JsonValue] = Field(default_factory=dict)
-    reply_to: str | None = Field(
+    toolbus: Options | None = Field(
         default=None,
-        max_length=1024,
-        description="Reply topic for MQTT 3.1.1 callers; MQTT v5 callers use Response Topic.",
-    )
-    caller: str | None = Field(default=None, max_length=200)
-    timeout_s: float | None = Field(default=None, gt=0, description="Deadline for this call.")
-    deadline_ms: int | None = Field(
-        default=None,
-        ge=0,
-        le=2**53,  # JSON's exact integers: far enough, and no float overflow
-        description=(
-            "When the caller stops waiting, as Unix epoch milliseconds (for MQTT 3.1.1 "
-            "callers; v5 callers set a Message Expiry Interval). A request past it is not "
-            "run: it gets `timeout` with `details.expired`."
-        ),
-    )
-    traceparent: str | None = Field(
-        default=None, max_length=512, description="W3C trace context, for MQTT 3.1.1 callers."
-    )
-    tracestate: str | None = Field(default=None, max_length=512)
-    publish_trace: bool = Field(
-        default=False,
-        description="Publish this call's spans as OTLP JSON on `{reply_topic}/trace`.",
+        description="The options again, as provider shapes carry them; a value given both "
+        "here and at the top level must be the same.",
     )
 
 
@@ -138,6 +191,33 @@ class Reply(_Wire):
         default=False,
         description="True when this answers a repeated request id: the stored reply of its "
         "first run, sent again without running the tool.",
+    )
+
+
+class CallsReply(_Wire):
+    """The answer to a message holding tool calls in a provider's shape, or many calls.
+
+    One reply per message, once every call has finished, the calls in the message's order.
+    """
+
+    id: str = Field(
+        description="The message's own id (`msg_…`, `chatcmpl-…`, `resp_…`) or a generated one."
+    )
+    id_generated: bool = Field(default=False, description="True when the message had no id.")
+    format: ReplyFormat
+    ok: bool = Field(description="True when every call succeeded.")
+    append: list[dict[str, JsonValue]] = Field(
+        default_factory=list,
+        description="What to append to the conversation, in `format`: one Anthropic "
+        "`user` message of `tool_result` blocks, Chat Completions `tool` messages (and a "
+        "`user` message with any images), Responses `function_call_output` items, or "
+        "Ollama `tool` messages. Empty for `toolbus`.",
+    )
+    results: list[Reply] = Field(description="Each call's own reply, in the calls' order.")
+    duration_ms: float = Field(description="From the message's arrival to its reply.")
+    trace_id: str | None = Field(default=None, description="The trace this message belongs to.")
+    traceparent: str | None = Field(
+        default=None, description="W3C context of the reply, for MQTT 3.1.1 callers."
     )
 
 
@@ -196,6 +276,7 @@ class WorkerStatus(_Wire):
 WIRE_MODELS: dict[str, type[BaseModel]] = {
     "request": Request,
     "reply": Reply,
+    "calls-reply": CallsReply,
     "tool-list": ToolList,
     "dead-letter": DeadLetter,
     "worker-status": WorkerStatus,

@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from toolbus.contracts import Request
+from toolbus.contracts import Request, ToolsFormat
 from toolbus.errors import BadRequest, Forbidden, ToolbusError
 from toolbus.messages import Inbound
 from toolbus.topics import Route, Topics
@@ -75,6 +75,7 @@ class Call:
     publish_trace: bool = False
     user_properties: tuple[tuple[str, str], ...] = field(default=())
     deadline_at: float | None = None  # time.monotonic() after which the sender stops caring
+    tools_format: ToolsFormat = ToolsFormat.TOOLBUS  # on `{prefix}/tools`: the definitions' shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +296,7 @@ def _call(
         },
         user_properties=message.user_properties,
         deadline_at=deadline_at,
+        tools_format=request.format or ToolsFormat.TOOLBUS,
     )
 
 
