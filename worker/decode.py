@@ -296,7 +296,9 @@ def _call(
         },
         user_properties=message.user_properties,
         deadline_at=deadline_at,
-        tools_format=request.format or ToolsFormat.TOOLBUS,
+        tools_format=request.format
+        or (request.toolbus.format if request.toolbus else None)
+        or ToolsFormat.TOOLBUS,
     )
 
 
