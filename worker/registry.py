@@ -227,8 +227,7 @@ class Registry:
 
     def provider_name(self, tool: Tool) -> str:
         """The name provider formats list the tool under; it resolves back to the tool."""
-        shown = self.shown_name(tool)
-        return self._provider.get(shown) or provider_names([shown])[shown]
+        return self._provider[self.shown_name(tool)]
 
     def names(self) -> list[str]:
         """Every canonical name: bare names, and qualified ones for shadowed tools."""
