@@ -52,7 +52,8 @@ async def test_analysis_context_example() -> None:
 
 
 async def test_validation_lists_every_problem_and_the_signature() -> None:
-    outcome = await run(Settings(), mcp_tool(), {"deviceName": 3, "action": "explode"})
+    # A boolean is no number: it stays, and the schema refuses it.
+    outcome = await run(Settings(), mcp_tool(), {"deviceName": True, "action": "explode"})
     assert outcome.error is not None and outcome.error.code is ErrorCode.INVALID_ARGUMENTS
     assert {e["path"] for e in outcome.error.details["errors"]} == {"deviceName", "action"}
     signature = {p["name"]: p for p in outcome.error.details["signature"]}

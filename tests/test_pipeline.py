@@ -233,6 +233,14 @@ async def test_invalid_arguments_and_local_tools_are_never_renamed(rig: Rig) -> 
     assert (await rig.call("local_device", {"arguments": {"deviceName": "X"}}))["ok"]
 
 
+async def test_a_number_for_a_string_parameter_is_sent_as_its_text(rig: Rig) -> None:
+    reply = await rig.call("echo", {"arguments": {"text": 1234}})
+    assert reply["ok"] is True and reply["result"]["structured"]["text"] == "1234"
+    assert reply["normalized"] == [
+        {"path": "arguments.text", "from": "integer", "to": "string", "rule": "number_to_string"}
+    ]
+
+
 async def test_forbidden_for_a_caller_profile(rig: Rig) -> None:
     assert (await rig.call("kitchen/echo", {"arguments": {"text": "x"}}))["ok"]
     reply = await rig.call("kitchen/busy", {"arguments": {"n": 1}})
