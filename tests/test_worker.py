@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -304,9 +305,11 @@ async def test_random_garbage_is_answered_and_the_worker_lives(
             for p in payloads
         )
     )
-    assert all(
-        reply["error"]["code"] in {"bad_request", "invalid_arguments"} for reply, _ in replies
-    )
+    for payload, (reply, _) in zip(payloads, replies, strict=True):
+        if re.fullmatch(rb'\{"tool": "echo", "arguments": \{"text": \d\}\}', payload):
+            assert reply["ok"]  # a digit is a number for a string parameter: its text
+        else:
+            assert reply["error"]["code"] in {"bad_request", "invalid_arguments"}
     reply = await caller.call_tool(demo_worker.topics, "echo", {"text": "alive"}, reply_topic=topic)
     assert reply["ok"]
 
