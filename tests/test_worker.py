@@ -133,6 +133,28 @@ async def test_invalid_arguments_listed_with_paths(caller: Caller, demo_worker: 
         "action",
         "level",
     }
+    # What a model needs for its next call, as the MCP server's schema says it.
+    assert reply["error"]["details"]["parameters"] == [
+        {
+            "name": "deviceName",
+            "type": "string",
+            "required": True,
+            "description": "Name of the device, e.g. 'Switch One'",
+        },
+        {
+            "name": "action",
+            "type": "string",
+            "required": True,
+            "enum": ["on", "off", "dim"],
+            "description": "What to do",
+        },
+        {
+            "name": "level",
+            "type": "integer|null",
+            "required": False,
+            "description": "Brightness for dim",
+        },
+    ]
 
 
 @pytest.fixture

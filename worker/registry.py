@@ -26,6 +26,7 @@ from toolbus.contracts import ToolDefinition, ToolResult
 from toolbus.errors import UnknownTool
 from toolbus.normalization.report import Change
 from toolbus.normalization.shapes import ANY, Shape, build_shape, spelling_key
+from toolbus.parameters import Parameters, summarize
 from toolbus.validate import CompiledSchema
 
 log = logging.getLogger("toolbus.registry")
@@ -56,7 +57,7 @@ class Tool:
     the backend's defaults (MCP tools are respelled, local ones not). `settings` is the
     tool's `[tools.NAME]` entry, resolved once when the tool is built (`config.tool_settings`):
     every stage reads it from here, so no two stages can disagree about it.
-    `shape` and `validator` are built here, once, never per call.
+    `shape`, `validator` and `parameters` are built here, once, never per call.
     """
 
     name: str
@@ -73,10 +74,12 @@ class Tool:
     settings: ToolSettings = NO_TOOL_SETTINGS
     validator: CompiledSchema = field(init=False, repr=False)
     shape: Shape = field(default=ANY, repr=False)
+    parameters: Parameters = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.validator = CompiledSchema(self.name, self.input_schema)
         self.shape = build_shape(self.input_schema)
+        self.parameters = summarize(self.input_schema, self.shape)
 
     @property
     def renames_arguments(self) -> bool:
