@@ -91,6 +91,26 @@ async def test_call_prints_the_reply_and_exits_by_outcome(
     assert code == 1 and json.loads(out)["error"]["code"] == "unknown_tool"
 
 
+async def test_call_with_a_number_for_a_string_parameter(
+    broker: Broker, demo_worker: Worker
+) -> None:
+    # `text=1234` parses as the number 1234; echo's `text` is a string.
+    code, out, _ = await run_cli(
+        "call",
+        "echo",
+        "text=1234",
+        "--broker",
+        broker.url,
+        env=cli_env(demo_worker.topics.prefix),
+    )
+    reply = json.loads(out)
+    assert code == 0, out
+    assert reply["result"]["structured"]["text"] == "1234"
+    assert [(n["path"], n["rule"]) for n in reply["normalized"]] == [
+        ("arguments.text", "number_to_string")
+    ]
+
+
 async def test_tools_lists_definitions(broker: Broker, demo_worker: Worker) -> None:
     code, out, _ = await run_cli(
         "tools", "--json", "--broker", broker.url, env=cli_env(demo_worker.topics.prefix)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from tests.normalize_cases import (
     ANALYSIS_SCHEMA,
     ANALYSIS_SETTINGS,
@@ -13,7 +17,8 @@ from tests.normalize_cases import (
 from toolbus.config import Settings
 from toolbus.contracts import ErrorCode, ToolList
 from toolbus.decode import Call
-from toolbus.wiring import build_executor
+from toolbus.tools import BUILTIN_TOOLS
+from toolbus.wiring import build_executor, build_registry
 
 
 async def test_analysis_context_example() -> None:
@@ -51,15 +56,87 @@ async def test_analysis_context_example() -> None:
     ]
 
 
-async def test_validation_lists_every_problem_and_the_signature() -> None:
-    outcome = await run(Settings(), mcp_tool(), {"deviceName": 3, "action": "explode"})
+async def test_validation_lists_every_problem_and_the_parameters() -> None:
+    # A boolean is no number: it stays, and the schema refuses it.
+    outcome = await run(Settings(), mcp_tool(), {"deviceName": True, "action": "explode"})
     assert outcome.error is not None and outcome.error.code is ErrorCode.INVALID_ARGUMENTS
     assert {e["path"] for e in outcome.error.details["errors"]} == {"deviceName", "action"}
+    assert outcome.error.details["parameters"] == SEED_PARAMETERS
+    assert "parameters_omitted" not in outcome.error.details
     signature = {p["name"]: p for p in outcome.error.details["signature"]}
     assert (
         signature["action"]["enum"] == ["on", "off", "dim"]
         and signature["deviceName"]["required"] is True
     )
+
+
+SEED_PARAMETERS = [
+    {"name": "deviceName", "type": "string", "required": True},
+    {"name": "action", "type": "string", "required": True, "enum": ["on", "off", "dim"]},
+    {"name": "level", "type": "integer|null", "required": False},
+    {"name": "newParameterName", "type": "string", "required": False},
+]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "detail"),
+    [
+        ({"deviceName": "a", "DeviceName": "b", "action": "on"}, "conflict"),  # normalization
+        ({"deviceName": "x" * 3000, "action": "on"}, "violations"),  # a value guard
+        ({"deviceName": [[[[[[[[[[[[[[[[["deep"]]]]]]]]]]]]]]]]]}, "violations"),  # size/depth
+    ],
+    ids=["conflict", "max_string_length", "max_depth"],
+)
+async def test_every_refusal_of_arguments_lists_the_parameters(
+    arguments: dict[str, Any], detail: str
+) -> None:
+    outcome = await run(Settings(), mcp_tool(), arguments)
+    assert outcome.error is not None and outcome.error.code is ErrorCode.INVALID_ARGUMENTS
+    assert detail in outcome.error.details
+    assert outcome.error.details["parameters"] == SEED_PARAMETERS
+
+
+async def test_a_tool_refusing_its_own_arguments_lists_the_parameters() -> None:
+    registry = build_registry(BUILTIN_TOOLS, Settings())
+    outcome = await build_executor(Settings(), registry).execute(
+        Call(id="1", tool="datetime", arguments={"timezone": "Mars/Olympus"}, topic="t")
+    )
+    assert outcome.error is not None and outcome.error.code is ErrorCode.INVALID_ARGUMENTS
+    assert outcome.error.details["parameter"] == "timezone"  # the tool's own detail stays
+    assert outcome.error.details["parameters"] == [
+        {"name": "timezone", "type": "string|null", "required": False}
+    ]
+
+
+async def test_parameters_are_built_once_per_tool_and_follow_the_registry() -> None:
+    registry = registry_with(mcp_tool())
+    executor = build_executor(Settings(), registry)
+    built = registry.resolve("control_zwave_device").tool.parameters
+    refused = Call(id="1", tool="control_zwave_device", arguments={"action": "on"}, topic="t")
+    first, second = await executor.execute(refused), await executor.execute(refused)
+    assert first.error is not None and second.error is not None
+    first.error.details["parameters"].clear()  # one reply's details are its own
+    assert second.error.details["parameters"] == SEED_PARAMETERS
+    assert registry.resolve("control_zwave_device").tool.parameters is built
+    # An MCP server announcing a changed schema: the next refusal lists the new parameters.
+    changed = {"type": "object", "properties": {"room": {"type": "string"}}, "required": ["room"]}
+    registry.register(mcp_tool(schema=changed))
+    third = await executor.execute(refused)
+    assert third.error is not None
+    assert third.error.details["parameters"] == [
+        {"name": "room", "type": "string", "required": True}
+    ]
+
+
+async def test_a_number_for_a_string_reaches_the_tool_as_text() -> None:
+    outcome = await run(Settings(), mcp_tool(), {"device_name": 1234, "action": "on"})
+    assert outcome.ok, outcome.error and outcome.error.details
+    assert outcome.result is not None
+    assert outcome.result.structured == {"deviceName": "1234", "action": "on"}
+    assert [(c.path, c.rule) for c in outcome.normalized] == [
+        ("arguments.device_name", "snake_to_camel"),
+        ("arguments.deviceName", "number_to_string"),
+    ]
 
 
 # -- callers ---------------------------------------------------------------------

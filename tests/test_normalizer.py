@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.normalize_cases import SCHEMA, echo_arguments, mcp_tool, normalize
@@ -159,3 +161,90 @@ def test_idempotent() -> None:
     once, _ = normalize(tool, {"Tags": "one", "count": "5", "mode": "COMFORT"})
     twice, report = normalize(tool, once)
     assert twice == once and report == []
+
+
+# -- numbers where a string is wanted -------------------------------------------------
+
+STRINGS = {
+    "type": "object",
+    "properties": {
+        "text": {"type": "string"},
+        "maybe": {"type": ["string", "null"]},
+        "either": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+        "loose": {"type": ["string", "number"]},
+        "codes": {"type": "array", "items": {"type": "string"}},
+        "place": {
+            "type": "object",
+            "properties": {"zip": {"$ref": "#/$defs/Zip"}},
+        },
+    },
+    "$defs": {"Zip": {"type": "string"}},
+}
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(1234, "1234"), (-7, "-7"), (0, "0"), (10**30, str(10**30)), (12.5, "12.5"), (3.0, "3.0")],
+)
+def test_a_number_for_a_string_becomes_its_text(value: float, text: str) -> None:
+    out, report = normalize(mcp_tool("strings", STRINGS), {"text": value, "maybe": value})
+    assert out == {"text": text, "maybe": text}
+    kind = "integer" if isinstance(value, int) else "number"
+    assert report == [
+        ("arguments.text", kind, "string", "number_to_string"),
+        ("arguments.maybe", kind, "string", "number_to_string"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        True,  # a boolean is no number
+        False,
+        0.1,  # not exactly 0.1 as a double: the text would be a guess
+        2.0**-30,
+        1e300 * 10,  # infinity, as an overflowing `1e400` parses
+        float("nan"),
+    ],
+)
+def test_lossy_or_non_numbers_are_left_for_validation(value: float) -> None:
+    out, report = normalize(mcp_tool("strings", STRINGS), {"text": value})
+    assert out["text"] is value and report == []
+
+
+def test_a_union_that_accepts_the_number_keeps_it() -> None:
+    out, report = normalize(mcp_tool("strings", STRINGS), {"either": 5, "loose": 2.5})
+    assert out == {"either": 5, "loose": 2.5} and report == []
+    # An integer-or-string given a fraction asked for an integer: validation judges it.
+    out, report = normalize(mcp_tool("strings", STRINGS), {"either": 2.5})
+    assert out == {"either": 2.5} and report == []
+
+
+def test_numbers_for_strings_nested_in_arrays_and_objects() -> None:
+    out, report = normalize(
+        mcp_tool("strings", STRINGS), {"codes": [1, "b", 2.5], "place": {"zip": 10115}}
+    )
+    assert out == {"codes": ["1", "b", "2.5"], "place": {"zip": "10115"}}
+    assert [(path, rule) for path, _, _, rule in report] == [
+        ("arguments.codes[0]", "number_to_string"),
+        ("arguments.codes[2]", "number_to_string"),
+        ("arguments.place.zip", "number_to_string"),
+    ]
+
+
+def test_a_lone_number_for_an_array_of_strings_is_wrapped_then_converted() -> None:
+    out, report = normalize(mcp_tool("strings", STRINGS), {"codes": 7})
+    assert out == {"codes": ["7"]}
+    assert [r[3] for r in report] == ["wrap_array", "number_to_string"]
+
+
+def test_number_to_string_can_be_switched_off() -> None:
+    tool = mcp_tool("strings", STRINGS, ToolSettings(skip_coercions=["number_to_string"]))
+    out, report = Normalizer().arguments(tool, {"text": 1234})
+    assert out == {"text": 1234} and report == []
+
+
+def test_number_to_string_applies_to_tools_that_are_never_renamed() -> None:
+    tool = replace(mcp_tool("strings", STRINGS), rename_arguments=False)
+    out, report = Normalizer().arguments(tool, {"text": 1234})
+    assert out == {"text": "1234"} and [c.rule for c in report] == ["number_to_string"]

@@ -237,6 +237,24 @@ async def test_invalid_arguments_and_local_tools_are_never_renamed(rig: Rig) -> 
     assert (await rig.call("local_device", {"arguments": {"deviceName": "X"}}))["ok"]
 
 
+async def test_a_number_for_a_string_parameter_is_sent_as_its_text(rig: Rig) -> None:
+    reply = await rig.call("echo", {"arguments": {"text": 1234}})
+    assert reply["ok"] is True and reply["result"]["structured"]["text"] == "1234"
+    assert reply["normalized"] == [
+        {"path": "arguments.text", "from": "integer", "to": "string", "rule": "number_to_string"}
+    ]
+
+
+async def test_invalid_arguments_name_the_parameters_the_tool_takes(rig: Rig) -> None:
+    reply = await rig.call("echo", {"arguments": {"txt": "hi"}})
+    assert reply["error"]["code"] == "invalid_arguments"
+    assert reply["error"]["details"]["errors"]  # as before
+    assert reply["error"]["details"]["parameters"] == [
+        {"name": "text", "type": "string", "required": True},
+        {"name": "data", "type": "any", "required": False},
+    ]
+
+
 async def test_forbidden_for_a_caller_profile(rig: Rig) -> None:
     assert (await rig.call("kitchen/echo", {"arguments": {"text": "x"}}))["ok"]
     reply = await rig.call("kitchen/busy", {"arguments": {"n": 1}})

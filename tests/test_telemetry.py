@@ -248,7 +248,7 @@ async def test_argument_values_are_recorded_only_when_switched_on() -> None:
     ("topic_tool", "body", "code"),
     [
         ("echo", b"not json", "bad_request"),
-        ("echo", b'{"arguments": {"text": 5}}', "invalid_arguments"),
+        ("echo", b'{"arguments": {"text": true}}', "invalid_arguments"),
         ("datetime", b'{"arguments": {"timezone": "Mars/Olympus"}}', "invalid_arguments"),
         ("nothing_here", b"{}", "unknown_tool"),
     ],

@@ -25,6 +25,7 @@ from toolbus.errors import (
     CallTimeout,
     Forbidden,
     InternalError,
+    InvalidArguments,
     ToolbusError,
     Unavailable,
     UnknownTool,
@@ -226,14 +227,18 @@ class Executor:
         outcome.tool = resolved.name
         outcome.normalized.extend(resolved.report)
         self._check_access(caller, resolved)
-        with self._step("normalize"):
-            self._guards.check_envelope(tool, call.arguments, call.payload_bytes)
-            arguments, renamed = self.normalizer.arguments(tool, call.arguments)
-            outcome.normalized.extend(renamed)
-        with self._step("validate"):
-            arguments, dropped = self._guards.check_values(tool, arguments)
-            outcome.normalized.extend(dropped)
-            check_arguments(tool.name, tool.validator, arguments)
+        try:
+            with self._step("normalize"):
+                self._guards.check_envelope(tool, call.arguments, call.payload_bytes)
+                arguments, renamed = self.normalizer.arguments(tool, call.arguments)
+                outcome.normalized.extend(renamed)
+            with self._step("validate"):
+                arguments, dropped = self._guards.check_values(tool, arguments)
+                outcome.normalized.extend(dropped)
+                check_arguments(tool.name, tool.validator, arguments)
+        except InvalidArguments as error:
+            _explain(error, tool)
+            raise
         return tool, arguments
 
     def _step(self, name: str) -> AbstractContextManager[object]:
@@ -272,6 +277,9 @@ class Executor:
         try:
             async with asyncio.timeout(deadline_s) as scope:
                 return await tool.invoke(arguments)
+        except InvalidArguments as error:  # a tool may refuse its arguments itself
+            _explain(error, tool)
+            raise
         except TimeoutError:
             if scope.expired():
                 raise CallTimeout(
@@ -313,6 +321,14 @@ class Executor:
                 "argument_bytes": sum(sizes.values()),
             },
         )
+
+
+def _explain(error: InvalidArguments, tool: Tool) -> None:
+    """Every `invalid_arguments` for a known tool lists the tool's parameters, so a model
+    can correct its next call (`details.parameters`, built once per tool). A detail the
+    raiser set itself is kept."""
+    for key, value in tool.parameters.details().items():
+        error.details.setdefault(key, value)
 
 
 def _json_bytes(value: Any) -> int:

@@ -29,6 +29,7 @@ from toolbus.errors import UnknownTool
 from toolbus.formats.names import provider_names
 from toolbus.normalization.report import Change
 from toolbus.normalization.shapes import ANY, Shape, build_shape, spelling_key
+from toolbus.parameters import Parameters, summarize
 from toolbus.validate import CompiledSchema
 
 log = logging.getLogger("toolbus.registry")
@@ -59,7 +60,7 @@ class Tool:
     the backend's defaults (MCP tools are respelled, local ones not). `settings` is the
     tool's `[tools.NAME]` entry, resolved once when the tool is built (`config.tool_settings`):
     every stage reads it from here, so no two stages can disagree about it.
-    `shape` and `validator` are built here, once, never per call.
+    `shape`, `validator` and `parameters` are built here, once, never per call.
     """
 
     name: str
@@ -78,10 +79,12 @@ class Tool:
     annotations: dict[str, Any] | None = None  # the MCP server's hints, as it sent them
     validator: CompiledSchema = field(init=False, repr=False)
     shape: Shape = field(default=ANY, repr=False)
+    parameters: Parameters = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.validator = CompiledSchema(self.name, self.input_schema)
         self.shape = build_shape(self.input_schema)
+        self.parameters = summarize(self.input_schema, self.shape)
 
     @property
     def renames_arguments(self) -> bool:

@@ -132,22 +132,4 @@ def check_arguments(tool_name: str, compiled: CompiledSchema, arguments: dict[st
         f"arguments for {tool_name} do not match its schema: "
         + "; ".join(f"{p['path']}: {p['problem']}" for p in problems[:3]),
         errors=problems,
-        signature=signature(compiled.schema),
     )
-
-
-def signature(schema: dict[str, Any]) -> list[dict[str, Any]]:
-    """A compact description of a tool's parameters, so a model can retry correctly."""
-    required = set(schema.get("required", []))
-    params = []
-    for name, prop in (schema.get("properties") or {}).items():
-        entry: dict[str, Any] = {"name": name, "required": name in required}
-        if isinstance(prop, dict):
-            if "type" in prop:
-                entry["type"] = prop["type"]
-            elif "anyOf" in prop:
-                entry["type"] = [p.get("type") for p in prop["anyOf"] if isinstance(p, dict)]
-            if "enum" in prop:
-                entry["enum"] = prop["enum"]
-        params.append(entry)
-    return params

@@ -29,6 +29,7 @@ Coercion = Literal[
     "string_to_integer",
     "string_to_number",
     "string_to_boolean",
+    "number_to_string",
     "enum_case",
     "default",
 ]

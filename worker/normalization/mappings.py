@@ -109,6 +109,8 @@ def _shaping(shape: Shape, rules: ToolRules) -> str:
         applicable.append('`"2.5"` -> `2.5` (string_to_number)')
     if "boolean" in shape.types:
         applicable.append('`"true"` -> `true` (string_to_boolean)')
+    if "string" in shape.types and not shape.accepts("integer"):
+        applicable.append('`1234` -> `"1234"` (number_to_string)')
     if shape.enum_folded:
         applicable.append("any letter case -> declared value (enum_case)")
     kept = [a for a in applicable if a.rsplit("(", 1)[1].rstrip(")") in rules.coercions]

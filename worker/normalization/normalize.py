@@ -10,8 +10,8 @@ For every key, at every depth the schema describes, in order:
 5. otherwise kept, for validation to judge.
 Steps 3-4 run only for tools that allow renaming (MCP tools by default). Then each value
 is shaped as its schema asks (`wrap_array`, `parse_json`, `string_to_integer`,
-`string_to_number`, `string_to_boolean`, `enum_case`), nothing lossy, and missing
-optional properties with a non-null `default` are filled (`default`).
+`string_to_number`, `string_to_boolean`, `number_to_string`, `enum_case`), nothing
+lossy, and missing optional properties with a non-null `default` are filled (`default`).
 Values are never renamed. Two keys landing on one property are refused.
 """
 
@@ -24,6 +24,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from toolbus.config import ALL_COERCIONS, for_tool
@@ -37,6 +38,7 @@ log = logging.getLogger("toolbus.normalize")
 _INTEGER = re.compile(r"-?\d+")
 _NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][+-]?\d+)?")
 MAX_REPORTED_VALUE_CHARS = 80
+_NUMBERS = frozenset({"integer", "number"})  # json_type() of int and float; never bool
 
 
 def snake_to_camel(key: str) -> str:
@@ -202,6 +204,13 @@ class _Walk:
         if kind == "string" and not shape.accepts("string"):
             value = self._from_string(value, shape, path)
             kind = json_type(value)
+        elif kind in _NUMBERS and "string" in shape.types and not shape.accepts("integer"):
+            # Only where no number at all is accepted: `["string", "integer"]` given 2.5
+            # asked for an integer, not for text.
+            text = _exact_text(value) if "number_to_string" in self.coercions else None
+            if text is not None:
+                self.note(path, kind, "string", "number_to_string")
+                return text
         wrap = "wrap_array" in self.coercions and "array" in shape.types
         if wrap and kind != "array" and not shape.accepts(kind):
             self.note(path, kind, "array", "wrap_array")
@@ -240,6 +249,25 @@ class _Walk:
             self.note(path, "string", "boolean", "string_to_boolean")
             return text.lower() == "true"
         return text
+
+
+def _exact_text(number: float) -> str | None:
+    """The number as text when that text is exactly the number, else None.
+
+    Integers always. A float only when its shortest repr is its exact binary value
+    (`12.5`, `0.25`): `0.1` is not, so whatever digits the sender wrote cannot be told
+    apart from the nearest double's and the text might not be theirs; never NaN or
+    infinity (an overflowing `1e400` arrives as infinity).
+    """
+    if isinstance(number, int):
+        try:
+            return str(number)
+        except ValueError:  # beyond `sys.get_int_max_str_digits()`: not for us to lift
+            return None
+    if not math.isfinite(number):
+        return None
+    text = repr(number)
+    return text if Decimal(text) == Decimal(number) else None
 
 
 def _no_constant(name: str) -> Any:
