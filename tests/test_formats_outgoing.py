@@ -28,6 +28,8 @@ from tests.provider_shapes import (
 from toolbus.contracts import ContentItem, ErrorBody, ErrorCode, Reply, ReplyFormat, ToolResult
 from toolbus.errors import InvalidArguments
 from toolbus.formats.outgoing import MAX_ERROR_CHARS, Answered, conversation, error_text
+from toolbus.normalization.shapes import build_shape
+from toolbus.parameters import summarize
 from toolbus.validate import CompiledSchema, check_arguments
 
 PROVIDERS = [
@@ -313,6 +315,8 @@ def test_invalid_arguments_from_the_validator_lists_what_the_tool_takes() -> Non
     }
     with pytest.raises(InvalidArguments) as raised:
         check_arguments("set_level", CompiledSchema("set_level", schema), {"level": "high"})
+    # What the executor adds to every `invalid_arguments` of a known tool:
+    raised.value.details.update(summarize(schema, build_shape(schema)).details())
     text = error_text(raised.value.body())
     assert text.startswith("error (invalid_arguments): ")
     assert "- device (string, required, one of: lamp, fan)" in text.splitlines()
