@@ -13,16 +13,15 @@ from typing import Any
 import pytest
 
 from tests.providers import (
-    ANTHROPIC_MESSAGE,
-    CHAT_MESSAGE,
-    RESPONSES_ITEM,
     anthropic_message,
     chat_completion,
+    check,
     response,
     tool_use,
 )
 from tests.test_pipeline import REPLY, Rig, rig_for
 from tests.tools import Probe, probe_tools
+from toolbus.contracts import ReplyFormat
 from toolbus.dedup import MemoryStore
 from toolbus.inflight import Slots
 
@@ -59,7 +58,7 @@ async def test_an_anthropic_message_runs_each_tool_use_and_answers_once() -> Non
     assert (reply["id"], reply["format"], reply["ok"]) == ("msg_01", "anthropic", True)
     assert [r["id"] for r in reply["results"]] == ["toolu_a", "toolu_b"]
     [message] = reply["append"]
-    ANTHROPIC_MESSAGE.validate_python(message)
+    check(ReplyFormat.ANTHROPIC, message)
     assert message["role"] == "user"
     assert [b["tool_use_id"] for b in message["content"]] == ["toolu_a", "toolu_b"]
 
@@ -114,7 +113,7 @@ async def test_one_call_failing_never_fails_the_others() -> None:
         "call_json",
     ]
     for message in reply["append"]:
-        CHAT_MESSAGE.validate_python(message)
+        check(ReplyFormat.OPENAI, message)
 
 
 async def test_a_responses_output_list_answers_with_function_call_outputs() -> None:
@@ -124,7 +123,7 @@ async def test_a_responses_output_list_answers_with_function_call_outputs() -> N
     assert (reply["id"], reply["format"]) == ("resp_1", "openai-responses")
     assert [item["call_id"] for item in reply["append"]] == ["call_1", "call_2"]
     for item in reply["append"]:
-        RESPONSES_ITEM.validate_python(item)
+        check(ReplyFormat.OPENAI_RESPONSES, item)
         assert item["type"] == "function_call_output"
     # The output list alone, as a caller holding `response.output` publishes it:
     reply = await run(rig, body["output"])

@@ -1,7 +1,7 @@
 """Outgoing formats: our replies as what each provider's SDK takes back, judged by the SDKs.
 
 In-process and offline: every item `conversation` produces is validated with the SDK's own
-parameter type (tests/provider_shapes.py), and the facts each format must keep (ids, order,
+parameter type (tests/providers.py), and the facts each format must keep (ids, order,
 the error flag, where images go) are asserted beside it, where those types are lenient.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from tests.provider_shapes import (
+from tests.providers import (
     ANTHROPIC_MESSAGE,
     CHAT_MESSAGE,
     RESPONSES_INPUT_ITEM,

@@ -17,18 +17,16 @@ import pytest_asyncio
 from tests.harness import DEMO_SERVER, Broker, make_settings, running_worker
 from tests.mqtt import Caller, call_topic, reply_topic_for
 from tests.providers import (
-    ANTHROPIC_MESSAGE,
-    CHAT_MESSAGE,
-    OLLAMA_MESSAGE,
-    RESPONSES_ITEM,
     anthropic_message,
     chat_completion,
+    check,
     ollama_response,
     response,
     tool_use,
 )
 from tests.test_mcp_faults import misbehaving
 from tests.tools import Probe, probe_tools
+from toolbus.contracts import ReplyFormat
 from toolbus.service import Worker
 
 
@@ -72,7 +70,7 @@ async def test_an_anthropic_message_reaches_an_mcp_tool_through_normalization(
     assert {n["rule"] for n in mcp["normalized"]} >= {"tool_spelling"}
     assert local["tool"] == "echo"
     [message] = reply["append"]
-    ANTHROPIC_MESSAGE.validate_python(message)
+    check(ReplyFormat.ANTHROPIC, message)
     assert message["role"] == "user"
     blocks = message["content"]
     assert [b["tool_use_id"] for b in blocks] == ["toolu_01", "toolu_02"]
@@ -87,7 +85,7 @@ async def test_parallel_chat_completion_calls(caller: Caller, worker: Worker, co
     assert [r["result"]["structured"]["n"] for r in reply["results"]] == list(range(count))
     assert [m["tool_call_id"] for m in reply["append"]] == [c[0] for c in calls]
     for message in reply["append"]:
-        CHAT_MESSAGE.validate_python(message)
+        check(ReplyFormat.OPENAI, message)
         assert message["role"] == "tool"
 
 
@@ -108,14 +106,14 @@ async def test_one_message_mixing_success_and_every_failure(caller: Caller, work
         "call_timeout",
     ]
     for item in reply["append"]:
-        RESPONSES_ITEM.validate_python(item)
+        check(ReplyFormat.OPENAI_RESPONSES, item)
         assert item["type"] == "function_call_output"
 
 
 async def test_an_image_result_becomes_an_image_block(caller: Caller, worker: Worker) -> None:
     reply = await publish(caller, worker, tool_use("toolu_pic", "picture", {}))
     [message] = reply["append"]
-    ANTHROPIC_MESSAGE.validate_python(message)
+    check(ReplyFormat.ANTHROPIC, message)
     [block] = message["content"]
     kinds = [part["type"] for part in block["content"]]
     assert "image" in kinds and "text" in kinds
@@ -130,7 +128,7 @@ async def test_an_image_result_in_chat_completions_follows_as_a_user_message(
     reply = await publish(caller, worker, chat_completion(("call_pic", "picture", "{}")))
     tool_message, user_message = reply["append"]
     for message in reply["append"]:
-        CHAT_MESSAGE.validate_python(message)
+        check(ReplyFormat.OPENAI, message)
     assert (tool_message["role"], tool_message["tool_call_id"]) == ("tool", "call_pic")
     assert user_message["role"] == "user"
     urls = [p["image_url"]["url"] for p in user_message["content"] if p["type"] == "image_url"]
@@ -143,7 +141,7 @@ async def test_an_ollama_response(caller: Caller, worker: Worker) -> None:
     assert reply["format"] == "ollama"
     assert codes(reply) == [None, "invalid_arguments"]
     for message in reply["append"]:
-        OLLAMA_MESSAGE.validate_python(message)
+        check(ReplyFormat.OLLAMA, message)
     assert [m["tool_name"] for m in reply["append"]] == ["echo", "ControlZwaveDevice"]
 
 
