@@ -192,7 +192,6 @@ class Pipeline:
 
     async def _calls(self, message: Inbound, calls: Calls) -> None:
         """A message's calls, run together; one reply holds every answer, in order."""
-        started = time.perf_counter()
         replies = await run_together(calls.calls, self._answer, self._slots, self._stopped)
         answered = [Answered(c.id, c.tool, r) for c, r in zip(calls.calls, replies, strict=True)]
         if calls.reply is not None:
@@ -203,7 +202,7 @@ class Pipeline:
                 ok=all(r.ok for r in replies),
                 append=conversation(calls.format, answered),
                 results=replies,
-                duration_ms=round((time.perf_counter() - started) * 1000, 3),
+                duration_ms=round((time.monotonic() - message.received_at) * 1000, 3),
             )
             await self._answer_with(message, calls, calls.reply, reply)
             return
