@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from toolbus.contracts import ErrorCode
-from toolbus.decode import Call, Rejected, decode
+from toolbus.contracts import ErrorCode, ReplyFormat
+from toolbus.decode import Call, Calls, Rejected, decode
 from toolbus.messages import Inbound
 from toolbus.topics import Topics
 
@@ -24,6 +24,12 @@ def inbound(body: Any, topic: str = "tb/call", **kw: Any) -> Inbound:
 def ok(message: Inbound) -> Call:
     result = decode(message, TOPICS, LIMIT)
     assert isinstance(result, Call), result
+    return result
+
+
+def many(message: Inbound) -> Calls:
+    result = decode(message, TOPICS, LIMIT)
+    assert isinstance(result, Calls), result
     return result
 
 
@@ -69,14 +75,16 @@ def test_v5_response_topic_beats_body_reply_to() -> None:
 
 
 def test_anthropic_tool_use() -> None:
-    call = ok(
+    calls = many(
         inbound({"type": "tool_use", "id": "toolu_1", "name": "echo", "input": {"text": "hi"}})
     )
+    [call] = calls.calls
     assert (call.id, call.tool, call.arguments) == ("toolu_1", "echo", {"text": "hi"})
+    assert calls.format is ReplyFormat.ANTHROPIC and calls.id_generated
 
 
 def test_openai_tool_call_with_string_arguments() -> None:
-    call = ok(
+    [call] = many(
         inbound(
             {
                 "id": "call_1",
@@ -84,18 +92,20 @@ def test_openai_tool_call_with_string_arguments() -> None:
                 "function": {"name": "echo", "arguments": '{"text": "hi"}'},
             }
         )
-    )
+    ).calls
     assert (call.id, call.tool, call.arguments) == ("call_1", "echo", {"text": "hi"})
 
 
 def test_ollama_message_with_one_tool_call() -> None:
     body = {
-        "reply_to": "tb/reply/x",
+        "toolbus": {"reply_to": "tb/reply/x"},
         "tool_calls": [{"function": {"name": "echo", "arguments": {"text": "hi"}}}],
     }
-    call = ok(inbound(body))
-    assert (call.tool, call.arguments) == ("echo", {"text": "hi"})
-    assert call.reply is not None and call.reply.topic == "tb/reply/x"
+    calls = many(inbound(body))
+    [call] = calls.calls
+    assert (call.tool, call.arguments, call.id_generated) == ("echo", {"text": "hi"}, True)
+    assert calls.reply is not None and calls.reply.topic == "tb/reply/x"
+    assert calls.format is ReplyFormat.OLLAMA
 
 
 def test_tools_listing_topic() -> None:
@@ -114,8 +124,13 @@ def test_tools_listing_topic() -> None:
         b'{"tool": "echo", "arguments": [1]}',
         b'{"tool": "echo", "timeout_s": -1}',
         b'{"tool_calls": []}',
-        b'{"tool_calls": [{"function": {"name": "a"}}, {"function": {"name": "b"}}]}',
-        b'{"function": {"name": "echo", "arguments": "{broken"}}',
+        b'{"tool_calls": [{"function": {"name": "a"}, "id": 1}]}',
+        b'{"tool_calls": [{"function": {"name": "a"}, "id": "x"}, {"function": {}, "id": "x"}]}',
+        b'{"type": "tool_use", "name": "echo", "toolbus": {"timeout_s": "soon"}}',
+        b'{"tool": "echo", "timeout_s": 1, "toolbus": {"timeout_s": 2}}',
+        b'{"tool": "echo", "level": 3}',
+        b'{"tool": "echo", "reply_format": "smoke-signals"}',
+        b'{"type": "message", "content": [{"type": "text", "text": "no tools"}]}',
         b"{" + b" " * LIMIT + b"}",
         b"[" * 3000,
         b'{"tool": "echo", "arguments": {"a": ' + b"[" * 1500 + b"]" * 1500 + b"}}",

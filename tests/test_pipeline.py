@@ -32,6 +32,7 @@ from toolbus.contracts import ErrorCode, ToolResult
 from toolbus.dedup import DedupStore, MemoryStore, Once
 from toolbus.dedup.redis import RedisStore
 from toolbus.errors import ToolFailed
+from toolbus.inflight import Slots
 from toolbus.messages import Inbound, Outbound
 from toolbus.observability.export import TraceCollector
 from toolbus.observability.logs import JsonFormatter
@@ -135,6 +136,7 @@ def rig_for(
     probe: Probe,
     publisher: ListPublisher | None = None,
     store: DedupStore | None = None,
+    slots: Slots | None = None,
     **overrides: Any,
 ) -> Rig:
     settings = Settings.model_validate(
@@ -163,6 +165,8 @@ def rig_for(
         metrics=metrics,
         once=once,
         quotas=Quotas(settings.callers),
+        slots=slots,
+        max_calls=settings.max_calls_per_message,
     )
     return Rig(pipeline, sent, probe, spans, reader)
 

@@ -1,13 +1,11 @@
 """Decode: an MQTT message becomes a `Call`, or a `Rejected` that says why.
 
-Accepted bodies (JSON objects):
-- the toolbus envelope `{id, tool, arguments, reply_to, caller, timeout_s, deadline_ms}`;
-- an Anthropic `tool_use` block `{type: "tool_use", id, name, input}`;
-- an OpenAI/Ollama tool call `{id, type: "function", function: {name, arguments}}`
-  (arguments as an object or a JSON string), or a message holding exactly one
-  of them in `tool_calls`.
-Envelope fields (`reply_to`, `caller`, `timeout_s`, `deadline_ms`) may sit beside either
-AI shape.
+Accepted bodies: our envelope `{id, tool, arguments, reply_to, caller, timeout_s, ...}`,
+and every provider shape `toolbus.formats.incoming` reads (Anthropic, OpenAI Chat and
+Responses, Ollama). A provider's message becomes `Calls`: each of its tool calls, run
+together and answered in one reply; so does an envelope that asks for a provider's
+`reply_format`. The envelope's options sit at its top level or under `toolbus`; beside a
+provider shape only under `toolbus`, where they cannot collide with a provider's fields.
 
 When the sender stops waiting travels with the call: the MQTT v5 Message Expiry Interval
 (what remains of it when the broker hands the message over) and the body's absolute
@@ -23,39 +21,23 @@ address, so it is dead-lettered; any other refusal is answered.
 
 from __future__ import annotations
 
-import json
-import time
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pydantic import ValidationError
-
-from toolbus.contracts import Request, ToolsFormat
+from toolbus.addresses import ReplyAddress, body_address, deadline_at, response_address
+from toolbus.contracts import Options, ReplyFormat, Request, ToolsFormat
 from toolbus.errors import BadRequest, Forbidden, ToolbusError
+from toolbus.formats import envelope
+from toolbus.formats.incoming import Shape, Wanted, read, strict_json
 from toolbus.messages import Inbound
 from toolbus.topics import Route, Topics
-from toolbus.untrusted import (
-    MAX_ECHO_BYTES,
-    may_hold_surrogates,
-    shown,
-    surrogate_path,
-    text_problem,
-)
+from toolbus.untrusted import may_hold_surrogates, shown, surrogate_path, text_problem
 
 PUBLISH_TRACE_PROPERTY = "toolbus-publish-trace"
 
 # Bounds on what a refusal echoes back: a hostile body must not make a huge reply.
-MAX_PATH_CHARS = 200
-MAX_REPORTED_ERRORS = 20
 MAX_ID_CHARS = 200
-
-
-@dataclass(frozen=True, slots=True)
-class ReplyAddress:
-    topic: str
-    correlation_data: bytes | None = None
-    expires_at: float | None = None  # time.monotonic() after which the sender stops listening
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +58,22 @@ class Call:
     user_properties: tuple[tuple[str, str], ...] = field(default=())
     deadline_at: float | None = None  # time.monotonic() after which the sender stops caring
     tools_format: ToolsFormat = ToolsFormat.TOOLBUS  # on `{prefix}/tools`: the definitions' shape
+    problem: ToolbusError | None = None  # what this call of a message got wrong: its answer
+
+
+@dataclass(frozen=True, slots=True)
+class Calls:
+    """A message of provider-shaped calls, or one asking for a provider's reply format:
+    every call runs, and one reply answers them all, in the calls' order."""
+
+    id: str
+    format: ReplyFormat
+    calls: tuple[Call, ...]  # each without a reply address of its own
+    topic: str
+    reply: ReplyAddress | None = None
+    id_generated: bool = False
+    trace_fields: dict[str, str] = field(default_factory=dict)
+    publish_trace: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,39 +88,145 @@ class Rejected:
     id_generated: bool = False
 
 
-def decode(message: Inbound, topics: Topics, max_payload_bytes: int) -> Call | Rejected:
-    body: dict[str, Any] | None = None
+def decode(
+    message: Inbound, topics: Topics, max_payload_bytes: int, max_calls: int = 64
+) -> Call | Calls | Rejected:
+    """The message's call or calls, or why it has none; `max_calls` bounds one message."""
+    body: object = None
     reply: ReplyAddress | None = None
     try:
         route = topics.route(message.topic)
         # Only the topic can say who the caller is before the body is read; in `claim`
         # mode replies are not scoped to callers, so the body's claim is not needed here.
-        reply = _reply_address(message, topics, route.caller if isinstance(route, Route) else None)
+        reply = response_address(
+            message, topics, route.caller if isinstance(route, Route) else None
+        )
         if len(message.payload) > max_payload_bytes:
             raise BadRequest(
                 f"payload of {len(message.payload)} bytes exceeds the limit of {max_payload_bytes}",
                 limit_bytes=max_payload_bytes,
                 size_bytes=len(message.payload),
             )
-        body = _parse_object(message.payload)
-        if reply is None and "reply_to" in body:
-            reply = _body_reply(message, topics, route, body["reply_to"])
+        body = _parse(message.payload)
+        shape = read(body)
+        if reply is None:
+            reply = body_address(message, topics, route, body, shape)
         if isinstance(route, str):
             raise BadRequest(f"not a request topic: {shown(message.topic)}", reason=route)
-        envelope = _envelope(body)
-        # Escapes are the only way in, once the payload is UTF-8. The envelope holds every
-        # field the worker reads (a string `function.arguments` parsed, too).
-        if may_hold_surrogates(message.payload):
-            _refuse_surrogates(envelope)
-        request = _request(envelope)
-        return _call(message, topics, route, request, reply)
+        if shape.calls is None:
+            assert isinstance(body, dict)  # `read` says only an object is an envelope
+            return _enveloped(message, topics, route, body, reply)
+        return _provided(message, topics, route, shape, reply, max_calls=max_calls)
     except ToolbusError as error:
-        raw_id = body.get("id") if body is not None else None
+        raw_id = body.get("id") if isinstance(body, dict) else None
         if isinstance(raw_id, str) and _id_problem(raw_id) is None:
             ident, generated = raw_id, False
         else:
             ident, generated = _new_id(), True
         return Rejected(error, message.topic, message.payload, ident, reply, generated)
+
+
+def _enveloped(
+    message: Inbound, topics: Topics, route: Route, body: dict[str, Any], reply: ReplyAddress | None
+) -> Call | Calls:
+    """Our own envelope: one call, answered in kind unless it asks for a provider's format."""
+    # Escapes are the only way in, once the payload is UTF-8.
+    if may_hold_surrogates(message.payload):
+        _refuse_surrogates(body)
+    request = envelope.request(body, list_tools=route.list_tools)
+    call = _call(message, topics, route, request, reply)
+    fmt = request.reply_format or ReplyFormat.TOOLBUS
+    if fmt is ReplyFormat.TOOLBUS or route.list_tools:
+        return call
+    return Calls(
+        id=call.id,
+        id_generated=call.id_generated,
+        format=fmt,
+        calls=(replace(call, reply=None),),
+        topic=message.topic,
+        reply=call.reply,
+        trace_fields=call.trace_fields,
+        publish_trace=call.publish_trace,
+    )
+
+
+def _provided(
+    message: Inbound,
+    topics: Topics,
+    route: Route,
+    shape: Shape,
+    reply: ReplyAddress | None,
+    *,
+    max_calls: int,
+) -> Calls:
+    """A provider's message: each of its calls, with the options of its `toolbus` object."""
+    assert shape.calls is not None
+    if route.list_tools:
+        raise BadRequest(
+            "a tool listing takes our envelope, not tool calls", reason="not_a_listing"
+        )
+    if len(shape.calls) > max_calls:
+        raise BadRequest(
+            f"the message holds {len(shape.calls)} tool calls; at most {max_calls} are taken",
+            reason="too_many_calls",
+            limit=max_calls,
+        )
+    options = envelope.options(shape.options)
+    if may_hold_surrogates(message.payload):
+        _refuse_surrogates({"options": shape.options, "calls": [_walked(w) for w in shape.calls]})
+    ids = [wanted.id for wanted in shape.calls if wanted.id is not None]
+    if len(set(ids)) < len(ids):
+        raise BadRequest("two tool calls share one id", reason="duplicate_call_id")
+    # The message's id is only our reply's: a new one will do for one we cannot echo.
+    usable = shape.id is not None and shape.id != "" and _id_problem(shape.id) is None
+    ident, generated = (shape.id, False) if usable and shape.id else (_new_id(), True)
+    first = _template(message, topics, route, options, reply)
+    calls = tuple(_one(first, route, wanted) for wanted in shape.calls)
+    return Calls(
+        id=ident,
+        id_generated=generated,
+        format=options.reply_format or shape.format,
+        calls=calls,
+        topic=message.topic,
+        reply=first.reply,
+        trace_fields=first.trace_fields,
+        publish_trace=first.publish_trace,
+    )
+
+
+def _one(template: Call, route: Route, wanted: Wanted) -> Call:
+    """One call of a provider's message; a name we cannot echo is that call's problem."""
+    if wanted.id is not None and (problem := _id_problem(wanted.id)) is not None:
+        raise BadRequest("a tool call's id cannot be echoed", reason=problem)
+    tool, trouble = _tool_of(route, wanted), wanted.problem
+    if text_problem(tool) is not None:
+        tool, trouble = "", BadRequest("the tool name cannot be echoed", reason="bad_character")
+    return replace(
+        template,
+        id=wanted.id or _new_id(),
+        id_generated=wanted.id is None,
+        tool=tool,
+        arguments=wanted.arguments,
+        reply=None,
+        problem=trouble,
+    )
+
+
+def _walked(wanted: Wanted) -> object:
+    return [wanted.id, wanted.name, wanted.arguments]
+
+
+def _tool_of(route: Route, wanted: Wanted) -> str:
+    """The call's tool: the model's name, which a `call/{tool}` topic must agree with."""
+    if not route.tool:
+        return wanted.name
+    if (
+        wanted.name
+        and wanted.name != route.tool
+        and not (route.ambiguous and route.tool.endswith(f"/{wanted.name}"))
+    ):
+        raise BadRequest("the topic and a tool call name different tools")
+    return route.tool
 
 
 def _refuse_surrogates(body: dict[str, Any]) -> None:
@@ -135,126 +239,20 @@ def _refuse_surrogates(body: dict[str, Any]) -> None:
         raise BadRequest("a string holds a lone UTF-16 surrogate", reason="surrogate", path=where)
 
 
-def _reply_address(message: Inbound, topics: Topics, caller: str | None) -> ReplyAddress | None:
-    """The v5 reply address, once checked: a bad one raises with no address at all."""
-    if message.response_topic is None:
-        return None
-    _check_reply_topic(topics, message.response_topic, caller)
-    data = message.correlation_data
-    if data is not None and len(data) > MAX_ECHO_BYTES:
-        raise BadRequest(
-            "correlation data is too long to echo",
-            reason="correlation_data_too_long",
-            limit_bytes=MAX_ECHO_BYTES,
-            size_bytes=len(data),
-        )
-    return ReplyAddress(message.response_topic, data, _expiry_at(message))
-
-
-def _body_reply(
-    message: Inbound, topics: Topics, route: Route | str, reply_to: object
-) -> ReplyAddress | None:
-    """A 3.1.1 caller's `reply_to`, once checked (the envelope model reports a wrong type)."""
-    if not isinstance(reply_to, str):
-        return None
-    _check_reply_topic(topics, reply_to, route.caller if isinstance(route, Route) else None)
-    return ReplyAddress(reply_to, expires_at=_expiry_at(message))
-
-
-def _check_reply_topic(topics: Topics, topic: str, caller: str | None) -> None:
-    """Any reply topic we will not publish to is `forbidden`; `details.reason` says why."""
-    problem = topics.reply_problem(topic, caller)
-    if problem is not None:
-        raise Forbidden(
-            "reply topic is not one a reply may be published to",
-            reason=problem,
-            reply_topic=shown(topic),
-            allowed_prefixes=list(topics.reply_space(caller)),
-        )
-
-
-def _expiry_at(message: Inbound) -> float | None:
-    if message.expiry_s is None:
-        return None
-    return message.received_at + message.expiry_s
-
-
-def _deadline_at(message: Inbound, request: Request) -> float | None:
-    """The first of the message's expiry and the body's wall-clock `deadline_ms`."""
-    instants = [at for at in (_expiry_at(message),) if at is not None]
-    if request.deadline_ms is not None:
-        instants.append(time.monotonic() + request.deadline_ms / 1000 - time.time())
-    return min(instants, default=None)
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _parse_object(payload: bytes) -> dict[str, Any]:
+def _parse(payload: bytes) -> object:
     try:
         # Strict UTF-8 first: `json.loads(bytes)` would also take UTF-16 and UTF-32, and
         # surrogates encoded as UTF-8 bytes, which no reply could carry back.
         text = payload.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadRequest(f"payload is not UTF-8: {exc.reason} at byte {exc.start}") from None
-    body = _json(text, "payload")
-    if not isinstance(body, dict):
-        raise BadRequest(f"payload must be a JSON object, got {type(body).__name__}")
-    return body
-
-
-# Made once: `json.loads` with an argument builds a new decoder for every call.
-_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
-
-
-def _json(text: str, what: str) -> Any:
-    """Strict JSON (Python would otherwise accept NaN and Infinity), bounded in depth."""
-    try:
-        return _DECODER.decode(text)
-    except ValueError as exc:
-        raise BadRequest(f"{what} is not JSON: {exc}") from None
-    except RecursionError:
-        raise BadRequest(f"{what} is nested too deeply") from None
-
-
-def _envelope(body: dict[str, Any]) -> dict[str, Any]:
-    """Map the AI-client shapes onto the toolbus envelope."""
-    if "tool_calls" in body:
-        calls = body["tool_calls"]
-        if not isinstance(calls, list) or len(calls) != 1:
-            raise BadRequest("`tool_calls` must hold exactly one call per message")
-        if not isinstance(calls[0], dict):
-            raise BadRequest("each of `tool_calls` must be an object", reason="not_an_object")
-        return _envelope({**{k: v for k, v in body.items() if k != "tool_calls"}, **calls[0]})
-    if body.get("type") == "tool_use":
-        return {**body, "tool": body.get("name"), "arguments": body.get("input", {})}
-    function = body.get("function")
-    if isinstance(function, dict):
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):
-            arguments = _json(arguments, "`function.arguments`") if arguments.strip() else {}
-        return {**body, "tool": function.get("name"), "arguments": arguments}
-    return body
-
-
-def _request(body: dict[str, Any]) -> Request:
-    try:
-        return Request.model_validate(body)
-    except RecursionError:
-        raise BadRequest("arguments are nested too deeply") from None
-    except ValidationError as exc:
-        problems = [
-            {"path": ".".join(str(p) for p in err["loc"])[:MAX_PATH_CHARS], "problem": err["msg"]}
-            for err in exc.errors(include_url=False, include_input=False)[:MAX_REPORTED_ERRORS]
-        ]
-        raise BadRequest("request envelope is invalid", errors=problems) from None
+    return strict_json(text, "payload")
 
 
 def _call(
     message: Inbound, topics: Topics, route: Route, request: Request, reply: ReplyAddress | None
 ) -> Call:
-    caller = _caller(topics, route, request)
+    """The envelope's one call."""
     if request.id is not None and (problem := _id_problem(request.id)) is not None:
         raise BadRequest("the request id cannot be echoed", reason=problem)
     if route.list_tools:
@@ -269,22 +267,34 @@ def _call(
         if text_problem(tool) is not None:
             raise BadRequest("the tool name cannot be echoed", reason="bad_character")
     ident, generated = (request.id, False) if request.id else (_new_id(), True)
-    deadline_at = _deadline_at(message, request)
-    if reply is not None and deadline_at is not None:
-        reply = replace(reply, expires_at=deadline_at)
-    return Call(
+    return replace(
+        _template(message, topics, route, request, reply),
         id=ident,
         id_generated=generated,
         tool=tool,
         arguments=dict(request.arguments),
+    )
+
+
+def _template(
+    message: Inbound, topics: Topics, route: Route, request: Options, reply: ReplyAddress | None
+) -> Call:
+    """What every call of a message shares: caller, deadline, reply address, trace."""
+    deadline = deadline_at(message, request)
+    if reply is not None and deadline is not None:
+        reply = replace(reply, expires_at=deadline)
+    return Call(
+        id="",
+        tool="",
+        arguments={},
         topic=message.topic,
         reply=reply,
-        caller=caller,
+        caller=_caller(topics, route, request),
         timeout_s=request.timeout_s,
         list_tools=route.list_tools,
         topic_path=route.ambiguous,
         payload_bytes=len(message.payload),
-        publish_trace=request.publish_trace
+        publish_trace=bool(request.publish_trace)
         or any(
             k == PUBLISH_TRACE_PROPERTY and v.lower() in ("1", "true")
             for k, v in message.user_properties
@@ -295,12 +305,12 @@ def _call(
             if v
         },
         user_properties=message.user_properties,
-        deadline_at=deadline_at,
+        deadline_at=deadline,
         tools_format=request.format or ToolsFormat.TOOLBUS,
     )
 
 
-def _caller(topics: Topics, route: Route, request: Request) -> str | None:
+def _caller(topics: Topics, route: Route, request: Options) -> str | None:
     """Who is calling: the topic's word in `topic` mode, the request's claim otherwise."""
     claimed = request.caller or None
     if claimed is not None and text_problem(claimed) is not None:

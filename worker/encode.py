@@ -7,8 +7,10 @@ import codecs
 import math
 import time
 
-from toolbus.contracts import DeadLetter, ErrorBody, Reply
-from toolbus.decode import Call, Rejected, ReplyAddress
+from toolbus.addresses import ReplyAddress
+from toolbus.contracts import CallsReply, DeadLetter, ErrorBody, Reply
+from toolbus.decode import Call, Rejected
+from toolbus.errors import InternalError
 from toolbus.execute import Outcome
 from toolbus.messages import Outbound
 from toolbus.normalization.report import to_wire
@@ -27,6 +29,14 @@ def reply_for_call(call: Call, outcome: Outcome) -> Reply:
     )
 
 
+INTERNAL = InternalError("the worker failed while answering this call").body()
+
+
+def internal_reply(ident: str, id_generated: bool) -> Reply:
+    """The last-resort answer: `internal`, with the call's id."""
+    return Reply(id=ident, id_generated=id_generated, ok=False, error=INTERNAL, duration_ms=0.0)
+
+
 def reply_for_rejected(rejected: Rejected) -> Reply:
     return Reply(
         id=rejected.id,
@@ -38,7 +48,9 @@ def reply_for_rejected(rejected: Rejected) -> Reply:
 
 
 def outbound_reply(
-    address: ReplyAddress, reply: Reply, trace_headers: tuple[tuple[str, str], ...] = ()
+    address: ReplyAddress,
+    reply: Reply | CallsReply,
+    trace_headers: tuple[tuple[str, str], ...] = (),
 ) -> Outbound:
     """The reply as a publish; an MQTT 3.1.1 caller (no correlation data) gets the
     trace context in the body too, since it cannot read user properties."""

@@ -19,6 +19,30 @@ from toolbus.observability.metrics import Metrics
 log = logging.getLogger("toolbus.service")
 
 
+class Slots:
+    """The worker's `count` slots: one per message; a message of many calls borrows the
+    free ones so its calls run at once, without ever exceeding the bound."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._free = asyncio.Semaphore(count)
+
+    async def acquire(self) -> None:
+        await self._free.acquire()
+
+    def release(self, count: int = 1) -> None:
+        for _ in range(count):
+            self._free.release()
+
+    async def borrow(self, wanted: int) -> int:
+        """Take up to `wanted` slots that are free now, without waiting; how many."""
+        taken = 0
+        while taken < wanted and not self._free.locked():
+            await self._free.acquire()  # free: returns at once
+            taken += 1
+        return taken
+
+
 class InFlight:
     """Slots, handler tasks and their counts; `answered` is told of each message answered."""
 
@@ -26,11 +50,11 @@ class InFlight:
         self,
         handle: Callable[[Inbound], Awaitable[None]],
         answered: Callable[[Inbound], None],
-        concurrency: int,
+        slots: Slots,
         metrics: Metrics,
     ) -> None:
         self._handle_message, self._answered, self._metrics = handle, answered, metrics
-        self._slots = asyncio.Semaphore(concurrency)
+        self._slots = slots
         self._tasks: set[asyncio.Task[None]] = set()
         self._sequence = 0
         self.count = self.max_count = self.handled = 0

@@ -12,16 +12,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Protocol, Self
 
 from opentelemetry import trace
 
-from toolbus.contracts import ErrorBody, Reply
-from toolbus.decode import Call, Rejected, ReplyAddress, decode
+from toolbus.addresses import ReplyAddress
+from toolbus.contracts import CallsReply, ErrorBody, ErrorCode, Reply
+from toolbus.decode import Call, Calls, Rejected, decode
 from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict
-from toolbus.encode import dead_letter, outbound_reply, reply_for_call, reply_for_rejected
-from toolbus.errors import Forbidden, InternalError, RateLimited, ToolbusError, Unavailable
+from toolbus.encode import (
+    INTERNAL,
+    dead_letter,
+    internal_reply,
+    outbound_reply,
+    reply_for_call,
+    reply_for_rejected,
+)
+from toolbus.errors import Forbidden, RateLimited, ToolbusError, Unavailable
 from toolbus.execute import Executor, Outcome
+from toolbus.formats.outgoing import Answered, conversation
+from toolbus.inflight import Slots
 from toolbus.messages import Inbound, Outbound
 from toolbus.observability.export import COLLECTOR, TraceCollector, descendants, otlp_json
 from toolbus.observability.metrics import Metrics
@@ -33,6 +44,7 @@ from toolbus.observability.spans import (
     trace_id_of,
 )
 from toolbus.quotas import Quotas
+from toolbus.together import run_together
 from toolbus.topics import MAX_REPLY_TOPIC_BYTES, Topics
 from toolbus.untrusted import shown
 
@@ -59,6 +71,9 @@ class Pipeline:
         tracer, collector, metrics: telemetry; the process-wide ones by default.
         once: deduplication by request id; none without it.
         quotas: per-caller admission (`[callers.NAME]` rates and in-flight bounds).
+        slots: the worker's message slots; a message of many calls borrows the free ones
+            to run them at once (none: one after another).
+        max_calls: the most calls one message may carry.
     """
 
     def __init__(
@@ -76,6 +91,8 @@ class Pipeline:
         metrics: Metrics | None = None,
         once: Once | None = None,
         quotas: Quotas | None = None,
+        slots: Slots | None = None,
+        max_calls: int = 64,
     ) -> None:
         self.executor = executor
         self._once = once
@@ -90,6 +107,8 @@ class Pipeline:
         self._collector = collector or COLLECTOR
         self._metrics = metrics or executor.metrics
         self._stopping = False
+        self._slots = slots if slots is not None else Slots(0)
+        self._max_calls = max_calls
 
     async def __aenter__(self) -> Self:
         """Open what the pipeline keeps across messages (the dedup store)."""
@@ -107,11 +126,11 @@ class Pipeline:
 
     async def handle(self, message: Inbound) -> None:
         """Answer one message: a reply, a dead letter, or (last resort) `internal`."""
-        decoded: Call | Rejected | None = None
+        decoded: Call | Calls | Rejected | None = None
         answered = False
         try:
-            decoded = decode(message, self.topics, self._max_payload_bytes)
-            fields = decoded.trace_fields if isinstance(decoded, Call) else None
+            decoded = decode(message, self.topics, self._max_payload_bytes, self._max_calls)
+            fields = None if isinstance(decoded, Rejected) else decoded.trace_fields
             with self._tracer.start_as_current_span(
                 f"process {shown(message.topic)}",
                 context=extract_context(message.user_properties, fields),
@@ -130,11 +149,13 @@ class Pipeline:
                 if isinstance(decoded, Rejected):
                     mark_failed(span, decoded.error.code.value)
                     await self._reject(message, decoded)
+                elif isinstance(decoded, Calls):
+                    await self._calls(message, decoded)
                 else:
                     await self._call(message, decoded)
                 answered = True
-            if traced and isinstance(decoded, Call) and decoded.reply is not None:
-                await self._publish_trace(decoded, decoded.reply, span)
+            if traced and not isinstance(decoded, Rejected) and decoded.reply is not None:
+                await self._publish_trace(decoded.id, decoded.reply, span)
         except Exception:
             log.exception("failed handling a message on %s", shown(message.topic))
             # After the answer only the trace could fail: the caller has heard already.
@@ -142,9 +163,9 @@ class Pipeline:
             if not answered:
                 await self._last_resort(message, decoded)
 
-    def _trace_wanted(self, decoded: Call | Rejected) -> bool:
+    def _trace_wanted(self, decoded: Call | Calls | Rejected) -> bool:
         return (
-            isinstance(decoded, Call)
+            not isinstance(decoded, Rejected)
             and decoded.reply is not None
             and (decoded.publish_trace or self._publish_traces)
         )
@@ -162,41 +183,99 @@ class Pipeline:
             await self._dead(message, rejected.error.body(), rejected.id)
 
     async def _call(self, message: Inbound, call: Call) -> None:
+        """One call: its reply, or its dead letter when it failed and has no address."""
+        reply = await self._answer(call)
+        if call.reply is None:
+            await self._dead_if_failed(message, call.id, reply)
+        else:
+            await self._answer_with(message, call, call.reply, reply)
+
+    async def _calls(self, message: Inbound, calls: Calls) -> None:
+        """A message's calls, run together; one reply holds every answer, in order."""
+        started = time.perf_counter()
+        replies = await run_together(calls.calls, self._answer, self._slots, self._stopped)
+        answered = [Answered(c.id, c.tool, r) for c, r in zip(calls.calls, replies, strict=True)]
+        if calls.reply is not None:
+            reply = CallsReply(
+                id=calls.id,
+                id_generated=calls.id_generated,
+                format=calls.format,
+                ok=all(r.ok for r in replies),
+                append=conversation(calls.format, answered),
+                results=replies,
+                duration_ms=round((time.perf_counter() - started) * 1000, 3),
+            )
+            await self._answer_with(message, calls, calls.reply, reply)
+            return
+        for call, result in zip(calls.calls, replies, strict=True):
+            await self._dead_if_failed(message, call.id, result)
+
+    async def _answer_with(
+        self,
+        message: Inbound,
+        decoded: Call | Calls,
+        address: ReplyAddress,
+        reply: Reply | CallsReply,
+    ) -> None:
+        """Publish the reply; one that cannot be encoded (a tool's result the reply model
+        rejects, say) still answers, `internal` with our code."""
+        try:
+            await self._reply(address, reply)
+        except Exception:
+            log.exception("could not encode the reply to %s", decoded.id)
+            self._metrics.internal_error("encode")
+            await self._last_resort(message, decoded)
+
+    async def _dead_if_failed(self, message: Inbound, ident: str, reply: Reply) -> None:
+        """A failed call with no reply address: its dead letter (a replay has had one)."""
+        if reply.error is not None and not reply.replayed:
+            quiet = reply.error.code is ErrorCode.RATE_LIMITED  # a flood must not flood the log
+            await self._dead(message, reply.error, ident, quiet=quiet)
+
+    def _stopped(self) -> bool:
+        return self._stopping
+
+    async def _answer(self, call: Call) -> Reply:
+        """One call's reply, never raising: refused, replayed, or run and classified.
+
+        Nothing is published here: a message of many calls answers them all at once.
+        """
+        try:
+            return await self._reply_to_call(call)
+        except Exception:
+            log.exception("failed answering %s (%s)", call.id, shown(call.tool))
+            self._metrics.internal_error("answer")
+            return internal_reply(call.id, call.id_generated)
+
+    async def _reply_to_call(self, call: Call) -> Reply:
+        if call.problem is not None:  # what the call itself got wrong (a provider shape's)
+            return self._refused(call, call.problem)
         # The caller as quotas, dedup and access will see it (`call/{a}/{b}` may name one).
         try:
             call = self.executor.locate(call)
             if call.caller is None and self.topics.require_caller:
                 raise Forbidden("this worker answers only named callers", reason="caller_required")
         except ToolbusError as refused:
-            await self._refuse(message, call, refused)
-            return
+            return self._refused(call, refused)
         try:
             ticket = self._quotas.admit(call.caller)
         except RateLimited as error:
             # Logged at DEBUG only (a flood would flood the log); counted instead.
             log.debug("rate limited %s from %s: %s", call.id, shown(call.caller or "-"), error)
             self._metrics.rate_limited(str(error.details.get("limit")))
-            await self._refuse(message, call, error, quiet=True)
-            return
+            return self._refused(call, error)
         with ticket:
-            await self._admitted(message, call)
+            return await self._admitted(call)
 
-    async def _refuse(
-        self, message: Inbound, call: Call, error: ToolbusError, *, quiet: bool = False
-    ) -> None:
+    def _refused(self, call: Call, error: ToolbusError) -> Reply:
         """Answered at once, nothing claimed or run."""
         mark_failed(trace.get_current_span(), error.code.value)
-        reply = reply_for_call(call, Outcome(tool=None, error=error))
-        if call.reply is not None:
-            await self._reply(call.reply, reply)
-        else:
-            await self._dead(message, error.body(), call.id, quiet=quiet)
+        return reply_for_call(call, Outcome(tool=None, error=error))
 
-    async def _admitted(self, message: Inbound, call: Call) -> None:
+    async def _admitted(self, call: Call) -> Reply:
         verdict = await self._claim(call)
         if verdict.reply is not None:  # a repeat of an answered request: the same answer
-            await self._replay(call, verdict.reply)
-            return
+            return self._replayed(call, verdict.reply)
         outcome = Outcome(tool=call.tool, error=verdict.error) if verdict.error else None
         try:
             outcome = outcome or await self.executor.execute(call)
@@ -213,19 +292,10 @@ class Pipeline:
             )
         if outcome.error is not None:
             mark_failed(trace.get_current_span(), outcome.error.code.value)
-        try:
-            reply = reply_for_call(call, outcome)
-            await self._close(verdict, outcome, reply)  # before the reply: a crash in
-            if call.reply is not None:  # between replays it rather than running it twice
-                await self._reply(call.reply, reply)
-            elif reply.error is not None:
-                await self._dead(message, reply.error, call.id)
-        except Exception:
-            # The outcome is known but its reply cannot be built (a tool's result the
-            # reply model rejects, say): the caller still hears, with our code.
-            log.exception("could not encode the reply to %s (%s)", call.id, outcome.tool)
-            self._metrics.internal_error("encode")
-            await self._last_resort(message, call)
+        reply = reply_for_call(call, outcome)
+        # Closed before the reply leaves: a crash in between replays it, never runs it twice.
+        await self._close(verdict, outcome, reply)
+        return reply
 
     async def _claim(self, call: Call) -> Verdict:
         """Deduplication by the request's own id (generated ids are never repeated)."""
@@ -251,31 +321,23 @@ class Pipeline:
         except Exception as exc:
             log.warning("dedup store failed closing %s: %s", reply.id, exc)
 
-    async def _replay(self, call: Call, stored: bytes) -> None:
-        if call.reply is None:
-            return  # answered before, and nowhere to answer again
-        reply = Reply.model_validate_json(stored).model_copy(
+    @staticmethod
+    def _replayed(call: Call, stored: bytes) -> Reply:
+        return Reply.model_validate_json(stored).model_copy(
             update={"replayed": True, "id": call.id, "id_generated": False}
         )
-        await self._reply(call.reply, reply)
 
-    async def _last_resort(self, message: Inbound, decoded: Call | Rejected | None) -> None:
+    async def _last_resort(self, message: Inbound, decoded: Call | Calls | Rejected | None) -> None:
         """`internal`, with the call id when known, to the reply address or the dead letters.
 
         Through the usual reply path when it works (trace id, PRODUCER span, 3.1.1
         traceparent), and as a bare publish when even that fails.
         """
-        error = InternalError("the worker failed while answering this call").body()
+        error = INTERNAL
         mark_failed(trace.get_current_span(), error.code.value)  # a no-op outside a span
         address = decoded.reply if decoded is not None else None
         ident = decoded.id if decoded is not None else None
-        reply = Reply(
-            id=ident or "",
-            id_generated=decoded.id_generated if decoded is not None else False,
-            ok=False,
-            error=error,
-            duration_ms=0.0,
-        )
+        reply = internal_reply(ident or "", decoded.id_generated if decoded else False)
         try:
             if address is None or ident is None:
                 await self._dead(message, error, ident)
@@ -288,7 +350,7 @@ class Pipeline:
         except Exception:
             log.exception("could not answer a message on %s at all", shown(message.topic))
 
-    async def _publish_trace(self, call: Call, address: ReplyAddress, span: trace.Span) -> None:
+    async def _publish_trace(self, ident: str, address: ReplyAddress, span: trace.Span) -> None:
         """This call's finished spans, as OTLP JSON, after its reply (on `{reply}/trace`)."""
         context = span.get_span_context()
         mine = descendants(self._collector.take(context.trace_id), context.span_id)
@@ -299,11 +361,11 @@ class Pipeline:
                 topic=f"{address.topic}/trace",
                 payload=otlp_json(mine),
                 correlation_data=address.correlation_data,
-                user_properties=(("toolbus-id", call.id),),
+                user_properties=(("toolbus-id", ident),),
             )
         )
 
-    async def _reply(self, address: ReplyAddress, reply: Reply) -> None:
+    async def _reply(self, address: ReplyAddress, reply: Reply | CallsReply) -> None:
         """Publish a reply in a PRODUCER span whose context travels with it."""
         reply = reply.model_copy(update={"trace_id": trace_id_of(trace.get_current_span())})
         with self._tracer.start_as_current_span(

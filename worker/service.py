@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from toolbus.broker import BrokerUrl
-from toolbus.inflight import InFlight
+from toolbus.inflight import InFlight, Slots
 from toolbus.messages import Inbound, Outbound
 from toolbus.observability.metrics import Metrics
 from toolbus.pipeline import Pipeline
@@ -59,7 +59,8 @@ class Worker:
         worker_id: MQTT client id and status topic name.
         topics, pipeline, publisher, status, mcp: the collaborators it drives.
         metrics: counts messages in flight.
-        concurrency: messages handled at once; the consumer waits for a free slot.
+        slots: messages handled at once (`concurrency`), shared with the pipeline, whose
+            many-call messages borrow free ones; the consumer waits for a free slot.
         shutdown_grace_s: how long calls may run on after stop is asked.
         publish_timeout_s: the bound on every publish and on unsubscribing.
         reconnect_max_delay_s: the cap on the reconnect backoff.
@@ -79,7 +80,7 @@ class Worker:
         status: StatusReporter,
         mcp: McpBackend,
         metrics: Metrics,
-        concurrency: int,
+        slots: Slots,
         shutdown_grace_s: float,
         publish_timeout_s: float,
         reconnect_max_delay_s: float,
@@ -92,11 +93,11 @@ class Worker:
         self._grace_s, self._publish_timeout_s = shutdown_grace_s, publish_timeout_s
         self._reconnect_max_delay_s = reconnect_max_delay_s
         self._links = _Links(
-            broker, worker_id, concurrency, session_expiry_s, publish_timeout_s, tcp_nodelay
+            broker, worker_id, slots.count, session_expiry_s, publish_timeout_s, tcp_nodelay
         )
         self.subscribed = asyncio.Event()
         self.draining = asyncio.Event()  # set once stopping has begun
-        self.in_flight = InFlight(pipeline.handle, self._ack, concurrency, metrics)
+        self.in_flight = InFlight(pipeline.handle, self._ack, slots, metrics)
         self._conn: MqttConnection | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

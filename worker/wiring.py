@@ -20,6 +20,7 @@ from toolbus.backends.local import LocalTool
 from toolbus.config import Settings, tool_settings
 from toolbus.dedup import Once, open_store
 from toolbus.execute import Executor, Startup
+from toolbus.inflight import Slots
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
 from toolbus.observability.export import TraceCollector
@@ -139,6 +140,7 @@ def build_worker(
         settings.dedup_ttl_s,
         executor.idempotent,
     )
+    slots = Slots(settings.concurrency)
     pipeline = Pipeline(
         executor,
         topics,
@@ -152,6 +154,8 @@ def build_worker(
         metrics=metrics,
         once=once,
         quotas=Quotas(settings.callers),
+        slots=slots,
+        max_calls=settings.max_calls_per_message,
     )
     return Worker(
         broker=settings.broker,
@@ -162,7 +166,7 @@ def build_worker(
         status=status,
         mcp=mcp,
         metrics=metrics,
-        concurrency=settings.concurrency,
+        slots=slots,
         shutdown_grace_s=settings.shutdown_grace_s,
         publish_timeout_s=settings.publish_timeout_s,
         reconnect_max_delay_s=settings.reconnect_max_delay_s,

@@ -110,6 +110,7 @@ class Settings(BaseSettings):
     )
     concurrency: int = Field(default=64, ge=1, le=10_000)
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
+    max_calls_per_message: int = Field(default=64, ge=1, le=1024)
     default_timeout_s: float = Field(default=30.0, gt=0)
     max_timeout_s: float = Field(default=300.0, gt=0)
     slow_call_ms: float = Field(default=1000.0, ge=0)

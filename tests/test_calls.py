@@ -1,0 +1,284 @@
+"""Many calls in one message, in-process: run together, one reply in the calls' order.
+
+The messages are built by the providers' own SDKs (offline) and published as their
+`model_dump()`; every `append` item is checked with the SDKs' own parameter types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from anthropic.types import Message, MessageParam
+from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+from openai.types.responses import Response, ResponseInputItemParam
+from pydantic import TypeAdapter
+
+from tests.test_pipeline import REPLY, Rig, rig_for
+from tests.tools import Probe, probe_tools
+from toolbus.dedup import MemoryStore
+from toolbus.inflight import Slots
+
+ANTHROPIC_MESSAGE = TypeAdapter(MessageParam)
+CHAT_MESSAGE = TypeAdapter(ChatCompletionMessageParam)
+RESPONSES_ITEM = TypeAdapter(ResponseInputItemParam)
+
+
+def calls_rig(slots: int = 8, **overrides: Any) -> Rig:
+    probe = Probe()
+    return rig_for(
+        probe_tools(probe),
+        probe,
+        slots=Slots(slots),
+        tools={"sleepy": {"timeout_s": 0.1}},
+        **overrides,
+    )
+
+
+def anthropic_message(*blocks: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    message = Message.model_validate(
+        {
+            "id": "msg_01",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-test",
+            "content": [{"type": "text", "text": "Let me check."}, *blocks],
+            "stop_reason": "tool_use",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 10, "output_tokens": 20},
+        }
+    )
+    return {**message.model_dump(), **extra}
+
+
+def tool_use(ident: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "tool_use",
+        "id": ident,
+        "name": name,
+        "input": arguments,
+        "caller": {"type": "direct"},  # what the API sends now: never our `caller`
+    }
+
+
+def chat_completion(*calls: tuple[str, str, str]) -> dict[str, Any]:
+    completion = ChatCompletion.model_validate(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "gpt-test",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "tool_calls",
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+                            for i, n, a in calls
+                        ],
+                    },
+                }
+            ],
+        }
+    )
+    return completion.model_dump()
+
+
+def response(*calls: tuple[str, str, str]) -> dict[str, Any]:
+    made = Response.model_validate(
+        {
+            "id": "resp_1",
+            "object": "response",
+            "created_at": 1,
+            "model": "gpt-test",
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "output": [
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                *(
+                    {"type": "function_call", "call_id": c, "name": n, "arguments": a}
+                    for c, n, a in calls
+                ),
+            ],
+        }
+    )
+    return made.model_dump()
+
+
+async def run(rig: Rig, body: dict[str, Any] | list[Any]) -> dict[str, Any]:
+    await rig.request(None, json.dumps(body).encode())
+    return rig.reply()
+
+
+def codes(reply: dict[str, Any]) -> list[str | None]:
+    return [(r.get("error") or {}).get("code") for r in reply["results"]]
+
+
+async def test_an_anthropic_message_runs_each_tool_use_and_answers_once() -> None:
+    rig = calls_rig()
+    reply = await run(
+        rig,
+        anthropic_message(
+            tool_use("toolu_a", "echo", {"text": "one"}),
+            tool_use("toolu_b", "busy", {"n": 2, "hold_ms": 1}),
+        ),
+    )
+    assert (reply["id"], reply["format"], reply["ok"]) == ("msg_01", "anthropic", True)
+    assert [r["id"] for r in reply["results"]] == ["toolu_a", "toolu_b"]
+    [message] = reply["append"]
+    ANTHROPIC_MESSAGE.validate_python(message)
+    assert message["role"] == "user"
+    assert [b["tool_use_id"] for b in message["content"]] == ["toolu_a", "toolu_b"]
+
+
+@pytest.mark.parametrize("count", [1, 2, 5])
+async def test_the_calls_of_a_message_run_at_once(count: int) -> None:
+    rig = calls_rig(slots=8)
+    blocks = [tool_use(f"toolu_{n}", "gate", {}) for n in range(count)]
+    handled = asyncio.create_task(rig.request(None, json.dumps(blocks).encode()))
+    await rig.probe.wait_active(count, timeout_s=5)  # all of them running together
+    rig.probe.release.set()
+    await asyncio.wait_for(handled, 5)
+    reply = rig.reply()
+    assert codes(reply) == [None] * count and reply["ok"] is True
+    assert [r["id"] for r in reply["results"]] == [f"toolu_{n}" for n in range(count)]
+
+
+async def test_with_no_free_slot_the_calls_run_one_after_another_in_order() -> None:
+    rig = calls_rig(slots=0)
+    blocks = [tool_use(f"toolu_{n}", "busy", {"n": n, "hold_ms": 2}) for n in range(4)]
+    reply = await run(rig, blocks)
+    assert rig.probe.max_active == 1
+    assert [r["result"]["structured"]["n"] for r in reply["results"]] == [0, 1, 2, 3]
+
+
+async def test_never_more_calls_at_once_than_the_free_slots_allow() -> None:
+    rig = calls_rig(slots=2)
+    blocks = [tool_use(f"toolu_{n}", "busy", {"n": n, "hold_ms": 5}) for n in range(6)]
+    await run(rig, blocks)
+    assert rig.probe.max_active == 3  # the message's own lane and two borrowed
+
+
+async def test_one_call_failing_never_fails_the_others() -> None:
+    rig = calls_rig()
+    reply = await run(
+        rig,
+        chat_completion(
+            ("call_ok", "echo", '{"text": "fine"}'),
+            ("call_args", "busy", '{"n": "not a number at all"}'),
+            ("call_unknown", "no_such_tool_anywhere", "{}"),
+            ("call_slow", "sleepy", "{}"),
+            ("call_json", "echo", "{broken"),
+        ),
+    )
+    assert reply["format"] == "openai" and reply["ok"] is False
+    assert codes(reply) == [None, "invalid_arguments", "unknown_tool", "timeout", "bad_request"]
+    assert [m["tool_call_id"] for m in reply["append"]] == [
+        "call_ok",
+        "call_args",
+        "call_unknown",
+        "call_slow",
+        "call_json",
+    ]
+    for message in reply["append"]:
+        CHAT_MESSAGE.validate_python(message)
+
+
+async def test_a_responses_output_list_answers_with_function_call_outputs() -> None:
+    rig = calls_rig()
+    body = response(("call_1", "echo", '{"text": "a"}'), ("call_2", "echo", '{"text": "b"}'))
+    reply = await run(rig, body)
+    assert (reply["id"], reply["format"]) == ("resp_1", "openai-responses")
+    assert [item["call_id"] for item in reply["append"]] == ["call_1", "call_2"]
+    for item in reply["append"]:
+        RESPONSES_ITEM.validate_python(item)
+        assert item["type"] == "function_call_output"
+    # The output list alone, as a caller holding `response.output` publishes it:
+    reply = await run(rig, body["output"])
+    assert [item["call_id"] for item in reply["append"]] == ["call_1", "call_2"]
+
+
+async def test_the_caller_may_ask_for_another_format() -> None:
+    rig = calls_rig()
+    body = anthropic_message(
+        tool_use("toolu_a", "echo", {"text": "x"}), toolbus={"reply_format": "toolbus"}
+    )
+    reply = await run(rig, body)
+    assert "append" not in reply or reply["append"] == []
+    assert reply["results"][0]["ok"] is True  # one call, toolbus format: still per call
+    envelope = {"tool": "echo", "arguments": {"text": "x"}, "reply_format": "openai"}
+    reply = await run(rig, envelope)
+    assert reply["format"] == "openai" and len(reply["append"]) == 1
+
+
+async def test_provider_fields_never_reach_our_options() -> None:
+    """A provider's `caller`, and our option names at a provider shape's top level, mean
+    nothing: only the `toolbus` object does."""
+    rig = calls_rig(require_caller=True)
+    body = anthropic_message(tool_use("toolu_a", "echo", {"text": "x"}), caller="kitchen")
+    reply = await run(rig, body)
+    # No caller named (the top-level `caller` is the provider's): refused whole.
+    assert reply["error"]["details"]["reason"] == "caller_required"
+    body = anthropic_message(tool_use("toolu_a", "echo", {"text": "x"}))
+    body["toolbus"] = {"caller": "kitchen"}
+    assert codes(await run(rig, body)) == [None]
+
+
+async def test_calls_without_a_reply_address_dead_letter_each_failure() -> None:
+    rig = calls_rig()
+    blocks = [
+        tool_use("toolu_ok", "echo", {"text": "x"}),
+        tool_use("toolu_bad", "no_such_tool_anywhere", {}),
+    ]
+    await rig.request(None, json.dumps(blocks).encode(), response_topic=None)
+    assert [(d["id"], d["error"]["code"]) for d in rig.dead()] == [("toolu_bad", "unknown_tool")]
+    assert rig.sent.on(REPLY) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ([tool_use("same", "echo", {}), tool_use("same", "echo", {})], "duplicate_call_id"),
+        ([tool_use(f"t{n}", "echo", {}) for n in range(5)], "too_many_calls"),
+        ({"type": "message", "content": [{"type": "text", "text": "hi"}]}, "no_tool_calls"),
+        ({"tool": "echo", "text": "hi"}, "arguments_not_nested"),
+        ({"tool": "echo", "timeout_s": 1, "toolbus": {"timeout_s": 2}}, "conflicting_options"),
+    ],
+)
+async def test_a_message_refused_whole_says_why(body: Any, reason: str) -> None:
+    rig = calls_rig(max_calls_per_message=4)
+    reply = await run(rig, body)
+    assert reply["error"]["code"] == "bad_request"
+    assert reply["error"]["details"]["reason"] == reason
+
+
+async def test_a_repeated_message_replays_each_call() -> None:
+    probe = Probe()
+    rig = rig_for(
+        probe_tools(probe), probe, store=MemoryStore("w1"), slots=Slots(4), publisher=None
+    )
+    body = [tool_use("toolu_1", "busy", {"n": 1, "hold_ms": 1}), tool_use("toolu_2", "echo", {})]
+    first = await run(rig, body)
+    again = await run(rig, body)
+    assert probe.calls == 1  # busy ran once
+    assert [r.get("replayed", False) for r in again["results"]] == [True, False]
+    assert again["results"][0]["result"] == first["results"][0]["result"]
+
+
+async def test_a_shutdown_answers_every_call_of_a_message_unavailable() -> None:
+    rig = calls_rig(slots=1)
+    blocks = [tool_use(f"toolu_{n}", "gate", {}) for n in range(4)]
+    handled = asyncio.create_task(rig.request(None, json.dumps(blocks).encode()))
+    await rig.probe.wait_active(2, timeout_s=5)  # two lanes: two calls running, two waiting
+    rig.pipeline.stopping()
+    handled.cancel()
+    await asyncio.wait_for(handled, 5)
+    reply = rig.reply()
+    assert codes(reply) == ["unavailable"] * 4
+    assert rig.probe.calls == 2  # the waiting calls never started

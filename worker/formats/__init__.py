@@ -1,0 +1,1 @@
+"""The providers' shapes, in and out."""

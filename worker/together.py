@@ -1,0 +1,71 @@
+"""Together: the calls of one message, run at once, answered in the calls' order.
+
+The message holds one of the worker's slots; its calls borrow whatever other slots are
+free when it starts, one lane per slot, and each lane takes the next call not yet
+started. So a message of five calls on an idle worker runs them all at once, and on a
+busy one runs them one after another in its own slot: never more calls at once than the
+worker's `concurrency`, and never a wait for slots that other messages hold (which
+could deadlock a pool of many-call messages). One call's failure is its own answer;
+the others run on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+
+from toolbus.contracts import Reply
+from toolbus.decode import Call
+from toolbus.encode import reply_for_call
+from toolbus.errors import Unavailable
+from toolbus.execute import Outcome
+from toolbus.inflight import Slots
+
+# After a shutdown cancels a message, how long its lanes get to answer their calls.
+LANE_ANSWER_TIMEOUT_S = 5.0
+
+
+async def run_together(
+    calls: Sequence[Call],
+    answer: Callable[[Call], Awaitable[Reply]],
+    slots: Slots,
+    stopping: Callable[[], bool],
+) -> list[Reply]:
+    """Each call's reply, in order. `answer` never raises (it answers every outcome)."""
+    replies: list[Reply | None] = [None] * len(calls)
+    queue = iter(enumerate(calls))
+    halted = asyncio.Event()  # shutdown: no call starts any more
+
+    async def lane() -> None:
+        for index, call in queue:
+            if halted.is_set():
+                return
+            replies[index] = await answer(call)
+
+    borrowed = await slots.borrow(len(calls) - 1)
+    me = asyncio.current_task()
+    name = me.get_name() if me is not None else "calls"
+    lanes = [asyncio.create_task(lane(), name=f"{name}:lane{n}") for n in range(borrowed + 1)]
+    try:
+        await asyncio.wait(lanes)
+    except asyncio.CancelledError:
+        # Shutdown: each lane's running call answers `unavailable`; no new call starts.
+        halted.set()
+        for task in lanes:
+            task.cancel()
+        if not stopping() or me is None:
+            raise
+        me.uncancel()
+        await asyncio.wait(lanes, timeout=LANE_ANSWER_TIMEOUT_S)
+    finally:
+        slots.release(borrowed)
+    return [
+        reply if reply is not None else _unanswered(call)
+        for call, reply in zip(calls, replies, strict=True)
+    ]
+
+
+def _unanswered(call: Call) -> Reply:
+    """A call the shutdown reached before it started (or a lane that could not answer)."""
+    error = Unavailable("the worker shut down before the call ran")
+    return reply_for_call(call, Outcome(tool=None, error=error))
