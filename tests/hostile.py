@@ -70,16 +70,45 @@ ENVELOPE_FIELDS: dict[str, st.SearchStrategy[Any]] = {
 
 
 @st.composite
-def envelopes(draw: st.DrawFn) -> dict[str, Any]:
-    """A toolbus envelope, an Anthropic `tool_use` block or an OpenAI tool call (alone or
-    in `tool_calls`), its fields drawn hostile."""
+def tool_call(draw: st.DrawFn, shape: str) -> dict[str, Any]:
+    """One call of a provider's message, its fields drawn hostile."""
+    ident = draw(st.one_of(hostile_text, values))
+    name = draw(tool_names)
+    if shape == "tool_use":
+        return {"type": "tool_use", "id": ident, "name": name, "input": draw(values)}
+    if shape == "function_call":
+        arguments = draw(st.one_of(values, values.map(json.dumps)))
+        return {"type": "function_call", "call_id": ident, "name": name, "arguments": arguments}
+    arguments = draw(st.one_of(values, values.map(json.dumps)))
+    return {"id": ident, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+@st.composite
+def envelopes(draw: st.DrawFn) -> Any:
+    """A toolbus envelope, or a provider's shape (one call, a list of calls, a whole
+    message), its fields and its `toolbus` options drawn hostile."""
     body = draw(st.fixed_dictionaries({}, optional=ENVELOPE_FIELDS))
-    shape = draw(st.sampled_from(["envelope", "tool_use", "function", "tool_calls"]))
+    shape = draw(
+        st.sampled_from(
+            ["envelope", "tool_use", "function", "tool_calls", "blocks", "message", "output"]
+        )
+    )
+    options = draw(st.one_of(st.none(), st.fixed_dictionaries({}, optional=ENVELOPE_FIELDS)))
+    if options is not None and shape != "envelope":
+        body["toolbus"] = options
+    calls = st.lists(st.one_of(values, tool_call("tool_use"), tool_call("function")), max_size=3)
     if shape == "tool_use":
         body |= {"type": "tool_use", "name": draw(tool_names), "input": draw(values)}
     elif shape == "function":
         arguments = draw(st.one_of(values, values.map(json.dumps)))
         body |= {"type": "function", "function": {"name": draw(tool_names), "arguments": arguments}}
     elif shape == "tool_calls":
-        body |= {"tool_calls": draw(st.lists(values, max_size=2))}
+        body |= {"tool_calls": draw(calls)}
+    elif shape == "blocks":
+        return draw(calls)  # a bare list, as `message.content` or `response.output` is
+    elif shape == "message":
+        body |= {"type": "message", "role": "assistant", "content": draw(calls)}
+    elif shape == "output":
+        items = st.lists(st.one_of(values, tool_call("function_call")), max_size=3)
+        body |= {"object": "response", "output": draw(items)}
     return body

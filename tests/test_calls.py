@@ -11,19 +11,20 @@ import json
 from typing import Any
 
 import pytest
-from anthropic.types import Message, MessageParam
-from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
-from openai.types.responses import Response, ResponseInputItemParam
-from pydantic import TypeAdapter
 
+from tests.providers import (
+    ANTHROPIC_MESSAGE,
+    CHAT_MESSAGE,
+    RESPONSES_ITEM,
+    anthropic_message,
+    chat_completion,
+    response,
+    tool_use,
+)
 from tests.test_pipeline import REPLY, Rig, rig_for
 from tests.tools import Probe, probe_tools
 from toolbus.dedup import MemoryStore
 from toolbus.inflight import Slots
-
-ANTHROPIC_MESSAGE = TypeAdapter(MessageParam)
-CHAT_MESSAGE = TypeAdapter(ChatCompletionMessageParam)
-RESPONSES_ITEM = TypeAdapter(ResponseInputItemParam)
 
 
 def calls_rig(slots: int = 8, **overrides: Any) -> Rig:
@@ -35,80 +36,6 @@ def calls_rig(slots: int = 8, **overrides: Any) -> Rig:
         tools={"sleepy": {"timeout_s": 0.1}},
         **overrides,
     )
-
-
-def anthropic_message(*blocks: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    message = Message.model_validate(
-        {
-            "id": "msg_01",
-            "type": "message",
-            "role": "assistant",
-            "model": "claude-test",
-            "content": [{"type": "text", "text": "Let me check."}, *blocks],
-            "stop_reason": "tool_use",
-            "stop_sequence": None,
-            "usage": {"input_tokens": 10, "output_tokens": 20},
-        }
-    )
-    return {**message.model_dump(), **extra}
-
-
-def tool_use(ident: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "tool_use",
-        "id": ident,
-        "name": name,
-        "input": arguments,
-        "caller": {"type": "direct"},  # what the API sends now: never our `caller`
-    }
-
-
-def chat_completion(*calls: tuple[str, str, str]) -> dict[str, Any]:
-    completion = ChatCompletion.model_validate(
-        {
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "created": 1,
-            "model": "gpt-test",
-            "choices": [
-                {
-                    "index": 0,
-                    "finish_reason": "tool_calls",
-                    "message": {
-                        "role": "assistant",
-                        "content": None,
-                        "tool_calls": [
-                            {"id": i, "type": "function", "function": {"name": n, "arguments": a}}
-                            for i, n, a in calls
-                        ],
-                    },
-                }
-            ],
-        }
-    )
-    return completion.model_dump()
-
-
-def response(*calls: tuple[str, str, str]) -> dict[str, Any]:
-    made = Response.model_validate(
-        {
-            "id": "resp_1",
-            "object": "response",
-            "created_at": 1,
-            "model": "gpt-test",
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-            "output": [
-                {"type": "reasoning", "id": "rs_1", "summary": []},
-                *(
-                    {"type": "function_call", "call_id": c, "name": n, "arguments": a}
-                    for c, n, a in calls
-                ),
-            ],
-        }
-    )
-    return made.model_dump()
 
 
 async def run(rig: Rig, body: dict[str, Any] | list[Any]) -> dict[str, Any]:
