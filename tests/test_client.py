@@ -25,7 +25,8 @@ from tests.tools import Probe, probe_tools
 from toolbus import Client, ErrorCode, NoReply, Reply, Retry, ToolsFormat
 from toolbus.client import provider_body
 from toolbus.config import BrokerUrl
-from toolbus.errors import Forbidden, InvalidArguments, ToolbusError, UnknownTool
+from toolbus.contracts import ErrorBody
+from toolbus.errors import ERROR_CLASSES, Forbidden, InvalidArguments, ToolbusError, UnknownTool
 
 MQTT_CONNECT = 0x10  # the fixed header's first byte of a CONNECT packet
 
@@ -362,3 +363,13 @@ def test_a_client_refuses_a_bad_identity_mode_or_timeout() -> None:
         Client(broker, caller_identity="login")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="timeout_s"):
         Client(broker, timeout_s=0)
+
+
+@pytest.mark.parametrize("code", list(ErrorCode))
+def test_every_wire_code_comes_back_as_its_own_class(code: ErrorCode) -> None:
+    body = ErrorBody(code=code, message="m", details={"message": "a detail key", "n": [1]})
+    reply = Reply(id="r1", ok=False, error=body, duration_ms=1.0)
+    error = ToolbusError.from_body(body, reply=reply)
+    assert type(error) is ERROR_CLASSES[code] and error.code == code
+    assert (error.message, error.details, error.id) == ("m", body.details, "r1")
+    assert error.body() == body  # the same wire body, had a worker raised it
