@@ -18,6 +18,7 @@ import pytest_asyncio
 from tests.harness import Broker
 from tests.mqtt import Caller
 from tests.processes import start_serve
+from tests.tool_definitions import checked_name
 from toolbus.service import Worker
 
 ROOT = Path(__file__).parent.parent
@@ -246,3 +247,17 @@ async def test_mappings_with_the_bundled_config() -> None:
     assert "`device_name` (static map)" in out and "(enum_case)" in out
     code, _, _ = await run_cli("mappings", "no_such_tool", env=cli_env("unused"))
     assert code == 1
+
+
+async def test_tools_in_a_providers_format(broker: Broker, demo_worker: Worker) -> None:
+    env = cli_env(demo_worker.topics.prefix)
+    code, out, _ = await run_cli(
+        "tools", "--format", "anthropic", "--json", "--broker", broker.url, env=env
+    )
+    assert code == 0
+    names = {checked_name("anthropic", definition) for definition in json.loads(out)}
+    assert {"echo", "datetime", "control_zwave_device"} <= names
+    code, out, _ = await run_cli("tools", "--format", "openai", "--broker", broker.url, env=env)
+    assert code == 0 and "datetime" in out
+    code, _, _ = await run_cli("tools", "--format", "gemini", "--broker", broker.url, env=env)
+    assert code == 2

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from toolbus import __version__
+from toolbus.contracts import ToolsFormat
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_REPLY, EXIT_BROKER = 0, 1, 2, 3, 4
 SCHEMAS_DIR = Path("schemas")
@@ -72,6 +73,12 @@ def _parser() -> argparse.ArgumentParser:
     config_flags(tools)
     tools.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a worker")
     tools.add_argument("--json", action="store_true", help="print the raw definitions")
+    tools.add_argument(
+        "--format",
+        choices=[f.value for f in ToolsFormat],
+        default=ToolsFormat.TOOLBUS.value,
+        help="the definitions' shape: ours, or what a provider's SDK takes (default toolbus)",
+    )
 
     schemas = sub.add_parser("schemas", help="write or check schemas/*.json")
     mode = schemas.add_mutually_exclusive_group(required=True)
@@ -262,7 +269,7 @@ def _tools(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    reply = _request(args, "tools", {})
+    reply = _request(args, "tools", {"format": args.format})
     if isinstance(reply, int):
         return reply
     if not reply.ok or reply.result is None or reply.result.structured is None:
@@ -272,14 +279,19 @@ def _tools(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(definitions, indent=2))
         return EXIT_OK
-    table = Table("tool", "origin", "parameters", "description")
+    ours = args.format == ToolsFormat.TOOLBUS
+    table = Table("tool", *(["origin"] if ours else []), "parameters", "description")
     for tool in definitions:
-        schema = tool.get("inputSchema", {})
+        # Chat Completions and Ollama nest the definition under `function`.
+        inner: dict[str, Any] = tool.get("function", tool)
+        schema = inner.get("inputSchema") or inner.get("input_schema") or inner.get("parameters")
+        schema = schema or {}
         required = set(schema.get("required", []))
         params = ", ".join(
             f"{name}{'' if name in required else '?'}" for name in schema.get("properties", {})
         )
-        table.add_row(tool["name"], tool["origin"], params, (tool.get("description") or "")[:80])
+        origin = [tool["origin"]] if ours else []
+        table.add_row(inner["name"], *origin, params, (inner.get("description") or "")[:80])
     Console().print(table)
     return EXIT_OK
 

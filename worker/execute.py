@@ -18,7 +18,7 @@ from opentelemetry import trace
 
 from toolbus.access import Access
 from toolbus.callers import ANONYMOUS_CALLER
-from toolbus.contracts import ToolList, ToolResult
+from toolbus.contracts import ToolResult, ToolsFormat
 from toolbus.decode import Call
 from toolbus.errors import (
     BadRequest,
@@ -29,6 +29,7 @@ from toolbus.errors import (
     Unavailable,
     UnknownTool,
 )
+from toolbus.formats.definitions import listing
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
 from toolbus.normalization.report import Change
@@ -125,14 +126,18 @@ class Executor:
         except ToolbusError:
             return False
 
-    def list_tools(self, caller: str | None) -> Outcome:
-        tools = ToolList(tools=self.registry.definitions(lambda t: self.access.allows(caller, t)))
-        text = ", ".join(t.name for t in tools.tools)
-        return Outcome(result=ToolResult(text=text, structured=tools.model_dump(by_alias=True)))
+    def list_tools(
+        self, caller: str | None, tools_format: ToolsFormat = ToolsFormat.TOOLBUS
+    ) -> Outcome:
+        """The tools `caller` may use, as definitions in `tools_format`, their names as text."""
+        listed = listing(self.registry, tools_format, lambda t: self.access.allows(caller, t))
+        return Outcome(
+            result=ToolResult(text=", ".join(listed.names), structured=listed.structured())
+        )
 
     async def execute(self, call: Call) -> Outcome:
         if call.list_tools:
-            return self.list_tools(call.caller)
+            return self.list_tools(call.caller, call.tools_format)
         outcome = Outcome()
         arguments: dict[str, Any] = call.arguments
         started = time.perf_counter()

@@ -1,7 +1,9 @@
 """Registry: every tool by canonical name, and how any spelling of a name finds it.
 
-A name resolves, in order: the exact canonical name; a server-qualified name
-(`server.tool`, `server__tool`, `server/tool`); the alias table (case-insensitive);
+A name resolves, in order: the exact canonical name; the name a provider format lists
+it under (`toolbus.formats.names`: `server__tool` for `server.tool`, and so on); a
+server-qualified name (`server.tool`, `server__tool`, `server/tool`); the alias table
+(case-insensitive);
 a spelling-insensitive match (case, `_`, `-`, `.`, spaces ignored). Two candidates
 are never guessed between: the call gets `unknown_tool` listing them.
 
@@ -24,6 +26,7 @@ from typing import Any
 from toolbus.config import NO_TOOL_SETTINGS, ToolSettings
 from toolbus.contracts import ToolDefinition, ToolResult
 from toolbus.errors import UnknownTool
+from toolbus.formats.names import provider_names
 from toolbus.normalization.report import Change
 from toolbus.normalization.shapes import ANY, Shape, build_shape, spelling_key
 from toolbus.validate import CompiledSchema
@@ -71,6 +74,8 @@ class Tool:
     timeout_s: float | None = None
     idempotent_hint: bool = False  # the backend says running it twice does no harm
     settings: ToolSettings = NO_TOOL_SETTINGS
+    title: str | None = None  # the MCP server's display name, listed again in the MCP format
+    annotations: dict[str, Any] | None = None  # the MCP server's hints, as it sent them
     validator: CompiledSchema = field(init=False, repr=False)
     shape: Shape = field(default=ANY, repr=False)
 
@@ -121,6 +126,8 @@ class Registry:
         self._bare: dict[str, str] = {}  # bare name -> qualified name of its owner
         self._aliases = {k.casefold(): v for k, v in (aliases or {}).items()}
         self._spellings: dict[str, set[str]] = {}
+        self._provider: dict[str, str] = {}  # canonical name -> name in provider formats
+        self._from_provider: dict[str, str] = {}  # the reverse, where the two differ
         self._collisions: set[tuple[str, str]] = set()  # reported (owner, shadowed) pairs
         self.listeners: list[Callable[[], None]] = []
 
@@ -202,8 +209,12 @@ class Registry:
 
     def _changed(self) -> None:
         self._spellings = {}
-        for name in self.names():
+        names = self.names()
+        for name in names:
             self._spellings.setdefault(spelling_key(name), set()).add(name)
+        # Over every name, not a caller's share: a tool is listed alike to everyone.
+        self._provider = provider_names(names)
+        self._from_provider = {p: c for c, p in self._provider.items() if p != c}
         for listener in self.listeners:
             listener()
 
@@ -213,6 +224,10 @@ class Registry:
         return (
             tool.name if self._bare.get(tool.name) == tool.qualified_name else tool.qualified_name
         )
+
+    def provider_name(self, tool: Tool) -> str:
+        """The name provider formats list the tool under; it resolves back to the tool."""
+        return self._provider[self.shown_name(tool)]
 
     def names(self) -> list[str]:
         """Every canonical name: bare names, and qualified ones for shadowed tools."""
@@ -227,12 +242,16 @@ class Registry:
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and self._exact(name) is not None
 
-    def definitions(self, allowed: Callable[[Tool], bool] | None = None) -> list[ToolDefinition]:
+    def listed(self, allowed: Callable[[Tool], bool] | None = None) -> list[Tool]:
+        """The tools a model may be offered (`allowed` ones), by canonical name."""
         return [
-            tool.definition(self.shown_name(tool))
+            tool
             for tool in sorted(self._tools.values(), key=self.shown_name)
             if tool.model_invocable and (allowed is None or allowed(tool))
         ]
+
+    def definitions(self, allowed: Callable[[Tool], bool] | None = None) -> list[ToolDefinition]:
+        return [tool.definition(self.shown_name(tool)) for tool in self.listed(allowed)]
 
     def alias_targets(self) -> dict[str, str]:
         return dict(self._aliases)
@@ -241,6 +260,9 @@ class Registry:
         key = self._bare.get(name)
         if key is not None:
             return self._tools[key]
+        canonical = self._from_provider.get(name)
+        if canonical is not None:  # before qualified names: what we listed means that tool
+            return self._exact(canonical)
         match = _QUALIFIER.match(name)
         if match is not None:
             return self._tools.get(f"{match['server']}.{match['tool']}")

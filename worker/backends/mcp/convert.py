@@ -62,6 +62,12 @@ def to_tool(
         rename_arguments=True,  # MCP schemas are someone else's: respell to match them
         idempotent_hint=_safe_to_repeat(listed),
         settings=settings,
+        title=listed.title,
+        annotations=(
+            listed.annotations.model_dump(mode="json", by_alias=True, exclude_none=True)
+            if listed.annotations is not None
+            else None
+        ),
     )
 
 
