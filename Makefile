@@ -9,7 +9,7 @@ BROKER_PORT ?= 1883
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: FORCE bench-tracing bench-normalize bench-flood bench-mcp-output compose-check check-tree bench run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary redis-binary
+.PHONY: FORCE bench-tracing bench-normalize bench-flood bench-mcp-output bench-client compose-check check-tree bench run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary redis-binary
 
 # The package installs in strict editable mode: a tree of links to worker/ that imports as
 # `toolbus`, which mypy and editors can read (the default mode's import hook they cannot).
@@ -106,3 +106,6 @@ bench-flood: $(STAMP) mosquitto-binary
 
 bench-mcp-output: $(STAMP)
 	$(BIN)/python bench/mcp_output.py
+
+bench-client: $(STAMP) mosquitto-binary
+	$(BIN)/python bench/client_latency.py

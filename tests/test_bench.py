@@ -66,3 +66,9 @@ def test_mcp_output_bench_runs() -> None:
         "stderr-line-100kb",
     ]
     assert all(row["next_call"].startswith("ok") for row in rows), rows
+
+
+def test_client_latency_bench_runs() -> None:
+    result = run(sys.executable, "bench/client_latency.py", "--calls", "5")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "one Client, kept" in result.stdout and "per call / kept" in result.stdout

@@ -18,7 +18,7 @@ from tests.harness import Broker, unique_prefix
 from tests.processes import Serve, serve_env
 from toolbus.broker import BrokerUrl
 from toolbus.cli import EXIT_BROKER, EXIT_USAGE
-from toolbus.client import request
+from toolbus.client import Client
 from toolbus.config import Settings, load_settings
 
 PASSWORD = "Pw-7xQz!kR2"  # distinctive: found in output only if it leaked
@@ -221,13 +221,8 @@ async def test_serve_takes_the_password_from_a_file_and_never_logs_it(
     async with Serve(env) as serve:
         await serve.wait_for("subscribed to")
         caller = BrokerUrl.from_url(f"mqtt://caller:caller-pw@127.0.0.1:{password_broker.port}")
-        reply = await request(
-            caller,
-            f"{prefix}/call/echo",
-            {"arguments": {"text": "hi"}},
-            reply_prefix=f"{prefix}/reply/",
-            timeout_s=10,
-        )
+        async with Client(caller, prefix=prefix) as client:
+            reply = await client.call("echo", {"text": "hi"}, timeout_s=10)
         assert reply.ok
         assert await serve.exit_code(stop=True) == 0
     assert PASSWORD not in serve.output

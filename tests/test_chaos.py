@@ -41,7 +41,8 @@ class Load:
         async def one(n: int) -> None:
             async with slots:
                 body = {"id": f"r{n}", "arguments": {"key": f"r{n}", "hold_s": hold_s}}
-                reply = await self.client.call(self.topic, body, timeout_s=CALL_TIMEOUT_S)
+                reply = await self.client.request(self.topic, body, timeout_s=CALL_TIMEOUT_S)
+                assert isinstance(reply, Reply)  # one call, our envelope: a plain reply
             async with self._progress:
                 self.replies[reply.id] = reply
                 self._progress.notify_all()
@@ -74,7 +75,7 @@ class Load:
 
 
 def client_for(broker: Broker, prefix: str) -> Client:
-    return Client(BrokerUrl.from_url(broker.url), reply_prefix=f"{prefix}/reply/", retry=RETRY)
+    return Client(BrokerUrl.from_url(broker.url), prefix=prefix, retry=RETRY)
 
 
 @pytest.fixture

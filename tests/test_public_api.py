@@ -15,11 +15,18 @@ SOURCE = ROOT / "worker"
 
 def test_exported_names() -> None:
     assert sorted(toolbus.__all__) == [
+        "BrokerUrl",
+        "CallsReply",
+        "Client",
         "ErrorCode",
         "LocalTool",
+        "NoReply",
         "Reply",
+        "ReplyFormat",
         "Request",
+        "Retry",
         "ToolbusError",
+        "ToolsFormat",
         "__version__",
         "tool",
     ]

@@ -80,11 +80,9 @@ async def echo_through(settings: Settings, broker: BrokerUrl) -> dict[str, Any]:
     """A worker with `settings` answers `echo` to a client connecting with `broker`."""
     async with (
         running_worker(settings) as worker,
-        Client(broker, reply_prefix=worker.topics.reply_prefixes[0]) as client,
+        Client(broker, prefix=worker.topics.prefix) as client,
     ):
-        reply = await client.call(
-            f"{worker.topics.call}/echo", {"arguments": {"text": "over tls"}}, timeout_s=10
-        )
+        reply = await client.call("echo", {"text": "over tls"}, timeout_s=10)
     assert reply.ok, reply
     assert reply.result is not None
     return reply.model_dump()
@@ -103,15 +101,10 @@ async def test_a_burst_over_tls_is_answered_in_full(tls_broker: Broker, pki: Pki
     settings = make_settings(tls_broker, tls_ca_file=pki.ca.cert, concurrency=slots)
     async with (
         running_worker(settings) as worker,
-        Client(settings.broker, reply_prefix=worker.topics.reply_prefixes[0]) as client,
+        Client(settings.broker, prefix=worker.topics.prefix) as client,
     ):
         replies = await asyncio.gather(
-            *(
-                client.call(
-                    f"{worker.topics.call}/echo", {"arguments": {"text": str(n)}}, timeout_s=30
-                )
-                for n in range(calls)
-            )
+            *(client.call("echo", {"text": str(n)}, timeout_s=30) for n in range(calls))
         )
     assert all(reply.ok for reply in replies)
 

@@ -24,7 +24,6 @@ from toolbus.contracts import ToolsFormat
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_REPLY, EXIT_BROKER = 0, 1, 2, 3, 4
 SCHEMAS_DIR = Path("schemas")
-REPLY_MARGIN_S = 5.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,7 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     call.add_argument("--json", dest="json_args", help="arguments as a JSON object")
     call.add_argument(
-        "--timeout", type=float, help="the call's deadline in seconds (default: the worker's)"
+        "--timeout",
+        type=float,
+        help="the call's deadline in seconds (default: default_timeout_s, as the worker has it)",
     )
     call.add_argument(
         "--attempts",
@@ -200,28 +201,27 @@ def parse_pairs(pairs: list[str], json_args: str | None) -> dict[str, Any]:
     return arguments
 
 
-def _request(args: argparse.Namespace, topic_suffix: str, body: dict[str, Any]) -> Any:
-    from toolbus.client import NoReply, Retry, request
+def _client(args: argparse.Namespace, settings: Any) -> Any:
+    """A `Client` as the settings and flags say; a bad `--attempts` is a usage error."""
+    from toolbus.client import Client, Retry
+
+    return Client(
+        settings.broker,
+        prefix=settings.topic_prefix,
+        reply_prefix=settings.allowed_reply_prefixes[0],
+        retry=Retry(getattr(args, "attempts", 3), getattr(args, "retry_interval", 5.0)),
+        connect_timeout_s=min(args.timeout or settings.default_timeout_s, 10.0),
+        timeout_s=args.timeout or settings.default_timeout_s,
+    )
+
+
+def _talk(settings: Any, talk: Any) -> Any:
+    """Run `talk` (a coroutine), its failures to reach anyone as exit codes."""
+    from toolbus.errors import NoReply
     from toolbus.transport import TransportError
 
-    settings = _settings(args)
     try:
-        retry = Retry(getattr(args, "attempts", 3), getattr(args, "retry_interval", 5.0))
-    except ValueError as exc:
-        print(f"toolbus: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        return asyncio.run(
-            request(
-                settings.broker,
-                f"{settings.topic_prefix}/{topic_suffix}",
-                body,
-                reply_prefix=settings.allowed_reply_prefixes[0],
-                # Wait a little past the call's own deadline so its `timeout` reply arrives.
-                timeout_s=(args.timeout or settings.default_timeout_s) + REPLY_MARGIN_S,
-                retry=retry,
-            )
-        )
+        return asyncio.run(talk)
     except NoReply as exc:
         print(f"toolbus: {exc} (is a worker running?)", file=sys.stderr)
         return EXIT_NO_REPLY
@@ -230,12 +230,35 @@ def _request(args: argparse.Namespace, topic_suffix: str, body: dict[str, Any]) 
         return EXIT_BROKER
 
 
+def _request(args: argparse.Namespace, topic_suffix: str, body: dict[str, Any]) -> Any:
+    """A raw request on `{prefix}/{topic_suffix}`: its reply, or an exit code."""
+    settings = _settings(args)
+    client = _client(args, settings)
+
+    async def talk() -> Any:
+        async with client:
+            return await client.request(f"{settings.topic_prefix}/{topic_suffix}", body)
+
+    return _talk(settings, talk())
+
+
 def _call(args: argparse.Namespace) -> int:
+    from toolbus.errors import ToolbusError
+
     arguments = parse_pairs(args.pairs, args.json_args)
-    body: dict[str, Any] = {"tool": args.tool, "arguments": arguments}
-    if args.timeout is not None:
-        body["timeout_s"] = args.timeout
-    reply = _request(args, "call", body)
+    settings = _settings(args)
+    client = _client(args, settings)
+
+    async def talk() -> Any:
+        async with client:
+            try:
+                return await client.call(args.tool, arguments)
+            except ToolbusError as error:
+                if error.reply is None:
+                    raise
+                return error.reply  # the worker's own answer, printed as it came
+
+    reply = _talk(settings, talk())
     if isinstance(reply, int):
         return reply
     print(reply.model_dump_json(by_alias=True, exclude_none=True, indent=2))

@@ -1,101 +1,110 @@
-"""Client: the requester's half of a call, as `toolbus call`, embedders and the tests make it.
+"""Client: `toolbus.Client`, what a program calls tools through, instead of raw MQTT.
 
-A call is published with its own `id`, a private reply topic and Correlation Data, and
-a Message Expiry Interval equal to how long the requester will wait. When no reply
-comes within the retry interval it is published again, the same `id` and the same
-correlation, up to `Retry.attempts` sends in all: a worker that crashed with the call
-is replaced by one that gets the repeat, and the worker's deduplication
-(`dedup_store`) makes sure the tool runs at most once for it. The first reply wins;
-later ones (a late original, a replay) are dropped.
+    async with toolbus.Client("mqtt://localhost:1883") as client:
+        reply = await client.call("echo", {"text": "hi"})       # or raises UnknownTool, ...
+        tools = await client.tools(format="anthropic")          # for the model's `tools=`
+        messages.extend(await client.run_tool_calls(message))   # a model's tool calls, run
 
-The connection is kept for the client's lifetime and re-made when the broker goes away,
-so calls made across a broker restart are sent again once it is back.
+One connection and one private reply topic for the client's lifetime, re-made across
+broker restarts, and every request re-sent unchanged (the same id) while no answer comes:
+that is `toolbus.requester`. This module knows what is asked and what comes back: which
+topic a call goes to for the caller it names, errors as the `toolbus.errors` classes of
+their codes, and a provider's message sent as the SDK made it, its answer a `CallsReply`
+whose `append` goes back into the conversation. docs/client.md shows it in agent loops.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import logging
-import math
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, Self
-
-from pydantic import ValidationError
+from typing import Any, Self, TypeVar
 
 from toolbus.broker import BrokerUrl
-from toolbus.contracts import Reply
-from toolbus.messages import Outbound
-from toolbus.tasks import cancel_and_wait
-from toolbus.transport import MqttConnection, TransportError
+from toolbus.callers import ANONYMOUS_CALLER
+from toolbus.contracts import CallsReply, ErrorBody, ErrorCode, Reply, ReplyFormat, ToolsFormat
+from toolbus.errors import NoReply, ToolbusError
+from toolbus.requester import Requester, Retry
+from toolbus.topics import CallerIdentity
 
-log = logging.getLogger("toolbus.client")
+__all__ = [
+    "Client",
+    "NoReply",
+    "Retry",
+]  # what `toolbus.client` offers (`Retry` lives in requester)
 
-RECONNECT_DELAYS_S = (0.05, 0.1, 0.2, 0.5, 1.0)  # then 1 s apart: a broker restarting
+DEFAULT_TIMEOUT_S = 30.0  # the workers' own `default_timeout_s`
+# Past a call's deadline, the wait for the worker's own `timeout` answer: the expiry that
+# carries the deadline is in whole seconds (rounded up), and the answer must travel back.
+REPLY_GRACE_S = 2.0
+DEFAULT_RETRY = Retry()  # frozen: one shared default is safe; 3 sends, 5 s apart
 
-
-class NoReply(Exception):
-    """No reply arrived within the deadline, after every attempt."""
-
-
-@dataclass(frozen=True, slots=True)
-class Retry:
-    """Send a call again, under the same id, when no reply came within `interval_s`;
-    `attempts` sends in all (1: never again)."""
-
-    attempts: int = 3
-    interval_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.attempts < 1 or self.interval_s <= 0:
-            raise ValueError("a retry needs at least one attempt and a positive interval")
-
-
-NO_RETRY = Retry(attempts=1, interval_s=math.inf)
+T = TypeVar("T")
 
 
 class Client:
-    """Calls over one MQTT v5 connection: `async with Client(broker, ...) as client`.
+    """Tool calls through toolbus workers: `async with Client(broker) as client`.
 
     Args:
-        broker: where to connect, with the credentials and TLS files
-            (`BrokerUrl.from_url("mqtts://host", ca_file=Path("ca.pem"))`).
-        reply_prefix: an allowed reply prefix of the workers; the reply topic is
-            `{reply_prefix}{client_id}`.
-        retry: when and how often a call is sent again.
-        client_id: MQTT client identifier (random by default).
-        connect_timeout_s: bound on the first connection (and each acknowledgement).
+        broker: the broker, as a URL (`mqtt://user:password@host:1883`, `mqtts://...`)
+            or a `BrokerUrl` (TLS files, a password kept apart from the URL).
+        prefix: the workers' `topic_prefix`.
+        reply_prefix: one of the workers' `allowed_reply_prefixes` (default
+            `{prefix}/reply/`, theirs by default). Replies come to
+            `{reply_prefix}{caller}/{client_id}`, or `{reply_prefix}{client_id}` without
+            a caller.
+        caller: who this client is to the workers (their caller profiles and quotas).
+        caller_identity: how the workers learn it; theirs, `claim` (the default: named in
+            each request) or `topic` (named by the topic, `{prefix}/call/{caller}/{tool}`,
+            which the broker's ACL ties to this client's login).
+        retry: when, and how often, an unanswered request is sent again (the same id).
+        client_id: the MQTT client identifier (random by default).
+        connect_timeout_s: bound on connecting (and each acknowledgement).
+        timeout_s: each request's deadline unless the call gives one. It travels as
+            the request's MQTT expiry: the worker stops the call then and answers
+            `timeout` (`CallTimeout`); with no answer at all, `NoReply`.
     """
 
     def __init__(
         self,
-        broker: BrokerUrl,
+        broker: BrokerUrl | str,
         *,
-        reply_prefix: str,
-        retry: Retry = Retry(),  # frozen: one shared default is safe
+        prefix: str = "toolbus",
+        reply_prefix: str | None = None,
+        caller: str | None = None,
+        caller_identity: CallerIdentity = "claim",
+        retry: Retry = DEFAULT_RETRY,
         client_id: str | None = None,
         connect_timeout_s: float = 10.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        self._broker = broker
-        self._retry = retry
-        self.client_id = client_id or f"toolbus-client-{uuid.uuid4().hex[:12]}"
-        self.reply_topic = f"{reply_prefix}{self.client_id}"
-        self._connect_timeout_s = connect_timeout_s
-        self._pending: dict[bytes, asyncio.Future[Reply]] = {}
-        self._connection: MqttConnection | None = None
-        self._connected = asyncio.Event()
-        self._reader: asyncio.Task[None] | None = None
-        self.sent = 0  # publishes, first sends and repeats
-        self.resent = 0  # repeats only
+        if caller_identity not in ("claim", "topic"):
+            raise ValueError("caller_identity is `claim` or `topic`, as the workers have it")
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        self.prefix = prefix
+        self.caller = caller
+        self._in_topic = caller_identity == "topic"
+        self._timeout_s = timeout_s
+        client_id = client_id or f"toolbus-client-{uuid.uuid4().hex[:12]}"
+        # In `topic` mode a reply must sit under the caller's own level (`anonymous`
+        # for a client that names none); elsewhere the level is only tidy.
+        level = caller or (ANONYMOUS_CALLER if self._in_topic else None)
+        replies = reply_prefix if reply_prefix is not None else f"{prefix}/reply/"
+        self._requester = Requester(
+            broker if isinstance(broker, BrokerUrl) else BrokerUrl.from_url(broker),
+            reply_topic=f"{replies}{level}/{client_id}" if level else f"{replies}{client_id}",
+            client_id=client_id,
+            retry=retry,
+            connect_timeout_s=connect_timeout_s,
+        )
 
     async def __aenter__(self) -> Self:
-        """Connected and subscribed; raises `TransportError` when the broker cannot be
-        reached now (later losses are re-connected)."""
-        first = await self._connect()
-        self._reader = asyncio.create_task(self._read(first), name=f"client-{self.client_id}")
+        """Connected and subscribed to the reply topic. Raises `TransportError` when the
+        broker cannot be reached now (`BrokerRefused` when it refuses us); a connection
+        lost later is made again, and the requests in flight are sent again on it."""
+        await self._requester.__aenter__()
         return self
 
     async def __aexit__(
@@ -104,144 +113,221 @@ class Client:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._reader is not None:
-            await cancel_and_wait(self._reader, self._connect_timeout_s)
-        for future in self._pending.values():
-            future.cancel()
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            with contextlib.suppress(TransportError):
-                await connection.__aexit__(None, None, None)
+        await self._requester.__aexit__(exc_type, exc, tb)
 
-    async def call(self, topic: str, body: dict[str, Any], *, timeout_s: float) -> Reply:
-        """Publish a request and wait, re-sending it, until its reply or `timeout_s`.
+    @property
+    def client_id(self) -> str:
+        return self._requester.client_id
 
-        The body gets an `id` when it has none: a repeat must be recognisable as one.
+    @property
+    def reply_topic(self) -> str:
+        return self._requester.reply_topic
+
+    @property
+    def sent(self) -> int:
+        """Requests published, first sends and repeats."""
+        return self._requester.sent
+
+    @property
+    def resent(self) -> int:
+        """Repeats of requests no answer had come for."""
+        return self._requester.resent
+
+    @property
+    def connects(self) -> int:
+        """Connections made: 1, and one more after each time the broker went away."""
+        return self._requester.connects
+
+    async def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+        id: str | None = None,
+    ) -> Reply:
+        """Run `tool` and return its reply (`reply.result.text`, `.structured`,
+        `.content`). Raises the `toolbus.errors` class of the worker's error code
+        (`UnknownTool`, `InvalidArguments`, `CallTimeout`, ...), or `NoReply`.
+
+        `id` (random by default) is what a repeat is known by: the same id sent again,
+        by this client's retries or by you later, is answered from the first run.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        body = {**body, "id": body.get("id") or uuid.uuid4().hex}
-        payload = json.dumps(body).encode()
-        correlation = uuid.uuid4().hex.encode()
-        reply: asyncio.Future[Reply] = loop.create_future()
-        self._pending[correlation] = reply
-        try:
-            for attempt in range(self._retry.attempts):
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                if attempt:
-                    self.resent += 1
-                    log.info("no reply to %s yet: sending it again (%d)", body["id"], attempt + 1)
-                await self._send(
-                    Outbound(
-                        topic=topic,
-                        payload=payload,
-                        response_topic=self.reply_topic,
-                        correlation_data=correlation,
-                        expiry_s=math.ceil(remaining),  # the worker's deadline is ours too
-                    ),
-                    deadline,
-                )
-                last = attempt == self._retry.attempts - 1
-                wait_s = deadline - loop.time()
-                if not last:
-                    wait_s = min(wait_s, self._retry.interval_s)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(0.0, wait_s)):
-                        return await asyncio.shield(reply)
-            raise NoReply(f"no reply to {body['id']} on {self.reply_topic} within {timeout_s:g} s")
-        finally:
-            self._pending.pop(correlation, None)
-
-    async def _send(self, out: Outbound, deadline: float) -> None:
-        """Publish once the connection is up; across a broker restart, once it is back."""
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await self._connected.wait()
-            except TimeoutError:
-                raise NoReply("the broker connection did not come back in time") from None
-            connection = self._connection
-            if connection is None:
-                continue
-            try:
-                await connection.publish(out, timeout_s=max(0.1, deadline - loop.time()))
-            except TransportError:
-                if not connection.connected:
-                    self._lost(connection)  # the reader re-connects; wait for it
-                elif loop.time() >= deadline:
-                    raise NoReply("the broker did not acknowledge the request in time") from None
-            else:
-                self.sent += 1
-                return
-
-    async def _connect(self) -> MqttConnection:
-        connection = MqttConnection(
-            self._broker, client_id=self.client_id, timeout_s=self._connect_timeout_s
+        ident = id or uuid.uuid4().hex
+        body: dict[str, Any] = {"id": ident, "arguments": dict(arguments or {})}
+        if self._in_topic and self.caller:
+            topic = f"{self.prefix}/call/{self.caller}/{tool}"
+        else:
+            topic, body["tool"] = f"{self.prefix}/call", tool
+        reply = await self._ask(
+            topic, self._claimed(body), timeout_s, ident, Reply.model_validate_json
         )
-        await connection.__aenter__()
-        try:
-            await connection.subscribe([self.reply_topic])
-        except BaseException:
-            with contextlib.suppress(TransportError):
-                await connection.__aexit__(None, None, None)
-            raise
-        self._connection = connection
-        self._connected.set()
-        return connection
+        return _raise_failed(reply)
 
-    def _lost(self, connection: MqttConnection) -> None:
-        if self._connection is connection:
-            self._connection = None
-            self._connected.clear()
+    async def tools(
+        self, format: ToolsFormat | str = ToolsFormat.TOOLBUS, *, timeout_s: float | None = None
+    ) -> list[dict[str, Any]]:
+        """The definitions of the tools this client may call, in `format`: `toolbus`,
+        `mcp`, or the shape a provider's `tools=` takes (`anthropic`, `openai`,
+        `openai-responses`, `ollama`)."""
+        body = self._claimed({"format": ToolsFormat(format).value})
+        topic = f"{self.prefix}/tools"
+        if self._in_topic and self.caller:
+            topic = f"{topic}/{self.caller}"
+        reply = _raise_failed(
+            await self._ask(topic, body, timeout_s, None, Reply.model_validate_json)
+        )
+        structured = reply.result.structured if reply.result is not None else None
+        listed = structured.get("tools") if structured is not None else None
+        if not isinstance(listed, list):
+            raise ToolbusError.from_body(
+                ErrorBody(code=ErrorCode.INTERNAL, message="the tool list came without tools"),
+                reply=reply,
+            )
+        return [item for item in listed if isinstance(item, dict)]
 
-    async def _read(self, connection: MqttConnection) -> None:
-        """Hand replies to their callers; re-connect when the broker goes away."""
-        while True:
-            try:
-                async for message in connection.messages():
-                    self._deliver(message.correlation_data, message.payload)
-            except TransportError as exc:
-                log.warning("broker connection lost (%s): connecting again", exc)
-            self._lost(connection)
-            with contextlib.suppress(TransportError):
-                await connection.__aexit__(None, None, None)
-            connection = await self._reconnect()
+    async def run_tool_calls(
+        self,
+        message: Any,
+        *,
+        reply_format: ReplyFormat | str | None = None,
+        timeout_s: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """Run the tool calls of a model's message and return what to append to the
+        conversation, in the message's own provider format (or `reply_format`).
 
-    async def _reconnect(self) -> MqttConnection:
-        """Until the broker is back (bounded by the caller: closing the client ends it)."""
-        attempt = 0
-        while True:
-            try:
-                return await self._connect()
-            except TransportError:
-                delay_s = RECONNECT_DELAYS_S[min(attempt, len(RECONNECT_DELAYS_S) - 1)]
-                attempt += 1
-                await asyncio.sleep(delay_s)  # a broker restarting: back off, then retry
+        `message` is what the SDK gave you, as it is: an Anthropic `Message`, its
+        `content` or one `tool_use` block; an OpenAI `ChatCompletion`, its message or
+        one tool call; a Responses `Response`, its `output` or one `function_call`; an
+        Ollama response. SDK objects (pydantic models) or plain dicts and lists. The
+        calls run concurrently; one call's failure is an error result the model sees,
+        never an exception. Raises when the message as a whole is refused.
+        """
+        answer = await self.run_tool_calls_reply(
+            message, reply_format=reply_format, timeout_s=timeout_s
+        )
+        return [dict(item) for item in answer.append]
 
-    def _deliver(self, correlation: bytes | None, payload: bytes) -> None:
-        future = self._pending.get(correlation or b"")
-        if future is None or future.done():
-            return  # an answer to a call already answered (a late original, a replay)
-        try:
-            future.set_result(Reply.model_validate_json(payload))
-        except ValidationError:
-            log.warning("a reply on %s is not a Reply; ignored", self.reply_topic)
+    async def run_tool_calls_reply(
+        self,
+        message: Any,
+        *,
+        reply_format: ReplyFormat | str | None = None,
+        timeout_s: float | None = None,
+    ) -> CallsReply:
+        """As `run_tool_calls`, the whole answer: `append`, and each call's own `Reply`
+        in `results` (ok, error code, duration, what normalization changed)."""
+        body = provider_body(message)
+        ident = body.get("id") if isinstance(body.get("id"), str) else None
+        options: dict[str, Any] = dict(body.get("toolbus") or {})
+        if reply_format is not None:
+            options["reply_format"] = ReplyFormat(reply_format).value
+        if self.caller and not self._in_topic:
+            options["caller"] = self.caller
+        if options:
+            body["toolbus"] = options
+        topic = f"{self.prefix}/call"
+        if self._in_topic and self.caller:
+            topic = f"{topic}/{self.caller}"
+        answer = await self._ask(topic, body, timeout_s, ident, read_answer)
+        if isinstance(answer, CallsReply):
+            return answer
+        # A plain `Reply`: one call answered in our own format, or, as an error where
+        # a provider's format was due, the message refused whole (nothing to append).
+        if not answer.ok and options.get("reply_format") != ReplyFormat.TOOLBUS.value:
+            _raise_failed(answer)
+        return CallsReply(
+            id=answer.id,
+            id_generated=answer.id_generated,
+            format=ReplyFormat.TOOLBUS,
+            ok=answer.ok,
+            results=[answer],
+            duration_ms=answer.duration_ms,
+            trace_id=answer.trace_id,
+            traceparent=answer.traceparent,
+        )
+
+    async def request(
+        self, topic: str, body: Mapping[str, Any], *, timeout_s: float | None = None
+    ) -> Reply | CallsReply:
+        """Any body on any topic, answered as it comes, an error reply included (no
+        exception): for shapes and topics the methods above do not make. The body is
+        sent as given; give it an `id` for its repeats to be known as such."""
+        ident = body.get("id") if isinstance(body.get("id"), str) else None
+        return await self._ask(topic, dict(body), timeout_s, ident, read_answer)
+
+    def _claimed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The body naming the caller, where the workers read it from the body."""
+        if self.caller and not self._in_topic:
+            body["caller"] = self.caller
+        return body
+
+    async def _ask(
+        self,
+        topic: str,
+        body: dict[str, Any],
+        timeout_s: float | None,
+        ident: str | None,
+        parse: Callable[[bytes], T],
+    ) -> T:
+        deadline_s = timeout_s if timeout_s is not None else self._timeout_s
+        if deadline_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        return await self._requester.request(
+            topic,
+            json.dumps(body, separators=(",", ":")).encode(),
+            parse,
+            timeout_s=deadline_s,
+            grace_s=REPLY_GRACE_S,
+            correlation=uuid.uuid4().bytes,
+            ident=ident,
+        )
 
 
-async def request(
-    broker: BrokerUrl,
-    topic: str,
-    body: dict[str, Any],
-    *,
-    reply_prefix: str,
-    timeout_s: float,
-    retry: Retry = Retry(),
-) -> Reply:
-    """One call on a connection of its own (what `toolbus call` makes)."""
-    async with Client(
-        broker, reply_prefix=reply_prefix, retry=retry, connect_timeout_s=min(timeout_s, 10.0)
-    ) as client:
-        return await client.call(topic, body, timeout_s=timeout_s)
+def read_answer(payload: bytes) -> Reply | CallsReply:
+    """A worker's answer: a `CallsReply` (it has `results`) or a plain `Reply`."""
+    data = json.loads(payload)
+    if isinstance(data, dict) and "results" in data:
+        return CallsReply.model_validate(data)
+    return Reply.model_validate(data)
+
+
+def provider_body(message: Any) -> dict[str, Any]:
+    """A provider's message as the JSON object to publish: SDK objects as their
+    `model_dump(mode="json")`, wherever they sit (a dict holding a `content` list of
+    blocks, say); a bare list as the message that holds it."""
+    plain = _plain(message)
+    if isinstance(plain, dict):
+        return plain
+    if isinstance(plain, list):
+        return _holder(plain)
+    raise TypeError(f"a provider message is an object or a list, not {type(message).__name__}")
+
+
+def _plain(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _holder(items: list[Any]) -> dict[str, Any]:
+    """The object a provider keeps such a list in: an Anthropic message's `content`, a
+    Responses `output`, a Chat Completions message's `tool_calls`."""
+    kinds = {item.get("type") for item in items if isinstance(item, dict)}
+    if kinds & {"function_call", "function_call_output", "reasoning", "message"}:
+        return {"output": items}
+    if "function" in kinds or any(isinstance(item, dict) and "function" in item for item in items):
+        return {"role": "assistant", "tool_calls": items}
+    return {"role": "assistant", "content": items}
+
+
+def _raise_failed(reply: Reply) -> Reply:
+    if reply.ok:
+        return reply
+    error = reply.error or ErrorBody(code=ErrorCode.INTERNAL, message="failed, without an error")
+    raise ToolbusError.from_body(error, reply=reply)

@@ -16,6 +16,16 @@ Each leaf carries the wire code it maps to, one to one, and renders its own
 wire body. A local tool may raise any of them to choose the code its caller sees.
 Details become JSON values when the error is raised (a `datetime` its ISO text, a
 set a list, anything else its `str()`), so building the reply cannot fail on them.
+The client raises the same classes for a worker's error replies (`from_body`), so a
+caller writes `except UnknownTool` and reads `.code`, `.details` and `.reply`.
+
+    TimeoutError                 (Python's own)
+    └── NoReply                  the client heard nothing: no worker answered in time
+
+`NoReply` is not a `ToolbusError`: no worker said anything, so there is no wire code
+and no body to render. It is the requester's own deadline passing, which is what
+`TimeoutError` means in asyncio; `except TimeoutError` catches it beside
+`asyncio.timeout`. A worker that answered "too slow" raises `CallTimeout` instead.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from typing import Any, ClassVar
 
 from pydantic_core import to_jsonable_python
 
-from toolbus.contracts import ErrorBody, ErrorCode
+from toolbus.contracts import ErrorBody, ErrorCode, Reply
 
 
 class ToolbusError(Exception):
@@ -35,9 +45,24 @@ class ToolbusError(Exception):
         super().__init__(message)
         self.message = message
         self.details: dict[str, Any] = json_details(details)
+        self.reply: Reply | None = None  # the worker's whole reply, when a client got one
 
     def body(self) -> ErrorBody:
         return ErrorBody(code=self.code, message=self.message, details=self.details)
+
+    @property
+    def id(self) -> str | None:
+        """The id of the request this answers, when it came in a reply."""
+        return self.reply.id if self.reply is not None else None
+
+    @staticmethod
+    def from_body(body: ErrorBody, *, reply: Reply | None = None) -> ToolbusError:
+        """The error a worker answered, as the class of its code (`UnknownTool` for
+        `unknown_tool`), with its message and details as sent, and its reply."""
+        error = ERROR_CLASSES[body.code](body.message)
+        error.details = dict(body.details)  # JSON already; a `message` key is no keyword
+        error.reply = reply
+        return error
 
 
 class BadRequest(ToolbusError):
@@ -78,6 +103,18 @@ class InDoubt(ToolbusError):
 
 class RateLimited(ToolbusError):
     code = ErrorCode.RATE_LIMITED
+
+
+class NoReply(TimeoutError):
+    """No reply arrived within the deadline, after every send (see the tree above).
+
+    `id` is the request's: sending it again with the same id later gets the worker's
+    stored reply rather than a second run, while the workers remember it (`dedup_ttl_s`).
+    """
+
+    def __init__(self, message: str, *, id: str | None = None) -> None:
+        super().__init__(message)
+        self.id = id
 
 
 def json_details(details: dict[str, Any]) -> dict[str, Any]:
