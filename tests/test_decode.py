@@ -80,7 +80,7 @@ def test_anthropic_tool_use() -> None:
     )
     [call] = calls.calls
     assert (call.id, call.tool, call.arguments) == ("toolu_1", "echo", {"text": "hi"})
-    assert calls.format is ReplyFormat.ANTHROPIC and calls.id_generated
+    assert calls.format is ReplyFormat.ANTHROPIC and calls.id == "toolu_1"  # a lone call's id
 
 
 def test_openai_tool_call_with_string_arguments() -> None:
@@ -191,3 +191,39 @@ def test_refusals_echo_bounded_details() -> None:
     rejected = refused(inbound(deep, response_topic="tb/reply/r"))
     assert rejected.error.code is ErrorCode.BAD_REQUEST
     assert all(len(e["path"]) <= 200 for e in rejected.error.details["errors"])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"tool": "echo", "arguments": {"text": "x"}, "function": {"name": "other"}},
+        {"tool": "echo", "arguments": {}, "type": "function_call", "name": "other"},
+        {"tool": "echo", "arguments": {}, "output": [], "choices": []},
+    ],
+)
+def test_an_envelope_naming_its_tool_is_never_read_as_a_provider_shape(body: Any) -> None:
+    assert ok(inbound(body)).tool == "echo"
+
+
+def test_a_refused_shape_still_answers_a_311_caller() -> None:
+    body = {"role": "assistant", "content": "done", "toolbus": {"reply_to": "tb/reply/a"}}
+    rejected = refused(inbound(body))
+    assert rejected.error.details["reason"] == "no_tool_calls"
+    assert rejected.reply is not None and rejected.reply.topic == "tb/reply/a"
+
+
+def test_calls_without_ids_take_the_callers_request_id() -> None:
+    body = {
+        "message": {"role": "assistant", "tool_calls": [{"function": {"name": "echo"}}] * 2},
+        "toolbus": {"id": "req-7"},
+    }
+    calls = many(inbound(body))
+    assert [c.id for c in calls.calls] == ["req-7:0", "req-7:1"]
+    assert not any(c.id_generated for c in calls.calls)
+    assert (calls.id, calls.format) == ("req-7", ReplyFormat.OLLAMA)
+
+
+def test_an_ollama_response_stays_ollama_when_its_calls_carry_ids() -> None:
+    call = {"id": "c1", "function": {"name": "echo", "arguments": {}}}
+    body = {"model": "m", "done": True, "message": {"role": "assistant", "tool_calls": [call]}}
+    assert many(inbound(body)).format is ReplyFormat.OLLAMA

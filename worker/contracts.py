@@ -81,6 +81,13 @@ class Options(_Wire):
     level, as it always has.
     """
 
+    id: str | None = Field(
+        default=None,
+        max_length=200,
+        description="The caller's id for this request: the reply's id when the message has "
+        "none of its own, and (as `{id}:{n}`) the id of each call that has none (Ollama's), "
+        "so a repeat of the request is answered once.",
+    )
     reply_to: str | None = Field(
         default=None,
         max_length=1024,

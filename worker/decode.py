@@ -29,7 +29,7 @@ from toolbus.addresses import ReplyAddress, body_address, deadline_at, response_
 from toolbus.contracts import Options, ReplyFormat, Request, ToolsFormat
 from toolbus.errors import BadRequest, Forbidden, ToolbusError
 from toolbus.formats import envelope
-from toolbus.formats.incoming import Shape, Wanted, read, strict_json
+from toolbus.formats.incoming import ENVELOPE, Shape, Wanted, read, strict_json
 from toolbus.messages import Inbound
 from toolbus.topics import Route, Topics
 from toolbus.untrusted import may_hold_surrogates, shown, surrogate_path, text_problem
@@ -108,7 +108,12 @@ def decode(
                 size_bytes=len(message.payload),
             )
         body = _parse(message.payload)
-        shape = read(body)
+        try:
+            shape = read(body)
+        except BadRequest:
+            # A 3.1.1 caller still hears why: its `reply_to`, wherever the body put it.
+            reply = reply or body_address(message, topics, route, body, ENVELOPE)
+            raise
         if reply is None:
             reply = body_address(message, topics, route, body, shape)
         if isinstance(route, str):
@@ -158,7 +163,7 @@ def _provided(
     reply: ReplyAddress | None,
     *,
     max_calls: int,
-) -> Calls:
+) -> Call | Calls:
     """A provider's message: each of its calls, with the options of its `toolbus` object."""
     assert shape.calls is not None
     if route.list_tools:
@@ -177,15 +182,27 @@ def _provided(
     ids = [wanted.id for wanted in shape.calls if wanted.id is not None]
     if len(set(ids)) < len(ids):
         raise BadRequest("two tool calls share one id", reason="duplicate_call_id")
-    # The message's id is only our reply's: a new one will do for one we cannot echo.
+    if options.id is not None and (problem := _id_problem(options.id)) is not None:
+        raise BadRequest("the request id cannot be echoed", reason=problem)
+    # The reply's id: the message's own, the caller's `toolbus.id`, or a lone call's.
     usable = shape.id is not None and shape.id != "" and _id_problem(shape.id) is None
-    ident, generated = (shape.id, False) if usable and shape.id else (_new_id(), True)
+    given = (shape.id if usable else None) or options.id or (ids[0] if len(ids) == 1 else None)
+    ident, generated = (given, False) if given else (_new_id(), True)
     first = _template(message, topics, route, options, reply)
-    calls = tuple(_one(first, route, wanted) for wanted in shape.calls)
+    # Calls without ids of their own (Ollama's) take the caller's request id and their
+    # place: a repeat of the request is then the same calls, answered once.
+    base = options.id
+    calls = tuple(
+        _one(first, route, wanted, f"{base}:{n}" if base and wanted.id is None else None)
+        for n, wanted in enumerate(shape.calls)
+    )
+    fmt = options.reply_format or shape.format
+    if fmt is ReplyFormat.TOOLBUS and len(calls) == 1:
+        return replace(calls[0], reply=first.reply)  # one call in our format: a plain Reply
     return Calls(
         id=ident,
         id_generated=generated,
-        format=options.reply_format or shape.format,
+        format=fmt,
         calls=calls,
         topic=message.topic,
         reply=first.reply,
@@ -194,17 +211,18 @@ def _provided(
     )
 
 
-def _one(template: Call, route: Route, wanted: Wanted) -> Call:
+def _one(template: Call, route: Route, wanted: Wanted, derived: str | None) -> Call:
     """One call of a provider's message; a name we cannot echo is that call's problem."""
     if wanted.id is not None and (problem := _id_problem(wanted.id)) is not None:
         raise BadRequest("a tool call's id cannot be echoed", reason=problem)
     tool, trouble = _tool_of(route, wanted), wanted.problem
     if text_problem(tool) is not None:
         tool, trouble = "", BadRequest("the tool name cannot be echoed", reason="bad_character")
+    ident = wanted.id or derived
     return replace(
         template,
-        id=wanted.id or _new_id(),
-        id_generated=wanted.id is None,
+        id=ident or _new_id(),
+        id_generated=ident is None,
         tool=tool,
         arguments=wanted.arguments,
         reply=None,
@@ -253,7 +271,7 @@ def _call(
     message: Inbound, topics: Topics, route: Route, request: Request, reply: ReplyAddress | None
 ) -> Call:
     """The envelope's one call."""
-    if request.id is not None and (problem := _id_problem(request.id)) is not None:
+    if request.id and (problem := _id_problem(request.id)) is not None:
         raise BadRequest("the request id cannot be echoed", reason=problem)
     if route.list_tools:
         tool = ""
@@ -331,6 +349,8 @@ def _caller(topics: Topics, route: Route, request: Options) -> str | None:
 
 
 def _id_problem(ident: str) -> str | None:
+    if not ident:
+        return "empty"
     if len(ident) > MAX_ID_CHARS:
         return "too_long"
     return text_problem(ident)

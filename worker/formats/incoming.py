@@ -61,6 +61,8 @@ def read(body: object) -> Shape:  # noqa: PLR0911 -- one return per shape: a fla
         return _listed(body, None, None)
     if not isinstance(body, dict):
         raise BadRequest(f"payload must be a JSON object or list, got {type(body).__name__}")
+    if "tool" in body:  # our envelope's own key: no provider's shape has it
+        return ENVELOPE
     options = body.get("toolbus")
     kind = body.get("type")
     if kind == _ANTHROPIC_CALL:
@@ -71,7 +73,8 @@ def read(body: object) -> Shape:  # noqa: PLR0911 -- one return per shape: a fla
     if "choices" in body:  # a ChatCompletion: its first choice's message
         return _chat_completion(body, options)
     if isinstance(body.get("message"), dict) and "tool_calls" in body["message"]:
-        return _chat_message(body["message"], ident, options)  # an Ollama chat response
+        # An Ollama chat response: Ollama's, whether or not newer servers give call ids.
+        return _chat_message(body["message"], ident, options, ReplyFormat.OLLAMA)
     if "tool_calls" in body:
         return _chat_message(body, ident, options)
     if isinstance(body.get("function"), dict):
@@ -80,6 +83,8 @@ def read(body: object) -> Shape:  # noqa: PLR0911 -- one return per shape: a fla
         return _listed(body["output"], ident, options, expect=ReplyFormat.OPENAI_RESPONSES)
     if isinstance(body.get("content"), list) and (kind == "message" or "role" in body):
         return _listed(body["content"], ident, options, expect=ReplyFormat.ANTHROPIC)
+    if "role" in body or kind == "message":  # a provider's message that asks for no tool
+        raise BadRequest("the message holds no tool calls", reason="no_tool_calls")
     return ENVELOPE
 
 
@@ -117,18 +122,23 @@ def _chat_completion(body: dict[str, Any], options: object) -> Shape:
     return _chat_message(message, body.get("id"), options)
 
 
-def _chat_message(message: dict[str, Any], ident: object, options: object) -> Shape:
+def _chat_message(
+    message: dict[str, Any], ident: object, options: object, fmt: ReplyFormat | None = None
+) -> Shape:
     calls = message.get("tool_calls")
     if not isinstance(calls, list):
         raise BadRequest("`tool_calls` must be a list", reason="no_tool_calls")
     if not all(isinstance(call, dict) for call in calls):
         raise BadRequest("each of `tool_calls` must be an object", reason="not_an_object")
-    return _chat_calls(calls, ident, options)
+    return _chat_calls(calls, ident, options, fmt)
 
 
-def _chat_calls(calls: list[dict[str, Any]], ident: object, options: object) -> Shape:
+def _chat_calls(
+    calls: list[dict[str, Any]], ident: object, options: object, fmt: ReplyFormat | None = None
+) -> Shape:
     """Chat Completions calls carry ids; Ollama's do not (and give arguments as objects)."""
-    fmt = ReplyFormat.OPENAI if calls and all("id" in c for c in calls) else ReplyFormat.OLLAMA
+    if fmt is None:
+        fmt = ReplyFormat.OPENAI if calls and all("id" in c for c in calls) else ReplyFormat.OLLAMA
     return _shape(fmt, tuple(_chat_call(call) for call in calls), ident, options)
 
 
