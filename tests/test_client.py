@@ -115,6 +115,20 @@ async def test_no_reply_after_every_attempt(
     assert worker.unclaimed() == []  # two attempts: two sends, no third
 
 
+async def test_a_closed_client_answers_no_reply_at_once(
+    broker: Broker, fake_worker: tuple[Caller, str]
+) -> None:
+    worker, prefix = fake_worker
+    client = client_of(broker, prefix, attempts=1)
+    async with client:
+        waiting = asyncio.create_task(client.call("echo", timeout_s=30), name="waiting-call")
+        await worker.next_message()  # sent, and now unanswered
+    with pytest.raises(NoReply):  # closed under it: told, not cancelled
+        await asyncio.wait_for(waiting, 5)
+    with pytest.raises(NoReply):  # and a call after the close neither hangs nor spins
+        await asyncio.wait_for(client.call("echo", timeout_s=30), 5)
+
+
 @pytest.mark.parametrize(("attempts", "interval_s"), [(0, 1.0), (3, 0.0), (2, -1.0)])
 def test_a_retry_needs_an_attempt_and_an_interval(attempts: int, interval_s: float) -> None:
     with pytest.raises(ValueError, match="attempt"):

@@ -218,14 +218,16 @@ class Client:
         """As `run_tool_calls`, the whole answer: `append`, and each call's own `Reply`
         in `results` (ok, error code, duration, what normalization changed)."""
         body = provider_body(message)
-        ident = body.get("id") if isinstance(body.get("id"), str) else None
         options: dict[str, Any] = dict(body.get("toolbus") or {})
+        # Our id for the request: calls without ids of their own (Ollama's) take it, so
+        # a repeat sent while the first is still running is answered once, not run twice.
+        own = body.get("id") if isinstance(body.get("id"), str) else None
+        ident = options.setdefault("id", own or uuid.uuid4().hex)
         if reply_format is not None:
             options["reply_format"] = ReplyFormat(reply_format).value
         if self.caller and not self._in_topic:
             options["caller"] = self.caller
-        if options:
-            body["toolbus"] = options
+        body["toolbus"] = options
         topic = f"{self.prefix}/call"
         if self._in_topic and self.caller:
             topic = f"{topic}/{self.caller}"

@@ -88,6 +88,7 @@ class Requester:
         self._pending: dict[bytes, _Pending] = {}
         self._connection: MqttConnection | None = None
         self._connected = asyncio.Event()
+        self._closed = False  # after `__aexit__`: no request may wait for a connection
         self._reader: asyncio.Task[None] | None = None
         self.connects = 0  # connections made: 1 unless the broker went away
         self.sent = 0  # publishes, first sends and repeats
@@ -106,10 +107,13 @@ class Requester:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._closed = True
+        self._connected.clear()  # a request still sending waits (bounded), then gives up
         if self._reader is not None:
             await cancel_and_wait(self._reader, self._connect_timeout_s)
         for pending in self._pending.values():
-            pending.answer.cancel()
+            if not pending.answer.done():
+                pending.answer.set_exception(NoReply("the client closed before an answer came"))
         connection, self._connection = self._connection, None
         if connection is not None:
             with contextlib.suppress(TransportError):
@@ -133,6 +137,8 @@ class Requester:
         the deadline (a `timeout`) to arrive. `parse` reads an answer; one it refuses
         (`ValueError`) is logged and waited past. `ident` is the request's id, if it has one.
         """
+        if self._closed:
+            raise NoReply("the client is closed", id=ident)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         what = ident or "the request"
@@ -182,6 +188,8 @@ class Requester:
             except TimeoutError:
                 raise NoReply("the broker connection did not come back in time", id=ident) from None
             connection = self._connection
+            if self._closed:
+                raise NoReply("the client closed before the request was sent", id=ident)
             if connection is None:
                 continue
             try:
@@ -248,5 +256,5 @@ class Requester:
             return  # an answer to a request already answered (a late original, a replay)
         try:
             pending.answer.set_result(pending.parse(payload))
-        except ValueError:  # pydantic's ValidationError too
+        except (ValueError, RecursionError):  # pydantic's ValidationError too; deep JSON
             log.warning("an answer on %s is not one we can read; ignored", self.reply_topic)
