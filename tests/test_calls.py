@@ -19,7 +19,7 @@ from tests.providers import (
     response,
     tool_use,
 )
-from tests.test_pipeline import REPLY, Rig, rig_for
+from tests.test_pipeline import REPLY, Rig, rig_for, unencodable
 from tests.tools import Probe, probe_tools
 from toolbus.contracts import ReplyFormat
 from toolbus.dedup import MemoryStore
@@ -40,6 +40,9 @@ def calls_rig(slots: int = 8, **overrides: Any) -> Rig:
 async def run(rig: Rig, body: dict[str, Any] | list[Any]) -> dict[str, Any]:
     await rig.request(None, json.dumps(body).encode())
     return rig.reply()
+
+
+TOOLBUS_FORMAT = {"reply_format": "toolbus"}  # results with the calls' results in them
 
 
 def codes(reply: dict[str, Any]) -> list[str | None]:
@@ -67,7 +70,7 @@ async def test_an_anthropic_message_runs_each_tool_use_and_answers_once() -> Non
 async def test_the_calls_of_a_message_run_at_once(count: int) -> None:
     rig = calls_rig(slots=8)
     blocks = [tool_use(f"toolu_{n}", "gate", {}) for n in range(count)]
-    handled = asyncio.create_task(rig.request(None, json.dumps(blocks).encode()))
+    handled = asyncio.create_task(rig.request(None, json.dumps(blocks).encode()), name="msg")
     await rig.probe.wait_active(count, timeout_s=5)  # all of them running together
     rig.probe.release.set()
     await asyncio.wait_for(handled, 5)
@@ -79,7 +82,7 @@ async def test_the_calls_of_a_message_run_at_once(count: int) -> None:
 async def test_with_no_free_slot_the_calls_run_one_after_another_in_order() -> None:
     rig = calls_rig(slots=0)
     blocks = [tool_use(f"toolu_{n}", "busy", {"n": n, "hold_ms": 2}) for n in range(4)]
-    reply = await run(rig, blocks)
+    reply = await run(rig, {"content": blocks, "role": "assistant", "toolbus": TOOLBUS_FORMAT})
     assert rig.probe.max_active == 1
     assert [r["result"]["structured"]["n"] for r in reply["results"]] == [0, 1, 2, 3]
 
@@ -156,15 +159,62 @@ async def test_provider_fields_never_reach_our_options() -> None:
     assert codes(await run(rig, body)) == [None]
 
 
-async def test_calls_without_a_reply_address_dead_letter_each_failure() -> None:
+async def test_calls_without_a_reply_address_make_one_dead_letter() -> None:
     rig = calls_rig()
     blocks = [
         tool_use("toolu_ok", "echo", {"text": "x"}),
-        tool_use("toolu_bad", "no_such_tool_anywhere", {}),
+        *(tool_use(f"toolu_bad{n}", "no_such_tool_anywhere", {}) for n in range(3)),
     ]
     await rig.request(None, json.dumps(blocks).encode(), response_topic=None)
-    assert [(d["id"], d["error"]["code"]) for d in rig.dead()] == [("toolu_bad", "unknown_tool")]
+    [letter] = rig.dead()  # one per message, whatever its size: no amplification
+    assert letter["error"]["code"] == "unknown_tool"
+    assert [c["id"] for c in letter["error"]["details"]["calls"]] == [
+        "toolu_bad0",
+        "toolu_bad1",
+        "toolu_bad2",
+    ]
     assert rig.sent.on(REPLY) == []
+
+
+async def test_results_beside_append_carry_how_each_call_went_not_its_result_again() -> None:
+    rig = calls_rig()
+    reply = await run(rig, [tool_use("toolu_a", "echo", {"text": "x"}), tool_use("t_b", "x", {})])
+    assert [set(r) & {"result", "ok", "duration_ms"} for r in reply["results"]] == [
+        {"ok", "duration_ms"}
+    ] * 2
+    assert reply["results"][1]["error"]["code"] == "unknown_tool"
+
+
+async def test_a_quota_judges_a_messages_calls_as_it_would_one_after_another() -> None:
+    """An idle worker never refuses what a busy one would run: lanes stay within the
+    caller's in-flight room."""
+    rig = calls_rig(slots=8, callers={"*": {"max_in_flight": 2}})
+    blocks = [tool_use(f"toolu_{n}", "busy", {"n": n, "hold_ms": 5}) for n in range(5)]
+    reply = await run(rig, blocks)
+    assert codes(reply) == [None] * 5
+    assert rig.probe.max_active == 2
+
+
+async def test_a_borrowed_slot_goes_back_when_its_lane_runs_dry() -> None:
+    slots = Slots(3)
+    probe = Probe()
+    rig = rig_for(probe_tools(probe), probe, slots=slots)
+    blocks = [tool_use("toolu_slow", "gate", {})] + [
+        tool_use(f"toolu_{n}", "busy", {"n": n, "hold_ms": 1}) for n in range(3)
+    ]
+    handled = asyncio.create_task(rig.request(None, json.dumps(blocks).encode()), name="msg")
+    await probe.wait_active(1, timeout_s=5)
+    # The first lane (the message's own) holds the slow call; the borrowed ones end on
+    # the empty queue once the fast calls are done.
+    lanes = {t.get_name(): t for t in asyncio.all_tasks() if t.get_name().startswith("msg:")}
+    assert sorted(lanes) == ["msg:lane0", "msg:lane1", "msg:lane2", "msg:lane3"]
+    borrowed = [lanes["msg:lane1"], lanes["msg:lane2"], lanes["msg:lane3"]]
+    await asyncio.wait(borrowed, timeout=5)
+    assert probe.active == 1  # the slow call still runs
+    assert await slots.borrow(3) == 3  # and every borrowed slot is free again
+    slots.release(3)
+    probe.release.set()
+    await asyncio.wait_for(handled, 5)
 
 
 @pytest.mark.parametrize(
@@ -189,7 +239,8 @@ async def test_a_repeated_message_replays_each_call() -> None:
     rig = rig_for(
         probe_tools(probe), probe, store=MemoryStore("w1"), slots=Slots(4), publisher=None
     )
-    body = [tool_use("toolu_1", "busy", {"n": 1, "hold_ms": 1}), tool_use("toolu_2", "echo", {})]
+    blocks = [tool_use("toolu_1", "busy", {"n": 1, "hold_ms": 1}), tool_use("toolu_2", "echo", {})]
+    body = {"content": blocks, "role": "assistant", "toolbus": TOOLBUS_FORMAT}
     first = await run(rig, body)
     again = await run(rig, body)
     assert probe.calls == 1  # busy ran once
@@ -200,7 +251,7 @@ async def test_a_repeated_message_replays_each_call() -> None:
 async def test_a_shutdown_answers_every_call_of_a_message_unavailable() -> None:
     rig = calls_rig(slots=1)
     blocks = [tool_use(f"toolu_{n}", "gate", {}) for n in range(4)]
-    handled = asyncio.create_task(rig.request(None, json.dumps(blocks).encode()))
+    handled = asyncio.create_task(rig.request(None, json.dumps(blocks).encode()), name="msg")
     await rig.probe.wait_active(2, timeout_s=5)  # two lanes: two calls running, two waiting
     rig.pipeline.stopping()
     handled.cancel()
@@ -208,3 +259,13 @@ async def test_a_shutdown_answers_every_call_of_a_message_unavailable() -> None:
     reply = rig.reply()
     assert codes(reply) == ["unavailable"] * 4
     assert rig.probe.calls == 2  # the waiting calls never started
+
+
+async def test_a_call_whose_reply_cannot_be_encoded_fails_alone() -> None:
+    probe = Probe()
+    rig = rig_for([*probe_tools(probe), unencodable], probe)
+    body = [tool_use("toolu_bad", "unencodable", {}), tool_use("toolu_ok", "echo", {"text": "x"})]
+    reply = await run(rig, body)
+    assert codes(reply) == ["internal", None]
+    assert rig.counted("toolbus.internal_errors", stage="encode") == 1
+    check(ReplyFormat.ANTHROPIC, reply["append"][0])

@@ -66,7 +66,8 @@ async def test_an_anthropic_message_reaches_an_mcp_tool_through_normalization(
     assert (reply["id"], reply["format"], reply["ok"]) == ("msg_01", "anthropic", True)
     mcp, local = reply["results"]
     assert mcp["tool"] == "control_zwave_device"
-    assert mcp["result"]["structured"]["received"] == {"deviceName": "Switch One", "action": "on"}
+    received = json.loads(reply["append"][0]["content"][0]["content"][0]["text"])["received"]
+    assert received == {"deviceName": "Switch One", "action": "on"}
     assert {n["rule"] for n in mcp["normalized"]} >= {"tool_spelling"}
     assert local["tool"] == "echo"
     [message] = reply["append"]
@@ -82,7 +83,7 @@ async def test_parallel_chat_completion_calls(caller: Caller, worker: Worker, co
     calls = [(f"call_{n}", "busy", json.dumps({"n": n, "hold_ms": 20})) for n in range(count)]
     reply = await publish(caller, worker, chat_completion(*calls))
     assert reply["format"] == "openai" and reply["ok"] is True
-    assert [r["result"]["structured"]["n"] for r in reply["results"]] == list(range(count))
+    assert [json.loads(m["content"])["n"] for m in reply["append"]] == list(range(count))
     assert [m["tool_call_id"] for m in reply["append"]] == [c[0] for c in calls]
     for message in reply["append"]:
         check(ReplyFormat.OPENAI, message)

@@ -6,12 +6,14 @@ import base64
 import codecs
 import math
 import time
+from collections.abc import Sequence
 
 from toolbus.addresses import ReplyAddress
-from toolbus.contracts import CallsReply, DeadLetter, ErrorBody, Reply
-from toolbus.decode import Call, Rejected
+from toolbus.contracts import CallsReply, DeadLetter, ErrorBody, Reply, ReplyFormat
+from toolbus.decode import Call, Calls, Rejected
 from toolbus.errors import InternalError
 from toolbus.execute import Outcome
+from toolbus.formats.outgoing import Answered, conversation
 from toolbus.messages import Outbound
 from toolbus.normalization.report import to_wire
 
@@ -35,6 +37,49 @@ INTERNAL = InternalError("the worker failed while answering this call").body()
 def internal_reply(ident: str, id_generated: bool) -> Reply:
     """The last-resort answer: `internal`, with the call's id."""
     return Reply(id=ident, id_generated=id_generated, ok=False, error=INTERNAL, duration_ms=0.0)
+
+
+def calls_reply(
+    calls: Calls, replies: Sequence[Reply], received_at: float, *, checked: bool = False
+) -> CallsReply:
+    """One reply for a message's calls. In a provider's format `append` carries what each
+    call returned, and `results` only how it went (ok, error, duration, `normalized`):
+    nothing travels twice. `checked`: a call whose reply cannot be encoded (a backend's
+    bug) answers `internal` alone, and the others keep their answers."""
+    if checked:
+        replies = [_encodable(reply) for reply in replies]
+    answered = [Answered(c.id, c.tool, r) for c, r in zip(calls.calls, replies, strict=True)]
+    provider = calls.format is not ReplyFormat.TOOLBUS
+    return CallsReply(
+        id=calls.id,
+        id_generated=calls.id_generated,
+        format=calls.format,
+        ok=all(reply.ok for reply in replies),
+        append=conversation(calls.format, answered),
+        results=[r.model_copy(update={"result": None}) for r in replies] if provider else replies,
+        duration_ms=round((time.monotonic() - received_at) * 1000, 3),
+    )
+
+
+def _encodable(reply: Reply) -> Reply:
+    try:
+        reply.model_dump_json()
+    except Exception:  # whatever the serializer raises: this one call's answer is lost
+        return internal_reply(reply.id, reply.id_generated)
+    return reply
+
+
+def calls_failure(calls: Calls, replies: Sequence[Reply]) -> ErrorBody | None:
+    """The one dead letter's error for a message of calls with no reply address: the
+    first failure's code, and each failed call's id and code (a replay had its letter)."""
+    failed = [r for r in replies if r.error is not None and not r.replayed]
+    if not failed or failed[0].error is None:
+        return None
+    return ErrorBody(
+        code=failed[0].error.code,
+        message=f"{len(failed)} of {len(replies)} calls failed",
+        details={"calls": [{"id": r.id, "code": r.error.code.value} for r in failed if r.error]},
+    )
 
 
 def reply_for_rejected(rejected: Rejected) -> Reply:

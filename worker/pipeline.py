@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Protocol, Self
 
 from opentelemetry import trace
@@ -23,6 +22,8 @@ from toolbus.decode import Call, Calls, Rejected, decode
 from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict
 from toolbus.encode import (
     INTERNAL,
+    calls_failure,
+    calls_reply,
     dead_letter,
     internal_reply,
     outbound_reply,
@@ -31,7 +32,6 @@ from toolbus.encode import (
 )
 from toolbus.errors import Forbidden, RateLimited, ToolbusError, Unavailable
 from toolbus.execute import Executor, Outcome
-from toolbus.formats.outgoing import Answered, conversation
 from toolbus.inflight import Slots
 from toolbus.messages import Inbound, Outbound
 from toolbus.observability.export import COLLECTOR, TraceCollector, descendants, otlp_json
@@ -192,22 +192,23 @@ class Pipeline:
 
     async def _calls(self, message: Inbound, calls: Calls) -> None:
         """A message's calls, run together; one reply holds every answer, in order."""
-        replies = await run_together(calls.calls, self._answer, self._slots, self._stopped)
-        answered = [Answered(c.id, c.tool, r) for c, r in zip(calls.calls, replies, strict=True)]
-        if calls.reply is not None:
-            reply = CallsReply(
-                id=calls.id,
-                id_generated=calls.id_generated,
-                format=calls.format,
-                ok=all(r.ok for r in replies),
-                append=conversation(calls.format, answered),
-                results=replies,
-                duration_ms=round((time.monotonic() - message.received_at) * 1000, 3),
-            )
-            await self._answer_with(message, calls, calls.reply, reply)
+        room = self._quotas.room(calls.calls[0].caller)
+        replies = await run_together(
+            calls.calls, self._answer, self._slots, self._stopped, max_lanes=room
+        )
+        if calls.reply is None:
+            error = calls_failure(calls, replies)
+            if error is not None:
+                quiet = error.code is ErrorCode.RATE_LIMITED  # a flood must not flood the log
+                await self._dead(message, error, calls.id, quiet=quiet)
             return
-        for call, result in zip(calls.calls, replies, strict=True):
-            await self._dead_if_failed(message, call.id, result)
+        try:
+            await self._reply(calls.reply, calls_reply(calls, replies, message.received_at))
+        except Exception:
+            log.exception("could not encode the reply to %s", calls.id)
+            self._metrics.internal_error("encode")
+            checked = calls_reply(calls, replies, message.received_at, checked=True)
+            await self._answer_with(message, calls, calls.reply, checked)
 
     async def _answer_with(
         self,

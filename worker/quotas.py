@@ -110,6 +110,16 @@ class Quotas:
         state.in_flight += 1
         return Ticket(self, state, self._clock)
 
+    def room(self, caller: str | None) -> int | None:
+        """How many more calls `caller` may start now (None: no in-flight bound): a
+        message's calls run no wider than this, so the quota judges them as it would
+        judge them one after another."""
+        if not self._enabled:
+            return None
+        state = self._state(caller or "")
+        bound = state.profile.max_in_flight
+        return None if bound is None else max(0, bound - state.in_flight)
+
     def _state(self, caller: str) -> _Caller:
         state = self._callers.get(caller)
         if state is not None:

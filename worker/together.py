@@ -30,35 +30,47 @@ async def run_together(
     answer: Callable[[Call], Awaitable[Reply]],
     slots: Slots,
     stopping: Callable[[], bool],
+    *,
+    max_lanes: int | None = None,
 ) -> list[Reply]:
-    """Each call's reply, in order. `answer` never raises (it answers every outcome)."""
+    """Each call's reply, in order. `answer` never raises (it answers every outcome).
+
+    `max_lanes` caps how many run at once (the caller's quota room), beyond the slots.
+    """
     replies: list[Reply | None] = [None] * len(calls)
     queue = iter(enumerate(calls))
     halted = asyncio.Event()  # shutdown: no call starts any more
 
-    async def lane() -> None:
-        for index, call in queue:
-            if halted.is_set():
-                return
-            replies[index] = await answer(call)
+    async def lane(borrowed: bool) -> None:
+        try:
+            for index, call in queue:
+                if halted.is_set():
+                    return
+                replies[index] = await answer(call)
+        finally:
+            if borrowed:  # the queue is empty: the slot goes back now, not at the end
+                slots.release()
 
-    borrowed = await slots.borrow(len(calls) - 1)
+    wide = len(calls) if max_lanes is None else max(1, min(len(calls), max_lanes))
+    borrowed = await slots.borrow(wide - 1)
     me = asyncio.current_task()
     name = me.get_name() if me is not None else "calls"
-    lanes = [asyncio.create_task(lane(), name=f"{name}:lane{n}") for n in range(borrowed + 1)]
+    lanes = [
+        asyncio.create_task(lane(borrowed=n > 0), name=f"{name}:lane{n}")
+        for n in range(borrowed + 1)
+    ]
     try:
         await asyncio.wait(lanes)
     except asyncio.CancelledError:
-        # Shutdown: each lane's running call answers `unavailable`; no new call starts.
+        # Cancelled (the worker stops): each lane's running call answers `unavailable`,
+        # no new call starts, and every lane has ended (bounded) before we return.
         halted.set()
         for task in lanes:
             task.cancel()
+        await asyncio.wait(lanes, timeout=LANE_ANSWER_TIMEOUT_S)
         if not stopping() or me is None:
             raise
         me.uncancel()
-        await asyncio.wait(lanes, timeout=LANE_ANSWER_TIMEOUT_S)
-    finally:
-        slots.release(borrowed)
     return [
         reply if reply is not None else _unanswered(call)
         for call, reply in zip(calls, replies, strict=True)
