@@ -72,7 +72,12 @@ def check(format: ReplyFormat, item: dict[str, Any]) -> None:
 
 
 def anthropic_message(*blocks: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    message = Message.model_validate(
+    """An assistant `Message` holding `blocks` after a text block, as published."""
+    return {**anthropic_message_model(*blocks).model_dump(), **extra}
+
+
+def anthropic_message_model(*blocks: dict[str, Any]) -> Message:
+    return Message.model_validate(
         {
             "id": "msg_01",
             "type": "message",
@@ -84,7 +89,6 @@ def anthropic_message(*blocks: dict[str, Any], **extra: Any) -> dict[str, Any]:
             "usage": {"input_tokens": 10, "output_tokens": 20},
         }
     )
-    return {**message.model_dump(), **extra}
 
 
 def tool_use(ident: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +106,12 @@ def tool_use(ident: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]
 
 
 def chat_completion(*calls: tuple[str, str, str]) -> dict[str, Any]:
-    completion = ChatCompletion.model_validate(
+    """A `ChatCompletion` whose first choice calls `(id, name, arguments JSON)`s."""
+    return chat_completion_model(*calls).model_dump()
+
+
+def chat_completion_model(*calls: tuple[str, str, str]) -> ChatCompletion:
+    return ChatCompletion.model_validate(
         {
             "id": "chatcmpl-1",
             "object": "chat.completion",
@@ -124,11 +133,15 @@ def chat_completion(*calls: tuple[str, str, str]) -> dict[str, Any]:
             ],
         }
     )
-    return completion.model_dump()
 
 
 def response(*calls: tuple[str, str, str]) -> dict[str, Any]:
-    made = Response.model_validate(
+    """A `Response` whose output holds a reasoning item and the `function_call`s."""
+    return response_model(*calls).model_dump()
+
+
+def response_model(*calls: tuple[str, str, str]) -> Response:
+    return Response.model_validate(
         {
             "id": "resp_1",
             "object": "response",
@@ -146,7 +159,6 @@ def response(*calls: tuple[str, str, str]) -> dict[str, Any]:
             ],
         }
     )
-    return made.model_dump()
 
 
 def ollama_response(*calls: tuple[str, dict[str, Any]]) -> dict[str, Any]:

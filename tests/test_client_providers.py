@@ -13,11 +13,14 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from anthropic.types import Message, MessageParam
-from openai.types.chat import ChatCompletion, ChatCompletionToolMessageParam
-from openai.types.responses import Response, ResponseInputItemParam
+from openai.types.chat import ChatCompletionToolMessageParam
+from openai.types.responses import ResponseInputItemParam
 from pydantic import TypeAdapter
 
 from tests.harness import Broker, make_settings, running_worker
+from tests.providers import anthropic_message_model, tool_use
+from tests.providers import chat_completion_model as chat_completion
+from tests.providers import response_model as response
 from toolbus import Client, ErrorCode, ReplyFormat
 from toolbus.errors import BadRequest
 
@@ -34,72 +37,7 @@ async def client(broker: Broker) -> AsyncIterator[Client]:
 
 
 def anthropic_message(*uses: tuple[str, str, dict[str, Any]]) -> Message:
-    return Message.model_validate(
-        {
-            "id": "msg_c1",
-            "type": "message",
-            "role": "assistant",
-            "model": "claude-test",
-            "content": [
-                {"type": "text", "text": "Let me look."},
-                *(
-                    {
-                        "type": "tool_use",
-                        "id": i,
-                        "name": n,
-                        "input": a,
-                        "caller": {"type": "direct"},
-                    }
-                    for i, n, a in uses
-                ),
-            ],
-            "stop_reason": "tool_use",
-            "usage": {"input_tokens": 1, "output_tokens": 1},
-        }
-    )
-
-
-def chat_completion(*calls: tuple[str, str, str]) -> ChatCompletion:
-    return ChatCompletion.model_validate(
-        {
-            "id": "chatcmpl-c1",
-            "object": "chat.completion",
-            "created": 1,
-            "model": "gpt-test",
-            "choices": [
-                {
-                    "index": 0,
-                    "finish_reason": "tool_calls",
-                    "message": {
-                        "role": "assistant",
-                        "content": None,
-                        "tool_calls": [
-                            {"id": i, "type": "function", "function": {"name": n, "arguments": a}}
-                            for i, n, a in calls
-                        ],
-                    },
-                }
-            ],
-        }
-    )
-
-
-def response(*calls: tuple[str, str, str]) -> Response:
-    return Response.model_validate(
-        {
-            "id": "resp_c1",
-            "object": "response",
-            "created_at": 1,
-            "model": "gpt-test",
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-            "output": [
-                {"type": "function_call", "call_id": c, "name": n, "arguments": a}
-                for c, n, a in calls
-            ],
-        }
-    )
+    return anthropic_message_model(*(tool_use(i, n, a) for i, n, a in uses))
 
 
 async def test_an_anthropic_message_gives_the_user_turn_to_append(client: Client) -> None:
@@ -116,7 +54,7 @@ async def test_an_anthropic_message_gives_the_user_turn_to_append(client: Client
     blocks = turn["content"]
     assert [b["tool_use_id"] for b in blocks] == ["toolu_1", "toolu_2", "toolu_3"]
     assert [b.get("is_error", False) for b in blocks] == [False, True, True]
-    assert (answer.id, answer.format, answer.ok) == ("msg_c1", ReplyFormat.ANTHROPIC, False)
+    assert (answer.id, answer.format, answer.ok) == ("msg_01", ReplyFormat.ANTHROPIC, False)
     assert [r.error.code if r.error else None for r in answer.results] == [
         None,
         ErrorCode.UNKNOWN_TOOL,
