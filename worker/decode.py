@@ -38,6 +38,7 @@ PUBLISH_TRACE_PROPERTY = "toolbus-publish-trace"
 
 # Bounds on what a refusal echoes back: a hostile body must not make a huge reply.
 MAX_ID_CHARS = 200
+MAX_CALLS = 64  # per message, unless configured (`max_calls_per_message`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +90,7 @@ class Rejected:
 
 
 def decode(
-    message: Inbound, topics: Topics, max_payload_bytes: int, max_calls: int = 64
+    message: Inbound, topics: Topics, max_payload_bytes: int, max_calls: int = MAX_CALLS
 ) -> Call | Calls | Rejected:
     """The message's call or calls, or why it has none; `max_calls` bounds one message."""
     body: object = None
@@ -143,16 +144,7 @@ def _enveloped(
     fmt = request.reply_format or ReplyFormat.TOOLBUS
     if fmt is ReplyFormat.TOOLBUS or route.list_tools:
         return call
-    return Calls(
-        id=call.id,
-        id_generated=call.id_generated,
-        format=fmt,
-        calls=(replace(call, reply=None),),
-        topic=message.topic,
-        reply=call.reply,
-        trace_fields=call.trace_fields,
-        publish_trace=call.publish_trace,
-    )
+    return _together(call, call.id, call.id_generated, fmt, (replace(call, reply=None),))
 
 
 def _provided(
@@ -185,7 +177,7 @@ def _provided(
     if options.id is not None and (problem := _id_problem(options.id)) is not None:
         raise BadRequest("the request id cannot be echoed", reason=problem)
     # The reply's id: the message's own, the caller's `toolbus.id`, or a lone call's.
-    usable = shape.id is not None and shape.id != "" and _id_problem(shape.id) is None
+    usable = shape.id is not None and _id_problem(shape.id) is None
     given = (shape.id if usable else None) or options.id or (ids[0] if len(ids) == 1 else None)
     ident, generated = (given, False) if given else (_new_id(), True)
     first = _template(message, topics, route, options, reply)
@@ -199,15 +191,22 @@ def _provided(
     fmt = options.reply_format or shape.format
     if fmt is ReplyFormat.TOOLBUS and len(calls) == 1:
         return replace(calls[0], reply=first.reply)  # one call in our format: a plain Reply
+    return _together(first, ident, generated, fmt, calls)
+
+
+def _together(
+    template: Call, ident: str, generated: bool, fmt: ReplyFormat, calls: tuple[Call, ...]
+) -> Calls:
+    """The message's calls, with what they share (topic, reply address, trace)."""
     return Calls(
         id=ident,
         id_generated=generated,
         format=fmt,
         calls=calls,
-        topic=message.topic,
-        reply=first.reply,
-        trace_fields=first.trace_fields,
-        publish_trace=first.publish_trace,
+        topic=template.topic,
+        reply=template.reply,
+        trace_fields=template.trace_fields,
+        publish_trace=template.publish_trace,
     )
 
 
@@ -215,7 +214,7 @@ def _one(template: Call, route: Route, wanted: Wanted, derived: str | None) -> C
     """One call of a provider's message; a name we cannot echo is that call's problem."""
     if wanted.id is not None and (problem := _id_problem(wanted.id)) is not None:
         raise BadRequest("a tool call's id cannot be echoed", reason=problem)
-    tool, trouble = _tool_of(route, wanted), wanted.problem
+    tool, trouble = _tool_of(route, wanted.name), wanted.problem
     if text_problem(tool) is not None:
         tool, trouble = "", BadRequest("the tool name cannot be echoed", reason="bad_character")
     ident = wanted.id or derived
@@ -234,16 +233,14 @@ def _walked(wanted: Wanted) -> object:
     return [wanted.id, wanted.name, wanted.arguments]
 
 
-def _tool_of(route: Route, wanted: Wanted) -> str:
-    """The call's tool: the model's name, which a `call/{tool}` topic must agree with."""
+def _tool_of(route: Route, named: str) -> str:
+    """The call's tool: the body's name, which a `call/{tool}` topic must agree with
+    (claim mode's `call/{a}/{b}` may be caller `a`'s tool `b`)."""
     if not route.tool:
-        return wanted.name
-    if (
-        wanted.name
-        and wanted.name != route.tool
-        and not (route.ambiguous and route.tool.endswith(f"/{wanted.name}"))
-    ):
-        raise BadRequest("the topic and a tool call name different tools")
+        return named
+    nested = route.ambiguous and route.tool.endswith(f"/{named}")
+    if named and named != route.tool and not nested:
+        raise BadRequest("the topic and the body name different tools")
     return route.tool
 
 
@@ -276,10 +273,7 @@ def _call(
     if route.list_tools:
         tool = ""
     else:
-        named_twice = route.tool and request.tool and route.tool != request.tool
-        if named_twice and not (route.ambiguous and route.tool.endswith(f"/{request.tool}")):
-            raise BadRequest("the topic and the body name different tools")
-        tool = route.tool or request.tool or ""
+        tool = _tool_of(route, request.tool or "")
         if not tool:
             raise BadRequest("request names no tool: use `{prefix}/call/{tool}` or a `tool` field")
         if text_problem(tool) is not None:

@@ -18,7 +18,7 @@ from opentelemetry import trace
 
 from toolbus.addresses import ReplyAddress
 from toolbus.contracts import CallsReply, ErrorBody, ErrorCode, Reply
-from toolbus.decode import Call, Calls, Rejected, decode
+from toolbus.decode import MAX_CALLS, Call, Calls, Rejected, decode
 from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict
 from toolbus.encode import (
     INTERNAL,
@@ -92,7 +92,7 @@ class Pipeline:
         once: Once | None = None,
         quotas: Quotas | None = None,
         slots: Slots | None = None,
-        max_calls: int = 64,
+        max_calls: int = MAX_CALLS,
     ) -> None:
         self.executor = executor
         self._once = once
