@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Protocol, Self
 
 from opentelemetry import trace
@@ -188,7 +189,7 @@ class Pipeline:
         if call.reply is None:
             await self._dead_if_failed(message, call.id, reply)
         else:
-            await self._answer_with(message, call, call.reply, reply)
+            await self._answer_with(message, call, call.reply, lambda: reply)
 
     async def _calls(self, message: Inbound, calls: Calls) -> None:
         """A message's calls, run together; one reply holds every answer, in order."""
@@ -199,38 +200,42 @@ class Pipeline:
         if calls.reply is None:
             error = calls_failure(calls, replies)
             if error is not None:
-                quiet = error.code is ErrorCode.RATE_LIMITED  # a flood must not flood the log
-                await self._dead(message, error, calls.id, quiet=quiet)
+                await self._dead(message, error, calls.id)
             return
-        try:
-            await self._reply(calls.reply, calls_reply(calls, replies, message.received_at))
-        except Exception:
-            log.exception("could not encode the reply to %s", calls.id)
-            self._metrics.internal_error("encode")
-            checked = calls_reply(calls, replies, message.received_at, checked=True)
-            await self._answer_with(message, calls, calls.reply, checked)
+        await self._answer_with(
+            message,
+            calls,
+            calls.reply,
+            lambda: calls_reply(calls, replies, message.received_at),
+            # One call's reply that cannot be encoded fails that call alone:
+            instead=lambda: calls_reply(calls, replies, message.received_at, checked=True),
+        )
 
     async def _answer_with(
         self,
         message: Inbound,
         decoded: Call | Calls,
         address: ReplyAddress,
-        reply: Reply | CallsReply,
+        build: Callable[[], Reply | CallsReply],
+        *,
+        instead: Callable[[], CallsReply] | None = None,
     ) -> None:
-        """Publish the reply; one that cannot be encoded (a tool's result the reply model
-        rejects, say) still answers, `internal` with our code."""
+        """Build and publish the reply; one that cannot be built or encoded (a tool's
+        result the reply model rejects, say) still answers: `instead`, else `internal`."""
         try:
-            await self._reply(address, reply)
+            await self._reply(address, build())
         except Exception:
             log.exception("could not encode the reply to %s", decoded.id)
             self._metrics.internal_error("encode")
-            await self._last_resort(message, decoded)
+            if instead is not None:
+                await self._answer_with(message, decoded, address, instead)
+            else:
+                await self._last_resort(message, decoded)
 
     async def _dead_if_failed(self, message: Inbound, ident: str, reply: Reply) -> None:
         """A failed call with no reply address: its dead letter (a replay has had one)."""
         if reply.error is not None and not reply.replayed:
-            quiet = reply.error.code is ErrorCode.RATE_LIMITED  # a flood must not flood the log
-            await self._dead(message, reply.error, ident, quiet=quiet)
+            await self._dead(message, reply.error, ident)
 
     def _stopped(self) -> bool:
         return self._stopping
@@ -376,9 +381,8 @@ class Pipeline:
             out = outbound_reply(address, reply, inject_headers())
             await self._publisher.publish(out)
 
-    async def _dead(
-        self, message: Inbound, error: ErrorBody, ident: str | None, *, quiet: bool = False
-    ) -> None:
+    async def _dead(self, message: Inbound, error: ErrorBody, ident: str | None) -> None:
+        quiet = error.code is ErrorCode.RATE_LIMITED  # a flood must not flood the log
         log.log(
             logging.DEBUG if quiet else logging.WARNING,
             "dead-lettering message on %s: %s",
