@@ -249,16 +249,18 @@ async def test_a_repeated_message_replays_each_call() -> None:
 
 
 async def test_a_shutdown_answers_every_call_of_a_message_unavailable() -> None:
-    rig = calls_rig(slots=1)
+    slots, probe = Slots(1), Probe()
+    rig = rig_for(probe_tools(probe), probe, slots=slots)
     blocks = [tool_use(f"toolu_{n}", "gate", {}) for n in range(4)]
     handled = asyncio.create_task(rig.request(None, json.dumps(blocks).encode()), name="msg")
-    await rig.probe.wait_active(2, timeout_s=5)  # two lanes: two calls running, two waiting
+    await probe.wait_active(2, timeout_s=5)  # two lanes: two calls running, two waiting
     rig.pipeline.stopping()
     handled.cancel()
     await asyncio.wait_for(handled, 5)
     reply = rig.reply()
     assert codes(reply) == ["unavailable"] * 4
-    assert rig.probe.calls == 2  # the waiting calls never started
+    assert probe.calls == 2  # the waiting calls never started
+    assert await slots.borrow(1) == 1  # and the borrowed slot went back
 
 
 async def test_a_call_whose_reply_cannot_be_encoded_fails_alone() -> None:

@@ -40,6 +40,13 @@ async def run_together(
     replies: list[Reply | None] = [None] * len(calls)
     queue = iter(enumerate(calls))
     halted = asyncio.Event()  # shutdown: no call starts any more
+    held = 0  # borrowed slots not given back yet
+
+    def give_back() -> None:
+        nonlocal held
+        if held:
+            held -= 1
+            slots.release()
 
     async def lane(borrowed: bool) -> None:
         try:
@@ -49,10 +56,10 @@ async def run_together(
                 replies[index] = await answer(call)
         finally:
             if borrowed:  # the queue is empty: the slot goes back now, not at the end
-                slots.release()
+                give_back()
 
     wide = len(calls) if max_lanes is None else max(1, min(len(calls), max_lanes))
-    borrowed = await slots.borrow(wide - 1)
+    borrowed = held = await slots.borrow(wide - 1)
     me = asyncio.current_task()
     name = me.get_name() if me is not None else "calls"
     lanes = [
@@ -71,6 +78,9 @@ async def run_together(
         if not stopping() or me is None:
             raise
         me.uncancel()
+    finally:
+        while held:  # a lane cancelled before it ever ran never reached its `finally`
+            give_back()
     return [
         reply if reply is not None else _unanswered(call)
         for call, reply in zip(calls, replies, strict=True)
