@@ -72,13 +72,13 @@ def _encodable(reply: Reply) -> Reply:
 def calls_failure(calls: Calls, replies: Sequence[Reply]) -> ErrorBody | None:
     """The one dead letter's error for a message of calls with no reply address: the
     first failure's code, and each failed call's id and code (a replay had its letter)."""
-    failed = [r for r in replies if r.error is not None and not r.replayed]
-    if not failed or failed[0].error is None:
+    failed = [(r.id, r.error) for r in replies if r.error is not None and not r.replayed]
+    if not failed:
         return None
     return ErrorBody(
-        code=failed[0].error.code,
+        code=failed[0][1].code,
         message=f"{len(failed)} of {len(replies)} calls failed",
-        details={"calls": [{"id": r.id, "code": r.error.code.value} for r in failed if r.error]},
+        details={"calls": [{"id": ident, "code": error.code.value} for ident, error in failed]},
     )
 
 
