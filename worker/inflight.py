@@ -25,7 +25,7 @@ class Slots:
 
     def __init__(self, count: int) -> None:
         self.count = count
-        self._free = asyncio.Semaphore(count)
+        self._free = asyncio.BoundedSemaphore(count)  # giving back more than taken is a bug
 
     async def acquire(self) -> None:
         await self._free.acquire()
