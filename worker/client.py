@@ -25,6 +25,7 @@ from toolbus.broker import BrokerUrl
 from toolbus.callers import ANONYMOUS_CALLER
 from toolbus.contracts import CallsReply, ErrorBody, ErrorCode, Reply, ReplyFormat, ToolsFormat
 from toolbus.errors import NoReply, ToolbusError
+from toolbus.formats.incoming import holder
 from toolbus.requester import Requester, Retry
 from toolbus.topics import CallerIdentity
 
@@ -302,7 +303,7 @@ def provider_body(message: Any) -> dict[str, Any]:
     if isinstance(plain, dict):
         return plain
     if isinstance(plain, list):
-        return _holder(plain)
+        return holder(plain)
     raise TypeError(f"a provider message is an object or a list, not {type(message).__name__}")
 
 
@@ -315,17 +316,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(item) for item in value]
     return value
-
-
-def _holder(items: list[Any]) -> dict[str, Any]:
-    """The object a provider keeps such a list in: an Anthropic message's `content`, a
-    Responses `output`, a Chat Completions message's `tool_calls`."""
-    kinds = {item.get("type") for item in items if isinstance(item, dict)}
-    if kinds & {"function_call", "function_call_output", "reasoning", "message"}:
-        return {"output": items}
-    if "function" in kinds or any(isinstance(item, dict) and "function" in item for item in items):
-        return {"role": "assistant", "tool_calls": items}
-    return {"role": "assistant", "content": items}
 
 
 def _raise_failed(reply: Reply) -> Reply:

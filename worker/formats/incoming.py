@@ -88,20 +88,44 @@ def read(body: object) -> Shape:  # noqa: PLR0911 -- one return per shape: a fla
     return ENVELOPE
 
 
+def holder(items: list[Any]) -> dict[str, Any]:
+    """The object a provider keeps such a list in (an Anthropic message's `content`, a
+    response's `output`, a Chat message's `tool_calls`): where a `toolbus` object can
+    sit beside it. The client sends bare lists this way."""
+    kind = _list_kind(items)
+    if kind is ReplyFormat.OPENAI_RESPONSES:
+        return {"output": items}
+    if kind is ReplyFormat.OPENAI:
+        return {"role": "assistant", "tool_calls": items}
+    return {"role": "assistant", "content": items}
+
+
+def _list_kind(items: list[Any]) -> ReplyFormat | None:
+    """Whose list it is, by its calls: Anthropic, Responses, Chat (OPENAI), or None."""
+    kinds = {item.get("type") for item in items if isinstance(item, dict)}
+    if _ANTHROPIC_CALL in kinds:
+        return ReplyFormat.ANTHROPIC
+    if _RESPONSES_CALL in kinds:
+        return ReplyFormat.OPENAI_RESPONSES
+    if items and all(isinstance(item, dict) and "function" in item for item in items):
+        return ReplyFormat.OPENAI
+    return None
+
+
 def _listed(
     items: list[Any], ident: object, options: object, expect: ReplyFormat | None = None
 ) -> Shape:
     """A list of Anthropic content blocks, Responses output items or Chat tool calls."""
     if not all(isinstance(item, dict) for item in items):
         raise BadRequest("each item of the list must be an object", reason="not_an_object")
-    kinds = {item.get("type") for item in items}
-    if expect is ReplyFormat.ANTHROPIC or (expect is None and _ANTHROPIC_CALL in kinds):
+    kind = expect or _list_kind(items)
+    if kind is ReplyFormat.ANTHROPIC:
         calls = tuple(_anthropic(item) for item in items if item.get("type") == _ANTHROPIC_CALL)
         return _shape(ReplyFormat.ANTHROPIC, calls, ident, options)
-    if expect is ReplyFormat.OPENAI_RESPONSES or _RESPONSES_CALL in kinds:
+    if kind is ReplyFormat.OPENAI_RESPONSES:
         calls = tuple(_responses(item) for item in items if item.get("type") == _RESPONSES_CALL)
         return _shape(ReplyFormat.OPENAI_RESPONSES, calls, ident, options)
-    if items and all("function" in item for item in items):
+    if kind is ReplyFormat.OPENAI:
         return _chat_calls(items, ident, options)
     raise BadRequest("the list holds no tool calls", reason="no_tool_calls")
 
