@@ -10,7 +10,6 @@ every case is testable in-process with a publisher that collects into a list.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Protocol, Self
@@ -18,9 +17,10 @@ from typing import Protocol, Self
 from opentelemetry import trace
 
 from toolbus.addresses import ReplyAddress
+from toolbus.answer import Answerer
 from toolbus.contracts import CallsReply, ErrorBody, ErrorCode, Reply
 from toolbus.decode import MAX_CALLS, Call, Calls, Rejected, decode
-from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict
+from toolbus.dedup import Once
 from toolbus.encode import (
     INTERNAL,
     calls_failure,
@@ -28,11 +28,9 @@ from toolbus.encode import (
     dead_letter,
     internal_reply,
     outbound_reply,
-    reply_for_call,
     reply_for_rejected,
 )
-from toolbus.errors import Forbidden, RateLimited, ToolbusError, Unavailable
-from toolbus.execute import Executor, Outcome
+from toolbus.execute import Executor
 from toolbus.inflight import Slots
 from toolbus.messages import Inbound, Outbound
 from toolbus.observability.export import COLLECTOR, TraceCollector, descendants, otlp_json
@@ -97,7 +95,6 @@ class Pipeline:
     ) -> None:
         self.executor = executor
         self._once = once
-        self._quotas = quotas if quotas is not None else Quotas({})
         self.topics = topics
         self._publisher = publisher
         self._worker_id = worker_id
@@ -107,7 +104,13 @@ class Pipeline:
         self._tracer = tracer or default_tracer()
         self._collector = collector or COLLECTOR
         self._metrics = metrics or executor.metrics
-        self._stopping = False
+        self._answerer = Answerer(
+            executor,
+            self._metrics,
+            require_caller=topics.require_caller,
+            once=once,
+            quotas=quotas if quotas is not None else Quotas({}),
+        )
         self._slots = slots if slots is not None else Slots(0)
         self._max_calls = max_calls
 
@@ -123,7 +126,7 @@ class Pipeline:
 
     def stopping(self) -> None:
         """From now on a call cancelled mid-way answers `unavailable` (the worker stops)."""
-        self._stopping = True
+        self._answerer.stopping()
 
     async def handle(self, message: Inbound) -> None:
         """Answer one message: a reply, a dead letter, or (last resort) `internal`."""
@@ -185,7 +188,7 @@ class Pipeline:
 
     async def _call(self, message: Inbound, call: Call) -> None:
         """One call: its reply, or its dead letter when it failed and has no address."""
-        reply = await self._answer(call)
+        reply = await self._answerer.answer(call)
         if call.reply is None:
             await self._dead_if_failed(message, call.id, reply)
         else:
@@ -193,9 +196,13 @@ class Pipeline:
 
     async def _calls(self, message: Inbound, calls: Calls) -> None:
         """A message's calls, run together; one reply holds every answer, in order."""
-        room = self._quotas.room(calls.calls[0].caller)
+        room = self._answerer.room(calls.calls[0].caller)
         replies = await run_together(
-            calls.calls, self._answer, self._slots, self._stopped, max_lanes=room
+            calls.calls,
+            self._answerer.answer,
+            self._slots,
+            self._answerer.is_stopping,
+            max_lanes=room,
         )
         if calls.reply is None:
             error = calls_failure(calls, replies)
@@ -236,101 +243,6 @@ class Pipeline:
         """A failed call with no reply address: its dead letter (a replay has had one)."""
         if reply.error is not None and not reply.replayed:
             await self._dead(message, reply.error, ident)
-
-    def _stopped(self) -> bool:
-        return self._stopping
-
-    async def _answer(self, call: Call) -> Reply:
-        """One call's reply, never raising: refused, replayed, or run and classified.
-
-        Nothing is published here: a message of many calls answers them all at once.
-        """
-        try:
-            return await self._reply_to_call(call)
-        except Exception:
-            log.exception("failed answering %s (%s)", call.id, shown(call.tool))
-            self._metrics.internal_error("answer")
-            return internal_reply(call.id, call.id_generated)
-
-    async def _reply_to_call(self, call: Call) -> Reply:
-        if call.problem is not None:  # what the call itself got wrong (a provider shape's)
-            return self._refused(call, call.problem)
-        # The caller as quotas, dedup and access will see it (`call/{a}/{b}` may name one).
-        try:
-            call = self.executor.locate(call)
-            if call.caller is None and self.topics.require_caller:
-                raise Forbidden("this worker answers only named callers", reason="caller_required")
-        except ToolbusError as refused:
-            return self._refused(call, refused)
-        try:
-            ticket = self._quotas.admit(call.caller)
-        except RateLimited as error:
-            # Logged at DEBUG only (a flood would flood the log); counted instead.
-            log.debug("rate limited %s from %s: %s", call.id, shown(call.caller or "-"), error)
-            self._metrics.rate_limited(str(error.details.get("limit")))
-            return self._refused(call, error)
-        with ticket:
-            return await self._admitted(call)
-
-    def _refused(self, call: Call, error: ToolbusError) -> Reply:
-        """Answered at once, nothing claimed or run."""
-        mark_failed(trace.get_current_span(), error.code.value)
-        return reply_for_call(call, Outcome(tool=None, error=error))
-
-    async def _admitted(self, call: Call) -> Reply:
-        verdict = await self._claim(call)
-        if verdict.reply is not None:  # a repeat of an answered request: the same answer
-            return self._replayed(call, verdict.reply)
-        outcome = Outcome(tool=call.tool, error=verdict.error) if verdict.error else None
-        try:
-            outcome = outcome or await self.executor.execute(call)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if not self._stopping or task is None:
-                raise
-            task.uncancel()  # the worker stops: this call still gets its answer
-            # The claim stays open: a repeat finds this run cut short (in doubt).
-            verdict = RUN_UNCLAIMED
-            outcome = Outcome(
-                tool=call.tool,
-                error=Unavailable("the worker shut down before the call finished"),
-            )
-        if outcome.error is not None:
-            mark_failed(trace.get_current_span(), outcome.error.code.value)
-        reply = reply_for_call(call, outcome)
-        # Closed before the reply leaves: a crash in between replays it, never runs it twice.
-        await self._close(verdict, outcome, reply)
-        return reply
-
-    async def _claim(self, call: Call) -> Verdict:
-        """Deduplication by the request's own id (generated ids are never repeated)."""
-        if self._once is None or call.id_generated:
-            return RUN_UNCLAIMED
-        deadline_s = self.executor.request_deadline_s(call)
-        try:
-            return await self._once.begin(call.caller, call.id, call.tool, deadline_s)
-        except Exception as exc:  # the store is unreachable: say so, run nothing
-            log.warning("dedup store failed for %s: %s", call.id, exc)
-            return Verdict(error=Unavailable("the dedup store is unreachable", store=True))
-
-    async def _close(self, verdict: Verdict, outcome: Outcome, reply: Reply) -> None:
-        """A call that reached its tool is answered for good; one that did not (unknown
-        tool, bad arguments, server down) leaves its id free to run again."""
-        if self._once is None or verdict.key is None:
-            return
-        try:
-            if outcome.invoked:
-                await self._once.finish(verdict, reply.model_dump_json(by_alias=True).encode())
-            else:
-                await self._once.release(verdict)
-        except Exception as exc:
-            log.warning("dedup store failed closing %s: %s", reply.id, exc)
-
-    @staticmethod
-    def _replayed(call: Call, stored: bytes) -> Reply:
-        return Reply.model_validate_json(stored).model_copy(
-            update={"replayed": True, "id": call.id, "id_generated": False}
-        )
 
     async def _last_resort(self, message: Inbound, decoded: Call | Calls | Rejected | None) -> None:
         """`internal`, with the call id when known, to the reply address or the dead letters.

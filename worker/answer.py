@@ -1,0 +1,159 @@
+"""Answer: one call's reply. Who calls, admission, a run at most once, the run itself.
+
+`Answerer.answer(call)` finds the caller (`call/{a}/{b}` may name one), admits the call
+against the caller's quotas, claims its id (a repeat gets the first run's reply, or
+`in_doubt`), runs it through the executor and closes the claim before the reply leaves.
+It never raises and publishes nothing: the pipeline sends one call's reply alone and a
+message's many calls together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from opentelemetry import trace
+
+from toolbus.contracts import Reply
+from toolbus.decode import Call
+from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict
+from toolbus.encode import internal_reply, reply_for_call
+from toolbus.errors import Forbidden, RateLimited, ToolbusError, Unavailable
+from toolbus.execute import Executor, Outcome
+from toolbus.observability.metrics import Metrics
+from toolbus.observability.spans import mark_failed
+from toolbus.quotas import Quotas
+from toolbus.untrusted import shown
+
+log = logging.getLogger("toolbus.pipeline")
+
+
+class Answerer:
+    """Answers calls, concurrently; `stopping()` turns a cancelled run into `unavailable`.
+
+    Args:
+        executor: resolves, checks and runs calls; classifies every outcome.
+        metrics: counts what could not be answered normally.
+        require_caller: refuse calls that name no caller (`forbidden`).
+        once: deduplication by request id; none without it.
+        quotas: per-caller admission (`[callers.NAME]` rates and in-flight bounds).
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        metrics: Metrics,
+        *,
+        require_caller: bool,
+        once: Once | None,
+        quotas: Quotas,
+    ) -> None:
+        self._executor = executor
+        self._metrics = metrics
+        self._require_caller = require_caller
+        self._once = once
+        self._quotas = quotas
+        self._stopping = False
+
+    def stopping(self) -> None:
+        """From now on a call cancelled mid-way answers `unavailable` (the worker stops)."""
+        self._stopping = True
+
+    def is_stopping(self) -> bool:
+        return self._stopping
+
+    def room(self, caller: str | None) -> int | None:
+        """How many more of `caller`'s calls its quota lets run at once (None: any)."""
+        return self._quotas.room(caller)
+
+    async def answer(self, call: Call) -> Reply:
+        """One call's reply, never raising: refused, replayed, or run and classified.
+
+        Nothing is published here: a message of many calls answers them all at once.
+        """
+        try:
+            return await self._reply_to_call(call)
+        except Exception:
+            log.exception("failed answering %s (%s)", call.id, shown(call.tool))
+            self._metrics.internal_error("answer")
+            return internal_reply(call.id, call.id_generated)
+
+    async def _reply_to_call(self, call: Call) -> Reply:
+        if call.problem is not None:  # what the call itself got wrong (a provider shape's)
+            return self._refused(call, call.problem)
+        # The caller as quotas, dedup and access will see it (`call/{a}/{b}` may name one).
+        try:
+            call = self._executor.locate(call)
+            if call.caller is None and self._require_caller:
+                raise Forbidden("this worker answers only named callers", reason="caller_required")
+        except ToolbusError as refused:
+            return self._refused(call, refused)
+        try:
+            ticket = self._quotas.admit(call.caller)
+        except RateLimited as error:
+            # Logged at DEBUG only (a flood would flood the log); counted instead.
+            log.debug("rate limited %s from %s: %s", call.id, shown(call.caller or "-"), error)
+            self._metrics.rate_limited(str(error.details.get("limit")))
+            return self._refused(call, error)
+        with ticket:
+            return await self._admitted(call)
+
+    def _refused(self, call: Call, error: ToolbusError) -> Reply:
+        """Answered at once, nothing claimed or run."""
+        mark_failed(trace.get_current_span(), error.code.value)
+        return reply_for_call(call, Outcome(tool=None, error=error))
+
+    async def _admitted(self, call: Call) -> Reply:
+        verdict = await self._claim(call)
+        if verdict.reply is not None:  # a repeat of an answered request: the same answer
+            return self._replayed(call, verdict.reply)
+        outcome = Outcome(tool=call.tool, error=verdict.error) if verdict.error else None
+        try:
+            outcome = outcome or await self._executor.execute(call)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._stopping or task is None:
+                raise
+            task.uncancel()  # the worker stops: this call still gets its answer
+            # The claim stays open: a repeat finds this run cut short (in doubt).
+            verdict = RUN_UNCLAIMED
+            outcome = Outcome(
+                tool=call.tool,
+                error=Unavailable("the worker shut down before the call finished"),
+            )
+        if outcome.error is not None:
+            mark_failed(trace.get_current_span(), outcome.error.code.value)
+        reply = reply_for_call(call, outcome)
+        # Closed before the reply leaves: a crash in between replays it, never runs it twice.
+        await self._close(verdict, outcome, reply)
+        return reply
+
+    async def _claim(self, call: Call) -> Verdict:
+        """Deduplication by the request's own id (generated ids are never repeated)."""
+        if self._once is None or call.id_generated:
+            return RUN_UNCLAIMED
+        deadline_s = self._executor.request_deadline_s(call)
+        try:
+            return await self._once.begin(call.caller, call.id, call.tool, deadline_s)
+        except Exception as exc:  # the store is unreachable: say so, run nothing
+            log.warning("dedup store failed for %s: %s", call.id, exc)
+            return Verdict(error=Unavailable("the dedup store is unreachable", store=True))
+
+    async def _close(self, verdict: Verdict, outcome: Outcome, reply: Reply) -> None:
+        """A call that reached its tool is answered for good; one that did not (unknown
+        tool, bad arguments, server down) leaves its id free to run again."""
+        if self._once is None or verdict.key is None:
+            return
+        try:
+            if outcome.invoked:
+                await self._once.finish(verdict, reply.model_dump_json(by_alias=True).encode())
+            else:
+                await self._once.release(verdict)
+        except Exception as exc:
+            log.warning("dedup store failed closing %s: %s", reply.id, exc)
+
+    @staticmethod
+    def _replayed(call: Call, stored: bytes) -> Reply:
+        return Reply.model_validate_json(stored).model_copy(
+            update={"replayed": True, "id": call.id, "id_generated": False}
+        )
