@@ -7,6 +7,7 @@ a failure is always marked the same way (`mark_failed`), whatever stage saw it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -19,6 +20,36 @@ TRACER_NAME = "toolbus"
 
 def default_tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME)
+
+
+_UNSET_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+
+
+def records_nothing(tracer: trace.Tracer) -> bool:
+    """True when no span of `tracer` can ever record: the API's no-op, which is what the
+    process-wide tracer is until an SDK provider is installed. Asked per message (a
+    global lookup), so a provider installed later is seen at once."""
+    if type(tracer) is trace.ProxyTracer:  # `type`, not isinstance: an ABC check costs more
+        return isinstance(trace.get_tracer_provider(), _UNSET_PROVIDERS)
+    return isinstance(tracer, trace.NoOpTracer)
+
+
+def child_span(
+    tracer: trace.Tracer,
+    name: str,
+    attributes: dict[str, Any] | None = None,
+    *,
+    kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+) -> AbstractContextManager[trace.Span]:
+    """A span for one step, made only where it can be recorded: under a recording span,
+    or as a root when `tracer` can record. Under a span that does not record (sampled
+    out, or the API's no-op carrying a caller's context) it would not be sampled either,
+    and costs as much as the step it describes: the current span stands in (what is set
+    on it goes nowhere)."""
+    current = trace.get_current_span()
+    if current.is_recording() or (current is trace.INVALID_SPAN and not records_nothing(tracer)):
+        return tracer.start_as_current_span(name, kind=kind, attributes=attributes)
+    return nullcontext(current)
 
 
 def messaging_attributes(
@@ -79,6 +110,8 @@ def trace_id_of(span: trace.Span) -> str | None:
 
 def record_normalization(span: trace.Span, entries: Iterable[Change]) -> None:
     """One span event per report entry; values never appear, only keys, types and rules."""
+    if not span.is_recording():
+        return
     count = 0
     for entry in entries:
         count += 1
