@@ -279,26 +279,42 @@ def _call(
         if text_problem(tool) is not None:
             raise BadRequest("the tool name cannot be echoed", reason="bad_character")
     ident, generated = (request.id, False) if request.id else (_new_id(), True)
-    return replace(
-        _template(message, topics, route, request, reply),
-        id=ident,
+    # The request model is ours alone and dropped here: its arguments need no copy.
+    return _template(
+        message,
+        topics,
+        route,
+        request,
+        reply,
+        ident=ident,
         id_generated=generated,
         tool=tool,
-        arguments=dict(request.arguments),
+        arguments=request.arguments,
     )
 
 
 def _template(
-    message: Inbound, topics: Topics, route: Route, request: Options, reply: ReplyAddress | None
+    message: Inbound,
+    topics: Topics,
+    route: Route,
+    request: Options,
+    reply: ReplyAddress | None,
+    *,
+    ident: str = "",
+    id_generated: bool = False,
+    tool: str = "",
+    arguments: dict[str, Any] | None = None,
 ) -> Call:
-    """What every call of a message shares: caller, deadline, reply address, trace."""
+    """What every call of a message shares: caller, deadline, reply address, trace; with
+    the call's own id, tool and arguments for the envelope's one call (built once)."""
     deadline = deadline_at(message, request)
     if reply is not None and deadline is not None:
         reply = replace(reply, expires_at=deadline)
     return Call(
-        id="",
-        tool="",
-        arguments={},
+        id=ident,
+        id_generated=id_generated,
+        tool=tool,
+        arguments={} if arguments is None else arguments,
         topic=message.topic,
         reply=reply,
         caller=_caller(topics, route, request),
