@@ -1,4 +1,5 @@
-"""The transport's reach past aiomqtt: manual acks and a bounded socket reader.
+"""The transport's reach past aiomqtt: manual acks, a bounded socket reader, publishes
+straight through paho with properties we encode, and writes once per loop turn.
 
 aiomqtt 2.x has no public API for acking a message once it is answered (aiomqtt issue
 #345), so the transport uses `aiomqtt.Client._client`, and it reads the socket itself to
@@ -12,17 +13,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import signal
+import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiomqtt
 import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from tests.harness import Broker
 from tests.mqtt import Caller
 from toolbus.config import BrokerUrl
-from toolbus.messages import Inbound
+from toolbus.messages import Inbound, Outbound
+from toolbus.transport import TransportError
 from toolbus.transport.connection import MqttConnection, _Delivery
+from toolbus.transport.properties import publish_properties
 from toolbus.transport.socket_reader import paho_of
 
 
@@ -111,3 +120,105 @@ async def test_a_paused_connection_outlives_its_keepalive(broker: Broker) -> Non
         await asyncio.sleep(6)  # the span under test: nothing to wait for but time
         assert conn.connected
         assert HOLD < conn.queued() <= HOLD + 6 / 0.5 + 1  # a packet per 0.5 s probe
+
+
+# Replies leave through paho directly, with properties we encode ourselves
+# (transport/properties.py) and packets written once per loop turn (socket_writer.py).
+
+PROPERTY_CASES = [
+    Outbound(topic="t", payload=b""),
+    Outbound(topic="t", payload=b"", correlation_data=b"\x00\x01corr"),
+    Outbound(
+        topic="t",
+        payload=b"",
+        expiry_s=70000,
+        content_type="application/json",
+        response_topic="toolbus/reply/é/x",
+        correlation_data=b"",
+        user_properties=(("traceparent", "00-ab-cd-01"), ("toolbus-id", "ünï"), ("k", "")),
+    ),
+    Outbound(topic="t", payload=b"", response_topic="r" * 200, user_properties=(("a", "b"),) * 40),
+]
+
+
+@pytest.mark.parametrize("out", PROPERTY_CASES)
+def test_packed_properties_are_the_bytes_paho_would_send(out: Outbound) -> None:
+    expected = Properties(PacketTypes.PUBLISH)
+    if out.expiry_s is not None:
+        expected.MessageExpiryInterval = out.expiry_s
+    if out.content_type:
+        expected.ContentType = out.content_type
+    if out.response_topic:
+        expected.ResponseTopic = out.response_topic
+    if out.correlation_data is not None:
+        expected.CorrelationData = out.correlation_data
+    for key, value in out.user_properties:
+        expected.UserProperty = (key, value)
+    assert publish_properties(out).pack() == expected.pack()
+
+
+def test_a_property_too_long_for_mqtt_is_refused() -> None:
+    with pytest.raises(ValueError, match="65535"):
+        publish_properties(Outbound(topic="t", payload=b"", response_topic="r" * 70000))
+
+
+async def test_concurrent_publishes_arrive_acknowledged_with_their_properties(
+    broker: Broker,
+) -> None:
+    """Many publishes queued in one loop turn leave in one write each turn; each is
+    acknowledged, and each arrives with its own correlation data and user properties."""
+    url = BrokerUrl.from_url(broker.url)
+    topic = f"props/{uuid.uuid4().hex[:8]}"
+    count = 300
+    async with MqttConnection(url) as sender, MqttConnection(url) as receiver:
+        await receiver.subscribe([topic])
+        outs = [
+            Outbound(
+                topic=topic,
+                payload=str(n).encode(),
+                correlation_data=n.to_bytes(4, "big"),
+                response_topic=f"reply/{n}",
+                user_properties=(("n", str(n)),),
+                expiry_s=60,
+            )
+            for n in range(count)
+        ]
+        async with asyncio.timeout(20):
+            await asyncio.gather(*(sender.publish(out) for out in outs))
+            seen: dict[int, Inbound] = {}
+            async for message in receiver.messages():
+                seen[int(message.payload)] = message
+                if len(seen) == count:
+                    break
+    for n, message in seen.items():
+        assert message.correlation_data == n.to_bytes(4, "big")
+        assert message.response_topic == f"reply/{n}"
+        assert message.user_properties == (("n", str(n)),)
+        assert message.expiry_s is not None and 0 < message.expiry_s <= 60
+
+
+async def test_a_publish_waiting_for_its_puback_fails_when_the_broker_dies(
+    tmp_path: Path,
+) -> None:
+    """A frozen broker sends no PUBACK; once it dies the publish fails at once (the
+    connection is lost), not after the publish's own 30 s bound."""
+    own = Broker(tmp_path)
+    own.start()
+    try:
+        async with MqttConnection(BrokerUrl.from_url(own.url), keepalive_s=60) as conn:
+            assert own.process is not None
+            own.process.send_signal(signal.SIGSTOP)
+            waiting = asyncio.create_task(
+                conn.publish(Outbound(topic="t/x", payload=b"1"), timeout_s=30)
+            )
+            done, _ = await asyncio.wait({waiting}, timeout=0.3)
+            assert not done  # no PUBACK from a stopped broker
+            own.process.send_signal(signal.SIGCONT)
+            own.kill()
+            started = time.monotonic()
+            with pytest.raises(TransportError):
+                async with asyncio.timeout(10):
+                    await waiting
+            assert time.monotonic() - started < 5
+    finally:
+        own.kill()

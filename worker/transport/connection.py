@@ -19,13 +19,14 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import aiomqtt
+import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -33,17 +34,17 @@ from paho.mqtt.reasoncodes import ReasonCode
 from toolbus.broker import BrokerUrl
 from toolbus.messages import Inbound, Outbound
 from toolbus.transport.errors import BrokerRefused, TransportError
+from toolbus.transport.properties import publish_properties
 from toolbus.transport.socket_reader import BoundedReader, paho_of
+from toolbus.transport.socket_writer import SocketWriter
 from toolbus.transport.tls import tls_context
-
-LOST_LOOK_S = 0.25  # how often a publish waiting for its PUBACK looks at the connection
 
 # Nagle's algorithm otherwise adds 40-90 ms to every QoS 1 round trip.
 _NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 
 
-def _properties(out: Outbound, packet_type: int = PacketTypes.PUBLISH) -> Properties:
-    props = Properties(packet_type)
+def _will_properties(out: Outbound) -> Properties:
+    props = Properties(PacketTypes.WILLMESSAGE)
     if out.expiry_s is not None:
         props.MessageExpiryInterval = out.expiry_s
     if out.content_type:
@@ -146,11 +147,19 @@ class MqttConnection:
             # Clean Start 0 only for a session meant to outlive the connection.
             clean_start=not session_expiry_s,
         )
-        paho_of(self._client).manual_ack_set(manual_ack)
-        # Replies are published concurrently by design; aiomqtt would warn on each.
-        self._client.pending_calls_threshold = max_inflight
+        self._paho = paho_of(self._client)
+        self._paho.manual_ack_set(manual_ack)
+        self._timeout_s = timeout_s
+        self._acks: dict[int, asyncio.Future[None]] = {}  # message id -> its PUBACK
+        self._paho.on_publish = self._published
+        aiomqtt_disconnected = self._paho.on_disconnect
+        if aiomqtt_disconnected is None:  # aiomqtt changed: never guess
+            raise TypeError("aiomqtt no longer sets paho's on_disconnect")
+        self._aiomqtt_disconnected: Callable[..., None] = aiomqtt_disconnected
+        self._paho.on_disconnect = self._disconnected
         self._stack = AsyncExitStack()
         self._reader = BoundedReader(self._client, hold)
+        self._writer = SocketWriter(self._paho)
 
     @property
     def client_id(self) -> str:
@@ -168,6 +177,7 @@ class MqttConnection:
 
     async def __aenter__(self) -> Self:
         self._reader.install(asyncio.get_running_loop())
+        self._writer.install(asyncio.get_running_loop())
         try:
             await self._stack.enter_async_context(self._client)
         except aiomqtt.MqttError as exc:
@@ -208,7 +218,7 @@ class MqttConnection:
     @property
     def connected(self) -> bool:
         """False once paho has seen the connection go (paho's public `is_connected`)."""
-        return paho_of(self._client).is_connected()
+        return self._paho.is_connected()
 
     def queued(self) -> int:
         """Messages received but not yet taken (none of them acknowledged yet)."""
@@ -221,37 +231,58 @@ class MqttConnection:
         if not isinstance(delivery, _Delivery) or delivery.connection is not self:
             return False
         if delivery.qos > 0:
-            paho_of(self._client).ack(delivery.mid, delivery.qos)
+            self._paho.ack(delivery.mid, delivery.qos)
         return True
 
     async def publish(self, out: Outbound, timeout_s: float | None = None) -> None:
-        """Published and (QoS 1) acknowledged. Raises `TransportError` as soon as the
-        connection is seen lost: aiomqtt would wait out the whole timeout for a PUBACK
-        that a dead broker never sends, and the caller could have used a new connection."""
-        sending = asyncio.ensure_future(
-            self._client.publish(
-                out.topic,
-                out.payload,
-                qos=out.qos,
-                retain=out.retain,
-                properties=_properties(out),
-                timeout=timeout_s,
-            )
-        )
-        try:
-            await self._sent(sending)
-        except aiomqtt.MqttError as exc:
-            raise TransportError(str(exc)) from exc
-        finally:
-            sending.cancel()  # a no-op once done; our own cancellation ends it too
+        """Published and (QoS 1) acknowledged within `timeout_s` (the connection's bound
+        by default). Raises `TransportError` as soon as the connection is lost: a dead
+        broker never sends the PUBACK, and the caller could use a new connection.
 
-    async def _sent(self, sending: asyncio.Future[None]) -> None:
-        while not sending.done():
-            await asyncio.wait({sending}, timeout=LOST_LOOK_S)
-            if not sending.done() and not self.connected:
-                sending.cancel()
-                raise TransportError("connection lost before the broker acknowledged")
-        sending.result()
+        Straight through paho, not aiomqtt's `publish`: that one costs two tasks and an
+        event per message (`wait_for` around `Event.wait`); here the PUBACK resolves
+        one future (see `_published`)."""
+        paho_client = self._paho
+        info = paho_client.publish(
+            out.topic, out.payload, out.qos, out.retain, publish_properties(out)
+        )
+        if info.rc != paho.MQTT_ERR_SUCCESS:
+            raise TransportError(f"could not publish: {paho.error_string(info.rc)}")
+        if out.qos == 0 or info.is_published():
+            return
+        acked = asyncio.get_running_loop().create_future()
+        self._acks[info.mid] = acked
+        try:
+            async with asyncio.timeout(self._timeout_s if timeout_s is None else timeout_s):
+                await acked
+        except TimeoutError:
+            raise TransportError("the broker did not acknowledge in time") from None
+        finally:
+            self._acks.pop(info.mid, None)
+
+    def _published(
+        self,
+        client: paho.Client,
+        userdata: object,
+        mid: int,
+        reason_code: ReasonCode,
+        properties: Properties,
+    ) -> None:
+        """paho's `on_publish`: the PUBACK of one of our publishes came (any reason code:
+        as with aiomqtt, a refusal is not retried, since sending again would not help)."""
+        acked = self._acks.pop(mid, None)
+        if acked is not None and not acked.done():
+            acked.set_result(None)
+
+    def _disconnected(self, client: paho.Client, *args: Any) -> None:
+        """paho's `on_disconnect`, after aiomqtt's: no PUBACK comes on this connection now."""
+        self._aiomqtt_disconnected(client, *args)
+        acks, self._acks = self._acks, {}
+        for acked in acks.values():
+            if not acked.done():
+                acked.set_exception(
+                    TransportError("connection lost before the broker acknowledged")
+                )
 
     async def lost(self) -> None:
         """Returns once the connection is lost, for one that subscribes to nothing (the
@@ -289,5 +320,5 @@ def _will(out: Outbound) -> aiomqtt.Will:
         payload=out.payload,
         qos=out.qos,
         retain=out.retain,
-        properties=_properties(out, PacketTypes.WILLMESSAGE),
+        properties=_will_properties(out),
     )
