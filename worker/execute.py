@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -232,12 +233,13 @@ class Executor:
         outcome.tool = resolved.name
         outcome.normalized.extend(resolved.report)
         self._check_access(caller, resolved)
+        steps = trace.get_current_span().is_recording()  # a span per step only under one
         try:
-            with child_span(self._tracer, "normalize"):
+            with self._step("normalize", steps):
                 self._guards.check_envelope(tool, call.arguments, call.payload_bytes)
                 arguments, renamed = self.normalizer.arguments(tool, call.arguments)
                 outcome.normalized.extend(renamed)
-            with child_span(self._tracer, "validate"):
+            with self._step("validate", steps):
                 arguments, dropped = self._guards.check_values(tool, arguments)
                 outcome.normalized.extend(dropped)
                 check_arguments(tool.name, tool.validator, arguments)
@@ -245,6 +247,11 @@ class Executor:
             _explain(error, tool)
             raise
         return tool, arguments
+
+    def _step(self, name: str, recording: bool) -> AbstractContextManager[object]:
+        """A child span for a pipeline step, only under a recording span: even a no-op
+        span costs more than the step it would describe."""
+        return self._tracer.start_as_current_span(name) if recording else nullcontext()
 
     def _check_access(self, caller: str | None, resolved: Resolved) -> None:
         if not self.access.allows(caller, resolved.tool):

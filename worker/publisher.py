@@ -51,8 +51,18 @@ class ConnectionPublisher:
             # it every request this worker holds (decode refuses such topics first).
             log.error("refused to publish to an invalid topic %s (%s)", shown(out.topic), problem)
             return
+        deadline = asyncio.get_running_loop().time() + self._timeout_s
+        conn = self._conn
+        if conn is not None and self._connected.is_set():
+            # The usual case, in one step: the transport bounds its own wait for the PUBACK.
+            try:
+                await conn.publish(out, timeout_s=self._timeout_s)
+            except TransportError as exc:
+                log.debug("publish to %s failed (%s); retrying", out.topic, exc)
+            else:
+                return
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout_at(deadline):  # one bound over both, not two in a row
                 while True:
                     await self._connected.wait()
                     conn = self._conn
