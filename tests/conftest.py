@@ -14,6 +14,7 @@ import pytest_asyncio
 from tests.harness import (
     DEMO_SERVER,
     MEASUREMENTS,
+    SPAN_ENDS,
     Broker,
     RedisServer,
     make_settings,
@@ -86,5 +87,6 @@ def spans() -> Any:
     provider = TracerProvider()
     provider.add_span_processor(COLLECTOR)  # as configure_tracing does
     provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider.add_span_processor(SPAN_ENDS)  # after the exporter: a woken test sees the span
     trace.set_tracer_provider(provider)
     return exporter

@@ -16,12 +16,13 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from tests.certs import ListenerTls
 from tests.processes import BUNDLED_CONFIG
@@ -278,3 +279,34 @@ class ListPublisher:
 
     def on(self, topic: str) -> list[Outbound]:
         return [out for out in self.sent if out.topic == topic]
+
+
+class SpanEnds(SpanProcessor):
+    """A span processor that wakes tests waiting for spans to finish.
+
+    A worker ends a message's `process` span just after its reply has left: a test that
+    reads the spans the moment the reply arrives can be a step ahead of it. `until`
+    waits, bounded, for a condition on the finished spans, woken by each span's end.
+    """
+
+    def __init__(self) -> None:
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+
+    def on_end(self, span: ReadableSpan) -> None:
+        for loop, event in list(self._waiters):
+            loop.call_soon_threadsafe(event.set)
+
+    async def until(self, done: Callable[[], bool], timeout_s: float = 10.0) -> None:
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(timeout_s):
+            while not done():
+                waiter = (loop, asyncio.Event())
+                self._waiters.add(waiter)
+                try:
+                    if not done():  # a span may have ended before the waiter was added
+                        await waiter[1].wait()
+                finally:
+                    self._waiters.discard(waiter)
+
+
+SPAN_ENDS = SpanEnds()

@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 from opentelemetry.trace import SpanKind, StatusCode
 
-from tests.harness import DEMO_SERVER, Broker, make_settings, running_worker
+from tests.harness import DEMO_SERVER, SPAN_ENDS, Broker, make_settings, running_worker
 from tests.mqtt import Caller, call_topic, reply_topic_for
 from toolbus.observability.propagation import extract_context
 from toolbus.observability.sdk import configure_tracing
@@ -62,8 +62,17 @@ async def traced_worker(broker: Broker, spans: Any) -> AsyncIterator[Worker]:
         yield worker
 
 
-def by_trace(spans: Any, trace_id: str) -> list[Any]:
-    return [s for s in spans.get_finished_spans() if format(s.context.trace_id, "032x") == trace_id]
+async def by_trace(spans: Any, trace_id: str) -> list[Any]:
+    """The trace's spans, once its `process` span (the last to end: it ends just after
+    the reply has left) has finished."""
+
+    def found() -> list[Any]:
+        return [
+            s for s in spans.get_finished_spans() if format(s.context.trace_id, "032x") == trace_id
+        ]
+
+    await SPAN_ENDS.until(lambda: any(s.name.startswith("process ") for s in found()))
+    return found()
 
 
 async def test_a_v5_callers_trace_continues_through_the_mcp_call(
@@ -89,7 +98,7 @@ async def test_a_v5_callers_trace_continues_through_the_mcp_call(
     assert user["traceparent"].split("-")[1] == CALLER_TRACE
     assert "traceparent" not in reply  # v5 callers read it from the properties
 
-    found = {s.name: s for s in by_trace(spans, CALLER_TRACE)}
+    found = {s.name: s for s in await by_trace(spans, CALLER_TRACE)}
     consumer = found[f"process {topic}"]
     assert consumer.kind is SpanKind.CONSUMER
     assert format(consumer.parent.span_id, "016x") == CALLER_SPAN
@@ -130,7 +139,7 @@ async def test_a_311_caller_sends_and_gets_the_context_in_the_body(
         )
     assert reply["ok"] and reply["trace_id"] == "a" * 32
     assert reply["traceparent"].split("-")[1] == "a" * 32
-    assert {s.name for s in by_trace(spans, "a" * 32)} >= {
+    assert {s.name for s in await by_trace(spans, "a" * 32)} >= {
         "execute_tool echo",
         "normalize",
         "validate",
@@ -146,7 +155,7 @@ async def test_bad_headers_start_a_new_trace_and_errors_mark_the_spans(
         )
     assert reply["error"]["code"] == "unknown_tool"
     assert reply["trace_id"] and reply["trace_id"] != CALLER_TRACE
-    found = {s.name: s for s in by_trace(spans, reply["trace_id"])}
+    found = {s.name: s for s in await by_trace(spans, reply["trace_id"])}
     consumer = found[f"process {traced_worker.topics.call}/no_such_tool"]
     assert consumer.parent is None
     assert consumer.status.status_code is StatusCode.ERROR
@@ -262,7 +271,7 @@ async def test_each_failure_marks_the_consumer_span(
             call_topic(traced_worker.topics, topic_tool), body, reply_topic=reply_topic
         )
     assert reply["error"]["code"] == code
-    found = {s.name: s for s in by_trace(spans, reply["trace_id"])}
+    found = {s.name: s for s in await by_trace(spans, reply["trace_id"])}
     consumer = found[f"process {traced_worker.topics.call}/{topic_tool}"]
     assert consumer.status.status_code is StatusCode.ERROR
     assert consumer.attributes["error.type"] == code
