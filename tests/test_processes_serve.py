@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from pydantic import ValidationError
 
 from tests.fleet import Executions, recording_env
 from tests.harness import Broker
@@ -28,6 +29,7 @@ from tests.test_cli import cli_env, run_cli
 from toolbus.backends.mcp import McpBackend
 from toolbus.cli import EXIT_BROKER, EXIT_OK, EXIT_USAGE
 from toolbus.client import Client, Retry
+from toolbus.config import Settings
 from toolbus.supervisor import MCP_CLOSE_BOUND_S, Supervisor
 
 BOUND_S = 30.0  # a start, a restart, a drain: each within this
@@ -300,6 +302,12 @@ async def test_processes_the_configuration_refuses(
     # Refused before any connect: no broker needed (one would be retried, past the bound).
     code, _, _ = await run_cli("serve", "--broker", "mqtt://127.0.0.1:9", *flags, env=env)
     assert code == EXIT_USAGE
+
+
+def test_every_childs_metrics_port_must_exist() -> None:
+    assert Settings(processes=2, metrics_port=65534).processes == 2
+    with pytest.raises(ValidationError):
+        Settings(processes=3, metrics_port=65534)  # the third child's would be 65536
 
 
 def test_each_child_has_its_own_id_and_metrics_port() -> None:
