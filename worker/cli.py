@@ -42,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the worker")
     config_flags(serve)
     serve.add_argument("--mcp-config", type=Path, help="MCP client config file with mcpServers")
+    serve.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="worker processes on the shared subscription, supervised (env TOOLBUS_PROCESSES)",
+    )
 
     call = sub.add_parser("call", help="call a tool through a running worker")
     config_flags(call)
@@ -143,19 +149,27 @@ def _settings(args: argparse.Namespace) -> Any:
         getattr(args, "config", None),
         getattr(args, "mcp_config", None),
         broker_url=getattr(args, "broker", None),
+        processes=getattr(args, "processes", None),
     )
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from toolbus.backends.local import load_entry_points
     from toolbus.observability.logs import setup_logging
+
+    settings = _settings(args)
+    setup_logging(settings.log_level, settings.log_format)
+    if settings.processes > 1:  # children, supervised; with 1, nothing between
+        from toolbus.supervisor import supervise
+
+        given = {"--config": args.config, "--mcp-config": args.mcp_config, "--broker": args.broker}
+        return supervise(settings, [p for f, v in given.items() if v for p in (f, str(v))])
+
+    from toolbus.backends.local import load_entry_points
     from toolbus.observability.sdk import child_environment, configure_metrics, configure_tracing
     from toolbus.tools import BUILTIN_TOOLS
     from toolbus.transport import BrokerRefused
     from toolbus.wiring import build_worker
 
-    settings = _settings(args)
-    setup_logging(settings.log_level, settings.log_format)
     provider = configure_tracing(record_for_callers=settings.publish_traces)
     meters = configure_metrics(prometheus_port=settings.metrics_port)
     worker = build_worker(

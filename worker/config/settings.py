@@ -108,6 +108,12 @@ class Settings(BaseSettings):
         description="Refuse requests that name no caller (`forbidden`) instead of serving "
         "them under the `anonymous` (else `*`) profile.",
     )
+    processes: int = Field(
+        default=1,
+        ge=1,
+        description="Worker processes on the shared subscription, each with its own MCP "
+        "sessions, kept running by a supervisor; 1 runs the worker in this process.",
+    )
     concurrency: int = Field(default=64, ge=1, le=10_000)
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
     max_calls_per_message: int = Field(default=64, ge=1, le=1024)
@@ -219,6 +225,17 @@ class Settings(BaseSettings):
         if value is not None and (topic_problem(value) is not None or "/" in value):
             raise ValueError("worker_id must be one plain topic level (no `/`, `+`, `#`, `$`)")
         return value
+
+    @model_validator(mode="after")
+    def _processes_apart(self) -> Self:
+        if self.processes > 1 and not self.shared_group:
+            raise ValueError(
+                "processes > 1 needs a shared_group: without one every process would "
+                "receive, and run, every request"
+            )
+        if self.metrics_port is not None and self.metrics_port + self.processes - 1 > 65535:
+            raise ValueError("metrics_port + processes - 1 (the last process's port) > 65535")
+        return self
 
     @field_validator("guards")
     @classmethod
