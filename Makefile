@@ -9,7 +9,7 @@ BROKER_PORT ?= 1883
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: FORCE bench-tracing bench-normalize bench-flood bench-mcp-output bench-client compose-check check-tree bench run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary redis-binary
+.PHONY: FORCE bench-tracing bench-logging bench-normalize bench-flood bench-mcp-output bench-client compose-check check-tree bench run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary redis-binary
 
 # The package installs in strict editable mode: a tree of links to worker/ that imports as
 # `toolbus`, which mypy and editors can read (the default mode's import hook they cannot).
@@ -96,7 +96,10 @@ bench: $(STAMP) mosquitto-binary
 	$(BIN)/toolbus bench
 
 bench-tracing: $(STAMP) mosquitto-binary
-	$(BIN)/toolbus bench --tracing
+	$(BIN)/toolbus bench --only toolbus-echo --tracing
+
+bench-logging: $(STAMP) mosquitto-binary
+	$(BIN)/toolbus bench --only toolbus-echo --logging
 
 bench-normalize: $(STAMP)
 	$(BIN)/python bench/normalize.py

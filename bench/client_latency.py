@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from toolbus import BrokerUrl, Client
-from toolbus.bench import private_broker
+from toolbus.bench.mosquitto import private_broker
 from toolbus.config import Settings
 from toolbus.messages import Outbound
 from toolbus.tools import BUILTIN_TOOLS
@@ -86,7 +86,8 @@ def line(label: str, took: list[float]) -> str:
 
 
 async def measure(calls: int) -> list[str]:
-    with private_broker(tcp_nodelay=True) as url:
+    with private_broker() as broker:
+        url = broker.url
         settings = Settings.model_validate(
             {
                 "broker_url": url,

@@ -97,11 +97,12 @@ def _parser() -> argparse.ArgumentParser:
     mappings.add_argument("--config", type=Path, help="config file (TOML or JSON)")
     mappings.add_argument("--mcp-config", type=Path, help="MCP client config file with mcpServers")
 
-    bench = sub.add_parser("bench", help="measure round trips against a same-run baseline")
-    bench.add_argument("--requests", type=int, default=200)
-    bench.add_argument("--concurrency", type=int, default=64)
-    bench.add_argument(
-        "--tracing", action="store_true", help="compare tracing off and on instead of Nagle"
+    from toolbus.bench.command import add_arguments as bench_arguments
+
+    bench_arguments(
+        sub.add_parser(
+            "bench", help="measure the worker against a bare aiomqtt echo and a raw MCP session"
+        )
     )
 
     demo = sub.add_parser("demo-server", help="run the demo MCP device server on stdio")
@@ -359,15 +360,9 @@ def _mappings(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from toolbus import bench
+    from toolbus.bench.command import run
 
-    if args.tracing:
-        bench.render_tracing(
-            bench.run_tracing(requests=args.requests, concurrency=args.concurrency)
-        )
-    else:
-        bench.render(bench.run(requests=args.requests, concurrency=args.concurrency))
-    return EXIT_OK
+    return run(args)
 
 
 def _demo_server(args: argparse.Namespace) -> int:

@@ -66,7 +66,6 @@ class Worker:
         reconnect_max_delay_s: the cap on the reconnect backoff.
         session_expiry_s: keep the broker session this long after a disconnect, so
             requests received but unanswered at a crash come back (0: clean sessions).
-        tcp_nodelay: off only for the benchmark's baseline.
     """
 
     def __init__(
@@ -85,16 +84,13 @@ class Worker:
         publish_timeout_s: float,
         reconnect_max_delay_s: float,
         session_expiry_s: int = 0,
-        tcp_nodelay: bool = True,
     ) -> None:
         self.broker, self.worker_id, self.topics = broker, worker_id, topics
         self.pipeline, self.mcp, self.metrics = pipeline, mcp, metrics
         self._publisher, self._status = publisher, status
         self._grace_s, self._publish_timeout_s = shutdown_grace_s, publish_timeout_s
         self._reconnect_max_delay_s = reconnect_max_delay_s
-        self._links = _Links(
-            broker, worker_id, slots.count, session_expiry_s, publish_timeout_s, tcp_nodelay
-        )
+        self._links = _Links(broker, worker_id, slots.count, session_expiry_s, publish_timeout_s)
         self.subscribed = asyncio.Event()
         self.draining = asyncio.Event()  # set once stopping has begun
         self.in_flight = InFlight(pipeline.handle, self._ack, slots, metrics)
@@ -292,7 +288,6 @@ class _Links:
     concurrency: int
     session_expiry_s: int
     timeout_s: float
-    tcp_nodelay: bool
 
     def requests(self, will: Outbound) -> MqttConnection:
         """Where requests arrive: the worker's identity, session and `will` (made at
@@ -307,7 +302,6 @@ class _Links:
             manual_ack=True,
             session_expiry_s=self.session_expiry_s,
             timeout_s=self.timeout_s,
-            tcp_nodelay=self.tcp_nodelay,
         )
 
     def replies(self) -> MqttConnection:
@@ -317,7 +311,6 @@ class _Links:
             self.broker,
             client_id=f"{self.worker_id}{REPLIES_ID_SUFFIX}",
             timeout_s=self.timeout_s,
-            tcp_nodelay=self.tcp_nodelay,
         )
 
 

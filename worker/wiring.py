@@ -93,14 +93,12 @@ def build_worker(
     collector: TraceCollector | None = None,
     meter: Meter | None = None,
     child_env: Mapping[str, str] | None = None,
-    tcp_nodelay: bool = True,
 ) -> Worker:
     """A worker for `settings`, serving `local_tools` and the configured MCP servers.
 
     Args:
         tracer, collector, meter: telemetry; the process-wide ones by default.
         child_env: environment for stdio MCP servers (e.g. `OTEL_*`).
-        tcp_nodelay: off only for the benchmark's baseline.
     """
     # Imported here: the mcp SDK takes a second to import, and the registry, executor and
     # pipeline (`toolbus mappings`, the in-process tests) are built without it.
@@ -172,5 +170,4 @@ def build_worker(
         reconnect_max_delay_s=settings.reconnect_max_delay_s,
         # A session outlives the connection only under a stable, configured identity.
         session_expiry_s=settings.session_expiry_s if settings.worker_id else 0,
-        tcp_nodelay=tcp_nodelay,
     )

@@ -106,7 +106,6 @@ class MqttConnection:
             subscribing, and publish on another connection.
         timeout_s: bound on connect/subscribe/publish acknowledgements.
         keepalive_s: MQTT keepalive: how long a silent broker is trusted.
-        tcp_nodelay: off only for the benchmark's baseline; never in production.
     """
 
     def __init__(
@@ -122,7 +121,6 @@ class MqttConnection:
         hold: int | None = None,
         timeout_s: float = 10.0,
         keepalive_s: int = 60,
-        tcp_nodelay: bool = True,
     ) -> None:
         tls = tls_context(broker)  # raises BrokerRefused for TLS files it cannot use
         connect = Properties(PacketTypes.CONNECT)
@@ -142,7 +140,7 @@ class MqttConnection:
             timeout=timeout_s,
             keepalive=keepalive_s,
             max_inflight_messages=max_inflight,
-            socket_options=_NODELAY if tcp_nodelay else (),
+            socket_options=_NODELAY,
             properties=connect,
             # Clean Start 0 only for a session meant to outlive the connection.
             clean_start=not session_expiry_s,
