@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import pytest
@@ -227,3 +228,16 @@ def test_an_ollama_response_stays_ollama_when_its_calls_carry_ids() -> None:
     call = {"id": "c1", "function": {"name": "echo", "arguments": {}}}
     body = {"model": "m", "done": True, "message": {"role": "assistant", "tool_calls": [call]}}
     assert many(inbound(body)).format is ReplyFormat.OLLAMA
+
+
+def test_a_request_without_an_id_gets_a_fresh_version_4_uuid() -> None:
+    topics = Topics("tb", "", ("tb/reply/",))
+    message = Inbound(topic="tb/call/echo", payload=b"{}", response_topic="tb/reply/r")
+    seen = set()
+    for _ in range(2000):
+        call = decode(message, topics, 1 << 20)
+        assert isinstance(call, Call) and call.id_generated
+        parsed = uuid.UUID(call.id)
+        assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, call.id)
+        seen.add(call.id)
+    assert len(seen) == 2000

@@ -69,18 +69,19 @@ class _Delivery:
 
 
 def _inbound(message: aiomqtt.Message, connection: MqttConnection) -> Inbound:
-    props = message.properties
-    # paho raises AttributeError for a property the message does not carry.
-    user = getattr(props, "UserProperty", None) or ()
+    # paho sets only the properties a message carries, as attributes: read them from
+    # its __dict__ (a missing one through getattr costs a raised AttributeError each).
+    props = vars(message.properties) if message.properties is not None else {}
+    user = props.get("UserProperty") or ()
     return Inbound(
         topic=message.topic.value,
         payload=message.payload if isinstance(message.payload, bytes) else b"",
         qos=message.qos,
-        response_topic=getattr(props, "ResponseTopic", None),
-        correlation_data=getattr(props, "CorrelationData", None),
-        content_type=getattr(props, "ContentType", None),
-        user_properties=tuple((str(k), str(v)) for k, v in user),
-        expiry_s=getattr(props, "MessageExpiryInterval", None),
+        response_topic=props.get("ResponseTopic"),
+        correlation_data=props.get("CorrelationData"),
+        content_type=props.get("ContentType"),
+        user_properties=tuple((str(k), str(v)) for k, v in user) if user else (),
+        expiry_s=props.get("MessageExpiryInterval"),
         delivery=_Delivery(connection, message.mid, message.qos),
     )
 
