@@ -12,9 +12,13 @@ from typing import Literal
 import pytest
 
 from toolbus.backends.local import ENTRY_POINT_GROUP, LocalTool, load_entry_points, to_result, tool
+from toolbus.config import Settings
 from toolbus.contracts import ErrorCode
+from toolbus.decode import Call
 from toolbus.errors import InvalidArguments, ToolFailed
+from toolbus.execute import Outcome
 from toolbus.tools import BUILTIN_TOOLS
+from toolbus.wiring import build_executor, build_registry
 
 
 def test_schema_from_hints() -> None:
@@ -149,3 +153,58 @@ async def test_entry_point_tools_load_and_broken_ones_are_skipped(plugin_on_path
     assert [t.name for t in loaded] == ["shout"]
     assert isinstance(loaded[0], LocalTool)
     assert (await loaded[0].to_tool().invoke({"text": "hi"})).text == "HI"
+
+
+@tool(timeout_s=0.05)
+async def stubborn() -> str:
+    """Swallows the cancellation at its deadline and answers anyway."""
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        return "late"
+    return "never"
+
+
+HANGING: list[asyncio.Event] = []  # set by `hangs` once it waits: the test's own event
+
+
+@tool(timeout_s=0.05)
+async def hangs() -> str:
+    """Never answers."""
+    for entered in HANGING:
+        entered.set()
+    await asyncio.Event().wait()
+    return "never"
+
+
+async def _execute(local: LocalTool) -> Outcome:
+    settings = Settings()
+    executor = build_executor(settings, build_registry([local], settings))
+    return await executor.execute(Call(id="a", tool=local.name, arguments={}, topic="t"))
+
+
+async def test_a_tool_past_its_deadline_times_out_and_leaves_its_task_uncancelled() -> None:
+    outcome = await _execute(hangs)
+    assert outcome.error is not None and outcome.error.code is ErrorCode.TIMEOUT
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0  # the deadline's cancel taken back
+
+
+async def test_a_tool_that_swallows_its_deadline_keeps_its_answer() -> None:
+    outcome = await _execute(stubborn)
+    assert outcome.error is None and outcome.result is not None
+    assert outcome.result.text == "late"
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+
+
+async def test_a_cancellation_from_outside_is_not_a_timeout() -> None:
+    """A shutdown's cancel passes through the deadline as a cancellation."""
+    entered = asyncio.Event()
+    HANGING[:] = [entered]
+    running = asyncio.create_task(_execute(hangs))
+    async with asyncio.timeout(5):
+        await entered.wait()
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running

@@ -57,6 +57,7 @@ def build_executor(
     tracer: trace.Tracer | None = None,
     metrics: Metrics | None = None,
     startup: Startup | None = None,
+    root_spans: bool = True,
 ) -> Executor:
     """Resolve, check, normalize, validate and run (tests and `toolbus mappings` use it too)."""
     return Executor(
@@ -72,6 +73,7 @@ def build_executor(
         trace_arguments=settings.trace_arguments,
         log_arguments=settings.log_arguments,
         metrics=metrics,
+        root_spans=root_spans,
     )
 
 
@@ -127,7 +129,9 @@ def build_worker(
         listeners=[status.server_changed],
     )
     metrics = Metrics(meter, server_states=mcp.states)
-    executor = build_executor(settings, registry, tracer=tracer, metrics=metrics, startup=mcp)
+    executor = build_executor(
+        settings, registry, tracer=tracer, metrics=metrics, startup=mcp, root_spans=False
+    )
     once = Once(
         open_store(
             settings.dedup_store,

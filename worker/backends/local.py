@@ -175,8 +175,12 @@ def to_result(value: Any) -> ToolResult:
     if isinstance(value, str):
         return ToolResult(text=value)
     if isinstance(value, dict):
-        return ToolResult(text=json.dumps(value, ensure_ascii=False), structured=value)
-    return ToolResult(text=json.dumps(value, ensure_ascii=False), structured={"result": value})
+        return ToolResult(text=_TEXT.encode(value), structured=value)
+    return ToolResult(text=_TEXT.encode(value), structured={"result": value})
+
+
+# One encoder: `json.dumps` with any argument but the defaults builds a new one per call.
+_TEXT = json.JSONEncoder(ensure_ascii=False)
 
 
 def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[LocalTool]:

@@ -40,14 +40,18 @@ def child_span(
     attributes: dict[str, Any] | None = None,
     *,
     kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+    root: bool = True,
 ) -> AbstractContextManager[trace.Span]:
     """A span for one step, made only where it can be recorded: under a recording span,
     or as a root when `tracer` can record. Under a span that does not record (sampled
     out, or the API's no-op carrying a caller's context) it would not be sampled either,
     and costs as much as the step it describes: the current span stands in (what is set
-    on it goes nowhere)."""
+    on it goes nowhere). `root=False`: never a root span (a caller that always runs under
+    a span when it traces, and only then)."""
     current = trace.get_current_span()
-    if current.is_recording() or (current is trace.INVALID_SPAN and not records_nothing(tracer)):
+    if current.is_recording() or (
+        root and current is trace.INVALID_SPAN and not records_nothing(tracer)
+    ):
         return tracer.start_as_current_span(name, kind=kind, attributes=attributes)
     return nullcontext(current)
 
