@@ -57,10 +57,11 @@ def body_address(
 
 def deadline_at(message: Inbound, options: Options) -> float | None:
     """The first of the message's expiry and the body's wall-clock `deadline_ms`."""
-    instants = [at for at in (_expiry_at(message),) if at is not None]
+    at = _expiry_at(message)
     if options.deadline_ms is not None:
-        instants.append(time.monotonic() + options.deadline_ms / 1000 - time.time())
-    return min(instants, default=None)
+        wall = time.monotonic() + options.deadline_ms / 1000 - time.time()
+        at = wall if at is None else min(at, wall)
+    return at
 
 
 def _reply_to(body: object, shape: Shape) -> object:

@@ -249,14 +249,18 @@ class MqttConnection:
             raise TransportError(f"could not publish: {paho.error_string(info.rc)}")
         if out.qos == 0 or info.is_published():
             return
-        acked = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        acked = loop.create_future()
         self._acks[info.mid] = acked
+        # A timer that fails the future, not `asyncio.timeout` (which cancels the task):
+        # the same bound for a third of the steps, on every reply.
+        timer = loop.call_later(
+            self._timeout_s if timeout_s is None else timeout_s, _unacknowledged, acked
+        )
         try:
-            async with asyncio.timeout(self._timeout_s if timeout_s is None else timeout_s):
-                await acked
-        except TimeoutError:
-            raise TransportError("the broker did not acknowledge in time") from None
+            await acked
         finally:
+            timer.cancel()
             self._acks.pop(info.mid, None)
 
     def _published(
@@ -290,6 +294,11 @@ class MqttConnection:
         with contextlib.suppress(aiomqtt.MqttError):
             async for _ in self._client.messages:
                 pass  # nothing is subscribed: nothing comes
+
+
+def _unacknowledged(acked: asyncio.Future[None]) -> None:
+    if not acked.done():
+        acked.set_exception(TransportError("the broker did not acknowledge in time"))
 
 
 # CONNACK reason codes that refuse the credentials: MQTT v5, then 3.1.1.
