@@ -30,6 +30,9 @@ class Slots:
     async def acquire(self) -> None:
         await self._free.acquire()
 
+    def any_free(self) -> bool:
+        return not self._free.locked()
+
     def release(self, count: int = 1) -> None:
         for _ in range(count):
             self._free.release()
@@ -65,6 +68,10 @@ class InFlight:
     async def acquire(self) -> None:
         """Wait for a free slot; `start` or `release` must follow."""
         await self._slots.acquire()
+
+    def any_free(self) -> bool:
+        """A slot is free now: `acquire` returns at once."""
+        return self._slots.any_free()
 
     def release(self) -> None:
         """Give back a slot taken for a message that never came."""

@@ -268,6 +268,9 @@ async def _take_slot(in_flight: InFlight, conn: MqttConnection) -> None:
     the slots are full: handlers waiting to publish their replies on the reconnect would
     wait for the consumer, which waits for them.
     """
+    if in_flight.any_free():  # the usual case: no timer for a wait that cannot happen
+        await in_flight.acquire()
+        return
     while True:
         try:
             async with asyncio.timeout(SLOT_LOOK_S):
