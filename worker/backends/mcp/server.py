@@ -346,7 +346,7 @@ class McpServer:
             server=self.name,
             rank=self.rank,
             settings=settings,
-            invoke=partial(self.call, planned),  # no wrapper: one coroutine per call, not two
+            invoke=partial(self._call, planned),  # no wrapper: one coroutine per call, not two
         )
 
     def limit(self, remote_name: str) -> int:
@@ -356,7 +356,14 @@ class McpServer:
 
     # -- calls ---------------------------------------------------------------------
 
-    async def call(self, plan: CallPlan, arguments: dict[str, Any]) -> ToolResult:
+    async def call(self, remote_name: str, arguments: dict[str, Any]) -> ToolResult:
+        """Call a tool by its name on the server (the registry's tools are bound to their plan)."""
+        plan = self._plans.get(remote_name) or call_plan(
+            self.name, remote_name, (self._limit, self._slots), self._span_attributes
+        )
+        return await self._call(plan, arguments)
+
+    async def _call(self, plan: CallPlan, arguments: dict[str, Any]) -> ToolResult:
         # Waiting for a slot counts against the call's deadline (the executor's timeout).
         async with plan.slots:
             current = self._current
