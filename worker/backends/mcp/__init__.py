@@ -3,7 +3,8 @@
 The only package that imports `mcp`:
 
     backend  the facade: every configured server, started and stopped together
-    server   one server's state machine, retries, session and calls
+    server   one server's state machine, retries, session and tools
+    call     one tool's calls: the plan made when it is listed, one call on a session
     stdio    a stdio server's process, and bounded pipes to it (our own transport)
     lines    bounded line splitting, and whose answer an oversized line is
     environment  what a stdio server's process inherits

@@ -1,7 +1,9 @@
 """Conversion between the mcp SDK's types and ours: listed tools, call results, failures.
 
 Typed with the SDK's own models (`mcp_types`), so a change of their shape is a type
-error here, not a surprise in a reply.
+error here, not a surprise in a reply. A result is built without validating it again
+(`model_construct`): the SDK has validated every field of it, and its structured content
+was parsed from JSON, so it is JSON values by construction.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from mcp_types import (
     AudioContent,
     BlobResourceContents,
     CallToolResult,
+    ContentBlock,
     EmbeddedResource,
     ImageContent,
     ResourceLink,
@@ -84,35 +87,41 @@ def to_result(result: CallToolResult) -> ToolResult:
     for block in result.content:
         if isinstance(block, TextContent):
             texts.append(block.text)
-        elif isinstance(block, ImageContent | AudioContent):
-            other.append(ContentItem(type=block.type, mime_type=block.mime_type, data=block.data))
-        elif isinstance(block, EmbeddedResource):
-            resource = block.resource
-            blob = resource.blob if isinstance(resource, BlobResourceContents) else None
-            text = None if isinstance(resource, BlobResourceContents) else resource.text
-            other.append(
-                ContentItem(
-                    type=block.type,
-                    uri=str(resource.uri),
-                    mime_type=resource.mime_type,
-                    text=text,
-                    data=blob,
-                )
-            )
-        elif isinstance(block, ResourceLink):
-            other.append(
-                ContentItem(type=block.type, uri=str(block.uri), mime_type=block.mime_type)
-            )
-        else:  # a content type newer than this code: carried whole, as base64 JSON
-            raw = json.dumps(block.model_dump(mode="json"), ensure_ascii=False)
-            kind = str(getattr(block, "type", "unknown"))
-            other.append(ContentItem(type=kind, data=base64.b64encode(raw.encode()).decode()))
+        else:
+            other.append(_content_item(block))
     structured = result.structured_content
-    return ToolResult(
+    return ToolResult.model_construct(
         text="\n".join(texts),
         structured=structured if isinstance(structured, dict) else None,
         content=other or None,
     )
+
+
+def _content_item(block: ContentBlock) -> ContentItem:
+    """A non-text block, its fields as the SDK validated them."""
+    if isinstance(block, ImageContent | AudioContent):
+        return ContentItem.model_construct(
+            type=block.type, mime_type=block.mime_type, data=block.data
+        )
+    if isinstance(block, EmbeddedResource):
+        resource = block.resource
+        blob = resource.blob if isinstance(resource, BlobResourceContents) else None
+        text = None if isinstance(resource, BlobResourceContents) else resource.text
+        return ContentItem.model_construct(
+            type=block.type,
+            uri=str(resource.uri),
+            mime_type=resource.mime_type,
+            text=text,
+            data=blob,
+        )
+    if isinstance(block, ResourceLink):
+        return ContentItem.model_construct(
+            type=block.type, uri=str(block.uri), mime_type=block.mime_type
+        )
+    # A content type newer than this code: carried whole, as base64 JSON.
+    raw = json.dumps(block.model_dump(mode="json"), ensure_ascii=False)
+    kind = str(getattr(block, "type", "unknown"))
+    return ContentItem.model_construct(type=kind, data=base64.b64encode(raw.encode()).decode())
 
 
 def checked_result(result: CallToolResult, server: str, limit_bytes: int) -> ToolResult:

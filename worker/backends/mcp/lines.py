@@ -45,8 +45,11 @@ class LineSplitter:
         lines: list[bytes | Oversized] = []
         start = 0
         while (end := data.find(b"\n", start)) >= 0:
-            self._take(data[start:end])
-            lines.append(self._complete())
+            if end - start <= self.limit_bytes and not self._line and not self._over:
+                lines.append(data[start:end])  # whole within this chunk: copied once, not thrice
+            else:
+                self._take(data[start:end])
+                lines.append(self._complete())
             start = end + 1
         if start < len(data):
             self._take(data[start:])

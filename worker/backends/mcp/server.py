@@ -19,18 +19,18 @@ import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
+from functools import partial
 from typing import Any, Literal
 
-import anyio
 from mcp import ClientSession
 from mcp.client import IncomingMessage
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, ToolListChangedNotification
 from mcp_types import Tool as ListedTool
-from opentelemetry import trace
+from mcp_types import ToolListChangedNotification
 from tenacity import RetryCallState
 
-from toolbus.backends.mcp.convert import bad_line, call_error, checked_result, describe, to_tool
+from toolbus.backends.mcp.call import TRANSPORT_ERRORS, CallPlan, call_plan, send
+from toolbus.backends.mcp.convert import bad_line, checked_result, describe, to_tool
 from toolbus.backends.mcp.http import open_http
 from toolbus.backends.mcp.retry import Stopping, connect_attempts
 from toolbus.backends.mcp.session import Ending, Session, list_tools
@@ -42,13 +42,11 @@ from toolbus.observability.spans import server_attributes
 from toolbus.registry import Registry, Tool, sanitize_name
 
 log = logging.getLogger("toolbus.mcp")
-_tracer = trace.get_tracer("toolbus.mcp")
 
 ServerState = Literal["connecting", "ready", "degraded", "down", "stopped"]
 StateListener = Callable[["McpServer"], None]
 
 STDERR_LINES_KEPT = 50
-TRANSPORT_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError)
 
 
 class McpServer:
@@ -93,7 +91,7 @@ class McpServer:
             **(server_attributes(config.url) if config.url else {"network.transport": "pipe"}),
         }
         self._slots = asyncio.Semaphore(self._limit)
-        self._tool_slots: dict[str, tuple[int, asyncio.Semaphore]] = {}
+        self._plans: dict[str, CallPlan] = {}  # by the tool's name on the server
         self._registry = registry
         self._tool_settings = tool_settings
 
@@ -323,11 +321,13 @@ class McpServer:
             current.end(f"health check failed: {describe(exc)}")
 
     def _sync_tools(self, listed: list[ListedTool]) -> tuple[list[str], list[str]]:
-        tools = [self._tool(t) for t in listed]
+        plans: dict[str, CallPlan] = {}
+        tools = [self._tool(t, plans) for t in listed]
+        self._plans = plans
         self.tool_names = [t.name for t in tools]
         return self._registry.replace_origin(self.origin, tools)
 
-    def _tool(self, listed: ListedTool) -> Tool:
+    def _tool(self, listed: ListedTool, plans: dict[str, CallPlan]) -> Tool:
         remote_name = listed.name
         name = sanitize_name(remote_name)
         if name != remote_name:
@@ -335,26 +335,37 @@ class McpServer:
                 "MCP server %s announced tool %r: registered as %s", self.name, remote_name, name
             )
         settings = tool_settings(self._tool_settings, name, self.name)
-        if settings.max_in_flight:
-            limit = settings.max_in_flight
-            self._tool_slots[remote_name] = (limit, asyncio.Semaphore(limit))
-
-        async def invoke(arguments: dict[str, Any]) -> ToolResult:
-            return await self.call(remote_name, arguments)
-
+        limit = settings.max_in_flight
+        slots = (limit, asyncio.Semaphore(limit)) if limit else (self._limit, self._slots)
+        plans[remote_name] = planned = call_plan(
+            self.name, remote_name, slots, self._span_attributes
+        )
         return to_tool(
-            listed, name, server=self.name, rank=self.rank, settings=settings, invoke=invoke
+            listed,
+            name,
+            server=self.name,
+            rank=self.rank,
+            settings=settings,
+            invoke=partial(self._call, planned),  # no wrapper: one coroutine per call, not two
         )
 
     def limit(self, remote_name: str) -> int:
         """Calls to this tool that may run at once: its own limit, else the server's."""
-        return self._tool_slots.get(remote_name, (self._limit, self._slots))[0]
+        planned = self._plans.get(remote_name)
+        return planned.limit if planned else self._limit
 
     # -- calls ---------------------------------------------------------------------
 
     async def call(self, remote_name: str, arguments: dict[str, Any]) -> ToolResult:
+        """Call a tool by its name on the server (the registry's tools are bound to their plan)."""
+        plan = self._plans.get(remote_name) or call_plan(
+            self.name, remote_name, (self._limit, self._slots), self._span_attributes
+        )
+        return await self._call(plan, arguments)
+
+    async def _call(self, plan: CallPlan, arguments: dict[str, Any]) -> ToolResult:
         # Waiting for a slot counts against the call's deadline (the executor's timeout).
-        async with self._tool_slots.get(remote_name, (0, self._slots))[1]:
+        async with plan.slots:
             current = self._current
             if current is None or current.ended.is_set():
                 raise Unavailable(
@@ -362,22 +373,7 @@ class McpServer:
                     + (f": {self.last_error}" if self.last_error else ""),
                     server=self.name,
                 )
-            try:
-                with _tracer.start_as_current_span(
-                    f"tools/call {remote_name}",
-                    kind=trace.SpanKind.CLIENT,
-                    attributes={**self._span_attributes, "gen_ai.tool.name": remote_name},
-                ):
-                    result = await current.session.call_tool(remote_name, arguments)
-            except MCPError as exc:
-                if exc.code == CONNECTION_CLOSED:
-                    current.end("the connection closed")
-                raise call_error(exc, self.name) from exc
-            except TRANSPORT_ERRORS as exc:
-                current.end(describe(exc))
-                raise Unavailable(
-                    f"MCP server {self.name} is unreachable: {describe(exc)}", server=self.name
-                ) from exc
+            result = await send(current, plan, arguments)
         return checked_result(result, self.name, self.max_result_bytes)
 
     async def _on_message(self, message: IncomingMessage) -> None:
