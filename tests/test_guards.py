@@ -117,3 +117,34 @@ async def test_an_empty_global_pattern_is_the_one_way_to_lift_the_default() -> N
     assert await _refused_by(kept, {"action": "bell\x07"}) == [
         ("arguments.action", DEFAULT_FORBIDDEN_PATTERN)
     ]
+
+
+async def test_patterns_that_cannot_share_one_search_still_hold_alone() -> None:
+    # A backreference counts groups and an inline flag must lead its pattern: neither
+    # can join the others in one alternation, so each is searched on its own.
+    settings = Settings.model_validate(
+        {
+            "tools": {
+                "other": {
+                    "guards": {"forbidden_pattern": "(?i)drop"},
+                    "parameters": {"deviceName": {"forbidden_pattern": r"(.)\1\1"}},
+                }
+            }
+        }
+    )
+    assert await _refused_by(settings, {"deviceName": "aaa"}) == [
+        ("arguments.deviceName", r"(.)\1\1")
+    ]
+    assert await _refused_by(settings, {"action": "aaa"}) == []
+    assert await _refused_by(settings, {"action": "DROP it"}) == [("arguments.action", "(?i)drop")]
+    assert await _refused_by(settings, {"action": "a\x07"}) == [
+        ("arguments.action", DEFAULT_FORBIDDEN_PATTERN)
+    ]
+
+
+async def test_of_several_patterns_found_the_first_in_level_order_is_reported() -> None:
+    settings = _forbidden_config({}, {"forbidden_pattern": "`"})
+    assert await _refused_by(settings, {"deviceName": ";`\x07"}) == [
+        ("arguments.deviceName", DEFAULT_FORBIDDEN_PATTERN)
+    ]
+    assert await _refused_by(settings, {"deviceName": ";`"}) == [("arguments.deviceName", "`")]
