@@ -31,6 +31,7 @@ from toolbus.normalization import paths
 from toolbus.normalization.report import Change
 from toolbus.normalization.shapes import ANY, Shape
 from toolbus.registry import Tool
+from toolbus.validate import standalone_check
 
 MAX_VIOLATIONS = 20
 _NO_CHILDREN: dict[str, ParamNode] = {}
@@ -94,6 +95,7 @@ class ToolGuards:
     limits: Limits
     params: ParamNode
     item_validators: dict[int, Validator] = field(default_factory=dict)
+    item_checks: dict[int, Any] = field(default_factory=dict)  # jsonschema-rs, where it can
 
 
 class Guards:
@@ -274,8 +276,11 @@ class _Walk:
         if settings is not None and settings.lenient and shape.item_schema is not None:
             kept = self.lenient(items, shape, path)
         item_shape = shape.items or ANY
+        plain = settings is None or not (settings.path or settings.allowed_roots)
         checked = [
-            self.value(item, item_shape, param, limits, f"{path}[{i}]")
+            item  # as in objects: a plain string within its limits needs no call
+            if plain and type(item) is str and _plain(item, limits)
+            else self.value(item, item_shape, param, limits, f"{path}[{i}]")
             for i, item in enumerate(kept)
         ]
         if kept is items and all(new is old for new, old in zip(checked, items, strict=True)):
@@ -286,8 +291,12 @@ class _Walk:
         validator = self._item_validator(shape)
         if validator is None:
             return items
+        check = self.guards.item_checks.get(id(shape))  # filled with the validator
         kept = []
         for i, item in enumerate(items):
+            if check is not None and check.is_valid(item):
+                kept.append(item)  # valid: no need to ask the slower validator why not
+                continue
             error = next(iter(validator.iter_errors(item)), None)
             if error is None:
                 kept.append(item)
@@ -308,6 +317,9 @@ class _Walk:
                 return None
             # evolve keeps the root's resolver: $refs in the item schema still resolve.
             cache[id(shape)] = root.evolve(schema=shape.item_schema)
+            self.guards.item_checks[id(shape)] = standalone_check(
+                shape.item_schema, self.tool.input_schema
+            )
         return cache[id(shape)]
 
 

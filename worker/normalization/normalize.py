@@ -146,7 +146,12 @@ class _Walk:
             return self.object(value, shape, static, path)
         if isinstance(value, list) and (shape.items is not None or not static.empty):
             items = shape.items or ANY
-            return [self.value(v, items, static, f"{path}[{i}]") for i, v in enumerate(value)]
+            return [
+                v  # as in `object`: a plain item needs no call
+                if type(v) in items.kept_scalars and (items.enum is None or v in items.enum_texts)
+                else self.value(v, items, static, f"{path}[{i}]")
+                for i, v in enumerate(value)
+            ]
         return value
 
     def object(
@@ -171,12 +176,8 @@ class _Walk:
             if rule is not None:
                 self.note(f"{path}.{key}", key, target, rule)
             child = properties.get(target, ANY)
-            kind = type(item)
-            if (
-                kind in child.kept
-                and kind is not dict
-                and kind is not list
-                and (child.enum is None or kind is not str or item in child.enum_texts)
+            if type(item) in child.kept_scalars and (
+                child.enum is None or item in child.enum_texts
             ):
                 out[target] = item  # as `value()` would leave it: nothing to shape or walk
             else:

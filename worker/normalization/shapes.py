@@ -39,6 +39,7 @@ class Shape:
     # The Python types of values normalization leaves as they are here (an enum aside):
     # what `settled` checks a call against.
     kept: frozenset[type] = field(default_factory=lambda: frozenset(_JSON_TYPE_OF))
+    kept_scalars: frozenset[type] = field(default_factory=lambda: _SCALARS)  # nothing to walk
 
     @property
     def is_object(self) -> bool:
@@ -59,6 +60,8 @@ _JSON_TYPE_OF: dict[type, str] = {
     list: "array",
     dict: "object",
 }
+
+_SCALARS: frozenset[type] = frozenset(_JSON_TYPE_OF) - {dict, list}
 
 ANY = Shape()
 
@@ -196,6 +199,7 @@ class ShapeBuilder:
         # A value of an accepted type passes `coerce` untouched: no string to parse, no
         # number to print, nothing to wrap (the enum's casing is checked on its own).
         shape.kept = frozenset(t for t, name in _JSON_TYPE_OF.items() if shape.accepts(name))
+        shape.kept_scalars = shape.kept & _SCALARS
         seen: dict[str, set[str]] = {}
         for name in shape.properties:
             seen.setdefault(spelling_key(name), set()).add(name)
