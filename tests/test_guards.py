@@ -148,3 +148,48 @@ async def test_of_several_patterns_found_the_first_in_level_order_is_reported() 
         ("arguments.deviceName", DEFAULT_FORBIDDEN_PATTERN)
     ]
     assert await _refused_by(settings, {"deviceName": ";`"}) == [("arguments.deviceName", "`")]
+
+
+# -- lenient arrays: which items are dropped -----------------------------------------
+
+LENIENT = Settings.model_validate(
+    {"tools": {"other": {"parameters": {"items": {"lenient": True}}}}}
+)
+
+
+async def _dropped(schema: dict[str, Any], items: list[Any]) -> list[str]:
+    outcome = await run(LENIENT, mcp_tool("other", schema), {"items": items})
+    assert outcome.ok, outcome.error and outcome.error.details
+    return [e.from_ for e in outcome.normalized if e.rule == "lenient_drop"]
+
+
+@pytest.mark.parametrize(
+    ("draft", "dropped"),
+    [
+        ("http://json-schema.org/draft-07/schema#", []),  # `dependentRequired` is unknown
+        ("https://json-schema.org/draft/2020-12/schema", ["invalid (dependentRequired)"]),
+    ],
+)
+async def test_lenient_items_are_judged_in_the_schemas_own_draft(
+    draft: str, dropped: list[str]
+) -> None:
+    schema = {
+        "$schema": draft,
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "items": {"type": "object", "dependentRequired": {"a": ["b"]}},
+            }
+        },
+    }
+    assert await _dropped(schema, [{"a": 1, "b": 2}, {"a": 1}]) == dropped
+
+
+async def test_lenient_items_may_refer_to_the_rest_of_the_schema() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Finding"}}},
+        "$defs": {"Finding": {"type": "object", "required": ["finding"]}},
+    }
+    assert await _dropped(schema, [{"finding": "x"}, {"confidence": 1}]) == ["invalid (required)"]
