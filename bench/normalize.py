@@ -1,10 +1,17 @@
-"""Cost of normalize + validate per call, next to one json.loads of the same payload.
+"""Cost of everything before a tool runs (`Executor.prepare`), next to one json.loads.
 
 Run: `make bench-normalize` (or `.venv/bin/python bench/normalize.py [--rounds N --calls N]`;
-the tests run it with tiny numbers so it cannot rot). Uses the demo
-server's real schema for the seed control call and the analysis-context example from
-the tests; everything else (resolution, guards, validation) is the worker's own
-pipeline (`Executor.prepare`), minus running the tool.
+the tests run it with tiny numbers so it cannot rot). `Executor.prepare` is resolution,
+access, guards, normalization and schema validation, minus running the tool, for:
+
+- the built-in `echo` with `{"text": "benchmark"}`: a call in its schema's shape;
+- the demo server's `control_zwave_device` (its real schema) called with its own keys;
+- the same with the seed's snake_case keys, mapped by the bundled argument map;
+- the analysis-context example from the tests: respelled keys, lenient items, a path guard.
+
+`--worker-tree DIR` measures DIR's `worker/` (e.g. `git archive` of an older commit) beside
+this checkout's, each in processes of its own, alternating `--repeat` times (default 3),
+and prints the median of each: a before/after pair from one run.
 """
 
 from __future__ import annotations
@@ -13,8 +20,11 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,12 +41,18 @@ from toolbus.config import Settings, tool_settings
 from toolbus.contracts import ToolResult
 from toolbus.decode import Call
 from toolbus.demo.server import build_server
-from toolbus.execute import Outcome
+from toolbus.execute import Executor, Outcome
 from toolbus.registry import Registry, Tool
-from toolbus.wiring import build_executor
+from toolbus.tools import BUILTIN_TOOLS
+from toolbus.wiring import build_executor, build_registry
 
+ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 31
 CALLS_PER_ROUND = 2000
+REPEAT = 3
+CHILD_TIMEOUT_S = 600
+CONTROL = "control_zwave_device"
+CASES = ("echo", "control call, own keys", "seed control call", "analysis context")
 
 
 async def _unused(arguments: dict[str, Any]) -> ToolResult:
@@ -53,15 +69,7 @@ def median_us(fn: Callable[[], object], rounds: int, calls: int) -> float:
     return statistics.median(samples)
 
 
-def case(
-    settings: Settings,
-    name: str,
-    schema: dict[str, Any],
-    arguments: dict[str, Any],
-    *,
-    rounds: int,
-    calls: int,
-) -> tuple[float, float]:
+def mcp_executor(settings: Settings, name: str, schema: dict[str, Any]) -> Executor:
     registry = Registry(settings.aliases)
     registry.register(
         Tool(
@@ -75,7 +83,13 @@ def case(
             settings=tool_settings(settings.tools, name, "bench"),  # as McpServer resolves it
         )
     )
-    executor = build_executor(settings, registry)
+    return build_executor(settings, registry)
+
+
+def case(
+    executor: Executor, name: str, arguments: dict[str, Any], *, rounds: int, calls: int
+) -> tuple[float, float]:
+    """(`prepare` µs, `json.loads` µs of the same payload), medians."""
     payload = json.dumps({"tool": name, "arguments": arguments}).encode()
     call = Call(id="b", tool=name, arguments=arguments, topic="bench", payload_bytes=len(payload))
     executor.prepare(call, Outcome())  # fails loudly if the case is not valid
@@ -87,38 +101,91 @@ def case(
 
 async def demo_schema() -> dict[str, Any]:
     tools = await build_server().list_tools()
-    return next(dict(t.input_schema) for t in tools if t.name == "control_zwave_device")
+    return next(dict(t.input_schema) for t in tools if t.name == CONTROL)
+
+
+def measure(rounds: int, calls: int) -> dict[str, tuple[float, float]]:
+    # Logging is measured elsewhere: here, only the pipeline's own work.
+    logging.getLogger("toolbus").setLevel(logging.WARNING)
+    sizes = {"rounds": rounds, "calls": calls}
+    plain = Settings()
+    echo = build_executor(plain, build_registry(BUILTIN_TOOLS, plain))
+    # The demo device map, as the bundled config sets it (product defaults map nothing).
+    control = mcp_executor(
+        Settings(argument_maps=DEMO_ARGUMENT_MAPS), CONTROL, asyncio.run(demo_schema())
+    )
+    analysis = mcp_executor(ANALYSIS_SETTINGS, "analyze_code", ANALYSIS_SCHEMA)
+    return {
+        "echo": case(echo, "echo", {"text": "benchmark"}, **sizes),
+        "control call, own keys": case(
+            control, CONTROL, {"deviceName": "Switch One", "action": "on"}, **sizes
+        ),
+        "seed control call": case(
+            control, CONTROL, {"device_name": "Switch One", "command": "on"}, **sizes
+        ),
+        "analysis context": case(analysis, "analyze_code", analysis_context(), **sizes),
+    }
+
+
+def in_children(
+    tree: Path, rounds: int, calls: int, repeat: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """`prepare` µs per case, `repeat` times, for `tree` and this checkout, alternating."""
+    before: dict[str, list[float]] = {name: [] for name in CASES}
+    after: dict[str, list[float]] = {name: [] for name in CASES}
+    with tempfile.TemporaryDirectory(prefix="toolbus-normalize-tree-") as shadow:
+        (Path(shadow) / "toolbus").symlink_to(tree.resolve() / "worker")  # imported first
+        runs = [
+            (before, {**os.environ, "PYTHONPATH": os.pathsep.join([shadow, str(ROOT)])}),
+            (after, {**os.environ, "PYTHONPATH": str(ROOT)}),
+        ]
+        sizes = ("--rounds", str(rounds), "--calls", str(calls))
+        for _ in range(repeat):
+            for figures, env in runs:
+                child = subprocess.run(
+                    [sys.executable, __file__, "--child", *sizes],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    timeout=CHILD_TIMEOUT_S,
+                )
+                for name, (prepare_us, _) in json.loads(child.stdout).items():
+                    figures[name].append(prepare_us)
+    return before, after
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--calls", type=int, default=CALLS_PER_ROUND, help="per round")
+    parser.add_argument("--worker-tree", type=Path, help="also measure DIR/worker, as before")
+    parser.add_argument("--repeat", type=int, default=REPEAT, help="with --worker-tree")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    sizes = {"rounds": args.rounds, "calls": args.calls}
-    # Logging is measured elsewhere: here, only the pipeline's own work.
-    logging.getLogger("toolbus").setLevel(logging.WARNING)
-    control = case(
-        # The demo device map, as the bundled config sets it (product defaults map nothing).
-        Settings(argument_maps=DEMO_ARGUMENT_MAPS),
-        "control_zwave_device",
-        asyncio.run(demo_schema()),
-        {"device_name": "Switch One", "command": "on"},
-        **sizes,
-    )
-    analysis = case(ANALYSIS_SETTINGS, "analyze_code", ANALYSIS_SCHEMA, analysis_context(), **sizes)
-    table = Table(
-        title=f"normalize + validate, median of {args.rounds} rounds x {args.calls} calls"
-    )
-    for column in ("call", "normalize + validate µs", "json.loads µs", "ratio"):
+    if args.child:
+        print(json.dumps(measure(args.rounds, args.calls)))
+        return
+    title = f"Executor.prepare, median of {args.rounds} rounds x {args.calls} calls"
+    if args.worker_tree is not None:
+        theirs, ours = in_children(args.worker_tree, args.rounds, args.calls, args.repeat)
+        table = Table(title=f"{title}, median of {args.repeat} processes each")
+        for column in ("call", f"{args.worker_tree} µs", "this checkout µs", "ratio"):
+            table.add_column(column, justify="left" if column == "call" else "right")
+        for name in CASES:
+            before, after = statistics.median(theirs[name]), statistics.median(ours[name])
+            table.add_row(name, f"{before:.1f}", f"{after:.1f}", f"{after / before:.2f}x")
+        Console().print(table)
+        return
+    figures = measure(args.rounds, args.calls)
+    table = Table(title=title)
+    for column in ("call", "prepare µs", "json.loads µs", "ratio"):
         table.add_column(column, justify="left" if column == "call" else "right")
-    for label, (pipeline, loads) in (
-        ("seed control call", control),
-        ("analysis context", analysis),
-    ):
-        table.add_row(label, f"{pipeline:.1f}", f"{loads:.2f}", f"{pipeline / loads:.1f}x")
+    for name, (prepare_us, loads_us) in figures.items():
+        table.add_row(name, f"{prepare_us:.1f}", f"{loads_us:.2f}", f"{prepare_us / loads_us:.1f}x")
     Console().print(table)
-    print(f"target for the control call: under 50 µs -> {'met' if control[0] < 50 else 'NOT met'}")
+    control_us = figures["seed control call"][0]
+    print(f"target for the control call: under 50 µs -> {'met' if control_us < 50 else 'NOT met'}")
 
 
 if __name__ == "__main__":

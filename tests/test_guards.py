@@ -117,3 +117,79 @@ async def test_an_empty_global_pattern_is_the_one_way_to_lift_the_default() -> N
     assert await _refused_by(kept, {"action": "bell\x07"}) == [
         ("arguments.action", DEFAULT_FORBIDDEN_PATTERN)
     ]
+
+
+async def test_patterns_that_cannot_share_one_search_still_hold_alone() -> None:
+    # A backreference counts groups and an inline flag must lead its pattern: neither
+    # can join the others in one alternation, so each is searched on its own.
+    settings = Settings.model_validate(
+        {
+            "tools": {
+                "other": {
+                    "guards": {"forbidden_pattern": "(?i)drop"},
+                    "parameters": {"deviceName": {"forbidden_pattern": r"(.)\1\1"}},
+                }
+            }
+        }
+    )
+    assert await _refused_by(settings, {"deviceName": "aaa"}) == [
+        ("arguments.deviceName", r"(.)\1\1")
+    ]
+    assert await _refused_by(settings, {"action": "aaa"}) == []
+    assert await _refused_by(settings, {"action": "DROP it"}) == [("arguments.action", "(?i)drop")]
+    assert await _refused_by(settings, {"action": "a\x07"}) == [
+        ("arguments.action", DEFAULT_FORBIDDEN_PATTERN)
+    ]
+
+
+async def test_of_several_patterns_found_the_first_in_level_order_is_reported() -> None:
+    settings = _forbidden_config({}, {"forbidden_pattern": "`"})
+    assert await _refused_by(settings, {"deviceName": ";`\x07"}) == [
+        ("arguments.deviceName", DEFAULT_FORBIDDEN_PATTERN)
+    ]
+    assert await _refused_by(settings, {"deviceName": ";`"}) == [("arguments.deviceName", "`")]
+
+
+# -- lenient arrays: which items are dropped -----------------------------------------
+
+LENIENT = Settings.model_validate(
+    {"tools": {"other": {"parameters": {"items": {"lenient": True}}}}}
+)
+
+
+async def _dropped(schema: dict[str, Any], items: list[Any]) -> list[str]:
+    outcome = await run(LENIENT, mcp_tool("other", schema), {"items": items})
+    assert outcome.ok, outcome.error and outcome.error.details
+    return [e.from_ for e in outcome.normalized if e.rule == "lenient_drop"]
+
+
+@pytest.mark.parametrize(
+    ("draft", "dropped"),
+    [
+        ("http://json-schema.org/draft-07/schema#", []),  # `dependentRequired` is unknown
+        ("https://json-schema.org/draft/2020-12/schema", ["invalid (dependentRequired)"]),
+    ],
+)
+async def test_lenient_items_are_judged_in_the_schemas_own_draft(
+    draft: str, dropped: list[str]
+) -> None:
+    schema = {
+        "$schema": draft,
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "items": {"type": "object", "dependentRequired": {"a": ["b"]}},
+            }
+        },
+    }
+    assert await _dropped(schema, [{"a": 1, "b": 2}, {"a": 1}]) == dropped
+
+
+async def test_lenient_items_may_refer_to_the_rest_of_the_schema() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Finding"}}},
+        "$defs": {"Finding": {"type": "object", "required": ["finding"]}},
+    }
+    assert await _dropped(schema, [{"finding": "x"}, {"confidence": 1}]) == ["invalid (required)"]

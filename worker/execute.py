@@ -10,7 +10,6 @@ import asyncio
 import json
 import logging
 import time
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -34,6 +33,7 @@ from toolbus.formats.definitions import listing
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
 from toolbus.normalization.report import Change
+from toolbus.normalization.settled import Plans
 from toolbus.observability.metrics import Metrics
 from toolbus.observability.spans import (
     child_span,
@@ -108,6 +108,7 @@ class Executor:
         # Under a worker every call runs in its message's span whenever it is traced; a
         # call outside any span there is one the pipeline chose not to trace.
         self._root_spans = root_spans
+        self._plans = Plans(normalizer, guards)  # calls that need no normalizing at all
         self.access.refresh(registry)
         registry.listeners.append(self.registry_changed)
 
@@ -115,6 +116,7 @@ class Executor:
         """Per-tool tables follow the registry (MCP servers come, go and change tools)."""
         self._guards.clear()
         self.normalizer.clear()
+        self._plans.clear()
         self.access.refresh(self.registry)
 
     def deadline_s(self, call: Call, tool: Tool) -> float:
@@ -238,25 +240,39 @@ class Executor:
         outcome.tool = resolved.name
         outcome.normalized.extend(resolved.report)
         self._check_access(caller, resolved)
-        steps = trace.get_current_span().is_recording()  # a span per step only under one
+        arguments = call.arguments
+        # Most calls need no normalizing and trip no guard: for them only the schema's check.
+        settled = self._plans.settled(tool, arguments, call.payload_bytes)
         try:
-            with self._step("normalize", steps):
-                self._guards.check_envelope(tool, call.arguments, call.payload_bytes)
-                arguments, renamed = self.normalizer.arguments(tool, call.arguments)
-                outcome.normalized.extend(renamed)
-            with self._step("validate", steps):
-                arguments, dropped = self._guards.check_values(tool, arguments)
-                outcome.normalized.extend(dropped)
+            if trace.get_current_span().is_recording():  # a span per step only under one
+                with self._tracer.start_as_current_span("normalize"):
+                    if not settled:
+                        arguments = self._normalized(tool, call, outcome)
+                with self._tracer.start_as_current_span("validate"):
+                    if not settled:
+                        arguments = self._guarded(tool, arguments, outcome)
+                    check_arguments(tool.name, tool.validator, arguments)
+            else:  # the same steps without spans: even a no-op span costs more than a step
+                if not settled:
+                    arguments = self._guarded(tool, self._normalized(tool, call, outcome), outcome)
                 check_arguments(tool.name, tool.validator, arguments)
         except InvalidArguments as error:
             _explain(error, tool)
             raise
         return tool, arguments
 
-    def _step(self, name: str, recording: bool) -> AbstractContextManager[object]:
-        """A child span for a pipeline step, only under a recording span: even a no-op
-        span costs more than the step it would describe."""
-        return self._tracer.start_as_current_span(name) if recording else nullcontext()
+    def _normalized(self, tool: Tool, call: Call, outcome: Outcome) -> dict[str, Any]:
+        """Size and depth checked on what arrived, then keys and values normalized."""
+        self._guards.check_envelope(tool, call.arguments, call.payload_bytes)
+        arguments, renamed = self.normalizer.arguments(tool, call.arguments)
+        outcome.normalized.extend(renamed)
+        return arguments
+
+    def _guarded(self, tool: Tool, arguments: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
+        """The value guards, on what normalization made of the arguments."""
+        arguments, dropped = self._guards.check_values(tool, arguments)
+        outcome.normalized.extend(dropped)
+        return arguments
 
     def _check_access(self, caller: str | None, resolved: Resolved) -> None:
         if not self.access.allows(caller, resolved.tool):

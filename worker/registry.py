@@ -132,6 +132,7 @@ class Registry:
         self._provider: dict[str, str] = {}  # canonical name -> name in provider formats
         self._from_provider: dict[str, str] = {}  # the reverse, where the two differ
         self._collisions: set[tuple[str, str]] = set()  # reported (owner, shadowed) pairs
+        self._canonical: dict[str, Resolved] = {}  # each canonical name, resolved once
         self.listeners: list[Callable[[], None]] = []
 
     # -- changes ------------------------------------------------------------
@@ -218,6 +219,11 @@ class Registry:
         # Over every name, not a caller's share: a tool is listed alike to everyone.
         self._provider = provider_names(names)
         self._from_provider = {p: c for c, p in self._provider.items() if p != c}
+        self._canonical = {}
+        for name in names:
+            tool = self._exact(name)
+            if tool is not None:
+                self._canonical[name] = Resolved(tool, self.shown_name(tool))
         for listener in self.listeners:
             listener()
 
@@ -275,6 +281,9 @@ class Registry:
         return self.resolve(name).tool
 
     def resolve(self, name: str) -> Resolved:
+        known = self._canonical.get(name)
+        if known is not None:  # the common case: one lookup, no spelling folded
+            return known
         tool = self._exact(name)
         if tool is not None:
             return Resolved(tool, self.shown_name(tool))

@@ -25,6 +25,8 @@ from toolbus.untrusted import shown
 log = logging.getLogger("toolbus.validate")
 
 MAX_REPORTED_ERRORS = 20
+# Keywords that make a sub-schema mean something only inside its document.
+_CONTEXTUAL = ('"$ref"', '"$dynamicRef"', '"$recursiveRef"', '"$id"', '"$anchor"')
 
 
 class CompiledSchema:
@@ -70,6 +72,24 @@ class CompiledSchema:
             }
             for error in errors[:MAX_REPORTED_ERRORS]
         ]
+
+
+def standalone_check(part: dict[str, Any], root: dict[str, Any]) -> Any | None:
+    """A compiled jsonschema-rs validator for `part` of the schema `root`, in root's
+    draft, when `part` refers to nothing outside itself; else (or if it does not
+    compile) None, and the reference validator alone judges."""
+    try:
+        text = json.dumps(part)
+    except (TypeError, ValueError):
+        return None
+    if any(keyword in text for keyword in _CONTEXTUAL):
+        return None
+    if "$schema" in root and "$schema" not in part:
+        part = {**part, "$schema": root["$schema"]}
+    try:
+        return jsonschema_rs.validator_for(part)
+    except Exception:  # not compilable by jsonschema-rs: the reference validator decides
+        return None
 
 
 def _reference(tool_name: str, schema: dict[str, Any]) -> Validator | None:

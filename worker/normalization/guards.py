@@ -31,8 +31,10 @@ from toolbus.normalization import paths
 from toolbus.normalization.report import Change
 from toolbus.normalization.shapes import ANY, Shape
 from toolbus.registry import Tool
+from toolbus.validate import standalone_check
 
 MAX_VIOLATIONS = 20
+_NO_CHILDREN: dict[str, ParamNode] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +44,21 @@ class Limits:
     max_depth: int
     max_argument_bytes: int
     forbidden: tuple[re.Pattern[str], ...]
+    # What a string is searched with first: the patterns as one, when they combine
+    # safely. A miss there clears the text; a hit is looked up pattern by pattern.
+    screen: tuple[re.Pattern[str], ...] = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "screen", _screen(self.forbidden))
 
     def narrowed(self, override: GuardSettings | ParameterSettings) -> Limits:
         pattern = override.forbidden_pattern
         forbidden = self.forbidden
         if pattern and all(p.pattern != pattern for p in forbidden):
             forbidden = (*forbidden, re.compile(pattern))
+        max_depth = max_argument_bytes = None  # a parameter sets neither: only a tool does
+        if isinstance(override, GuardSettings):
+            max_depth, max_argument_bytes = override.max_depth, override.max_argument_bytes
         return Limits(
             max_string_length=override.max_string_length or self.max_string_length,
             max_array_length=(
@@ -55,25 +66,36 @@ class Limits:
                 if override.max_array_length is None
                 else override.max_array_length
             ),
-            max_depth=getattr(override, "max_depth", None) or self.max_depth,
-            max_argument_bytes=getattr(override, "max_argument_bytes", None)
-            or self.max_argument_bytes,
+            max_depth=max_depth or self.max_depth,
+            max_argument_bytes=max_argument_bytes or self.max_argument_bytes,
             forbidden=forbidden,
         )
 
+    def clean(self, text: str) -> bool:
+        """No forbidden pattern occurs in `text`."""
+        for pattern in self.screen:  # noqa: SIM110 -- a loop: all() adds a generator per string
+            if pattern.search(text) is not None:
+                return False
+        return True
+
 
 @dataclass
-class _Param:
-    settings: ParameterSettings | None = None
-    limits: Limits | None = None
-    children: dict[str, _Param] = field(default_factory=dict)
+class ParamNode:
+    """One level of a tool's `[tools.NAME.parameters]` tree, with the limits in force
+    there (the tool's, narrowed by every setting on the way down), computed once."""
 
-
-@dataclass
-class _ToolGuards:
     limits: Limits
-    params: _Param
+    settings: ParameterSettings | None = None
+    children: dict[str, ParamNode] = field(default_factory=dict)
+    special: bool = False  # values may be changed here (path guard, lenient), not only judged
+
+
+@dataclass
+class ToolGuards:
+    limits: Limits
+    params: ParamNode
     item_validators: dict[int, Validator] = field(default_factory=dict)
+    item_checks: dict[int, Any] = field(default_factory=dict)  # jsonschema-rs, where it can
 
 
 class Guards:
@@ -88,25 +110,27 @@ class Guards:
             max_argument_bytes=_limit(complete.max_argument_bytes),
             forbidden=_global_forbidden(complete.forbidden_pattern),
         )
-        self._cache: dict[int, tuple[Tool, _ToolGuards]] = {}
+        self._cache: dict[int, tuple[Tool, ToolGuards]] = {}
 
     def clear(self) -> None:
         """The registry changed: rebuild per-tool tables on next use."""
         self._cache.clear()
 
-    def _for(self, tool: Tool) -> _ToolGuards:
+    def table(self, tool: Tool) -> ToolGuards:
+        """The tool's limits and parameter tree, built on its first call."""
         cached = self._cache.get(id(tool))
         if cached is not None and cached[0] is tool:
             return cached[1]
         config = tool.settings
         limits = self._global.narrowed(config.guards)
-        root = _Param(limits=limits)
+        root = ParamNode(limits)
         for dotted, settings in config.parameters.items():
             node = root
             for part in dotted.split("."):
-                node = node.children.setdefault(part, _Param())
+                node = node.children.setdefault(part, ParamNode(node.limits))
             node.settings = settings
-        built = _ToolGuards(limits, root)
+        _narrow(root, limits)
+        built = ToolGuards(limits, root)
         self._cache[id(tool)] = (tool, built)
         return built
 
@@ -116,7 +140,7 @@ class Guards:
         The arguments are part of the message, so a message within the limit needs
         no measuring of its own.
         """
-        limits = self._for(tool).limits
+        limits = self.table(tool).limits
         if 0 < payload_bytes <= limits.max_argument_bytes:
             size = payload_bytes
         else:
@@ -146,7 +170,7 @@ class Guards:
     def check_values(
         self, tool: Tool, arguments: dict[str, Any]
     ) -> tuple[dict[str, Any], list[Change]]:
-        guards = self._for(tool)
+        guards = self.table(tool)
         walk = _Walk(guards, tool)
         checked = walk.value(arguments, tool.shape, guards.params, guards.limits, "arguments")
         _refuse(tool, walk.violations)
@@ -154,7 +178,7 @@ class Guards:
 
 
 class _Walk:
-    def __init__(self, guards: _ToolGuards, tool: Tool) -> None:
+    def __init__(self, guards: ToolGuards, tool: Tool) -> None:
         self.guards = guards
         self.tool = tool
         self.violations: list[dict[str, Any]] = []
@@ -164,23 +188,32 @@ class _Walk:
         self.violations.append({"path": path, "rule": rule, **facts})
 
     def value(
-        self, value: Any, shape: Shape, param: _Param | None, limits: Limits, path: str
+        self, value: Any, shape: Shape, param: ParamNode | None, limits: Limits, path: str
     ) -> Any:
-        settings = param.settings if param else None
-        if settings is not None:
-            limits = limits.narrowed(settings)
+        """The value as the tool receives it: the same object unless a guard changed it."""
+        settings = None
+        if param is not None:
+            settings = param.settings
+            limits = param.limits
         if isinstance(value, str):
-            value = self.string(value, settings, limits, path)
-        elif isinstance(value, list):
-            value = self.array(value, shape, param, settings, limits, path)
-        elif isinstance(value, dict):
-            children = param.children if param else {}
-            value = {
-                k: self.value(
-                    v, shape.properties.get(k, ANY), children.get(k), limits, f"{path}.{k}"
+            return self.string(value, settings, limits, path)
+        if isinstance(value, list):
+            return self.array(value, shape, param, settings, limits, path)
+        if isinstance(value, dict):
+            children = param.children if param is not None else _NO_CHILDREN
+            properties = shape.properties
+            changed: dict[str, Any] | None = None
+            for k, v in value.items():
+                if type(v) is str and k not in children and _plain(v, limits):
+                    continue  # the common string: nothing to refuse, change or report
+                checked = self.value(
+                    v, properties.get(k, ANY), children.get(k), limits, f"{path}.{k}"
                 )
-                for k, v in value.items()
-            }
+                if checked is not v:
+                    if changed is None:
+                        changed = dict(value)  # copied at the first change, in key order
+                    changed[k] = checked
+            return value if changed is None else changed
         return value
 
     def string(
@@ -198,6 +231,8 @@ class _Walk:
 
     def forbidden(self, texts: list[str], limits: Limits, path: str) -> None:
         for text in texts:
+            if limits.clean(text):
+                continue
             for pattern in limits.forbidden:
                 found = pattern.search(text)
                 if found is not None:
@@ -230,27 +265,38 @@ class _Walk:
         self,
         items: list[Any],
         shape: Shape,
-        param: _Param | None,
+        param: ParamNode | None,
         settings: ParameterSettings | None,
         limits: Limits,
         path: str,
     ) -> list[Any]:
         if len(items) > limits.max_array_length:
             self.refuse(path, "max_array_length", limit=limits.max_array_length, actual=len(items))
+        kept = items
         if settings is not None and settings.lenient and shape.item_schema is not None:
-            items = self.lenient(items, shape, path)
+            kept = self.lenient(items, shape, path)
         item_shape = shape.items or ANY
-        return [
-            self.value(item, item_shape, param, limits, f"{path}[{i}]")
-            for i, item in enumerate(items)
+        plain = settings is None or not (settings.path or settings.allowed_roots)
+        checked = [
+            item  # as in objects: a plain string within its limits needs no call
+            if plain and type(item) is str and _plain(item, limits)
+            else self.value(item, item_shape, param, limits, f"{path}[{i}]")
+            for i, item in enumerate(kept)
         ]
+        if kept is items and all(new is old for new, old in zip(checked, items, strict=True)):
+            return items
+        return checked
 
     def lenient(self, items: list[Any], shape: Shape, path: str) -> list[Any]:
         validator = self._item_validator(shape)
         if validator is None:
             return items
+        check = self.guards.item_checks.get(id(shape))  # filled with the validator
         kept = []
         for i, item in enumerate(items):
+            if check is not None and check.is_valid(item):
+                kept.append(item)  # valid: no need to ask the slower validator why not
+                continue
             error = next(iter(validator.iter_errors(item)), None)
             if error is None:
                 kept.append(item)
@@ -271,6 +317,9 @@ class _Walk:
                 return None
             # evolve keeps the root's resolver: $refs in the item schema still resolve.
             cache[id(shape)] = root.evolve(schema=shape.item_schema)
+            self.guards.item_checks[id(shape)] = standalone_check(
+                shape.item_schema, self.tool.input_schema
+            )
         return cache[id(shape)]
 
 
@@ -278,6 +327,38 @@ def _limit(value: int | None) -> int:
     if value is None:  # complete_guards sets every limit; a new field without a default would not
         raise ValueError("a global guard limit has no default in DEFAULT_GUARDS")
     return value
+
+
+def _plain(text: str, limits: Limits) -> bool:
+    """A string within its limits, as `_Walk.string` judges it where no parameter is set."""
+    if len(text) > limits.max_string_length:
+        return False
+    for pattern in limits.screen:  # noqa: SIM110 -- a loop: all() adds a generator per string
+        if pattern.search(text) is not None:
+            return False
+    return True
+
+
+def _narrow(node: ParamNode, limits: Limits) -> None:
+    """Each node's limits: those above it, narrowed by its own settings."""
+    settings = node.settings
+    node.limits = limits if settings is None else limits.narrowed(settings)
+    node.special = settings is not None and bool(
+        settings.path or settings.allowed_roots or settings.lenient
+    )
+    for child in node.children.values():
+        _narrow(child, node.limits)
+
+
+def _screen(forbidden: tuple[re.Pattern[str], ...]) -> tuple[re.Pattern[str], ...]:
+    """The patterns as one alternation when that means the same: none has groups (a
+    backreference would count them anew) or flags of its own; else as they are."""
+    if len(forbidden) < 2 or any(p.groups or p.flags & ~re.UNICODE for p in forbidden):
+        return forbidden
+    try:
+        return (re.compile("|".join(f"(?:{p.pattern})" for p in forbidden)),)
+    except re.error:
+        return forbidden
 
 
 def _global_forbidden(pattern: str | None) -> tuple[re.Pattern[str], ...]:
@@ -290,17 +371,20 @@ def _global_forbidden(pattern: str | None) -> tuple[re.Pattern[str], ...]:
 
 
 def _depth(value: Any) -> int:
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            deepest = max(deepest, depth)
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            deepest = max(deepest, depth)
-            stack.extend((v, depth + 1) for v in node)
-    return deepest
+    """How deeply objects and arrays nest (the arguments object alone: 1), level by level."""
+    depth = 0
+    level = [value] if isinstance(value, (dict, list)) else []
+    while level:
+        depth += 1
+        below: list[Any] = []
+        for node in level:
+            below.extend(
+                child
+                for child in (node.values() if isinstance(node, dict) else node)
+                if isinstance(child, (dict, list))
+            )
+        level = below
+    return depth
 
 
 def _refuse(tool: Tool, violations: list[dict[str, Any]]) -> None:

@@ -146,31 +146,45 @@ class _Walk:
             return self.object(value, shape, static, path)
         if isinstance(value, list) and (shape.items is not None or not static.empty):
             items = shape.items or ANY
-            return [self.value(v, items, static, f"{path}[{i}]") for i, v in enumerate(value)]
+            return [
+                v  # as in `object`: a plain item needs no call
+                if type(v) in items.kept_scalars and (items.enum is None or v in items.enum_texts)
+                else self.value(v, items, static, f"{path}[{i}]")
+                for i, v in enumerate(value)
+            ]
         return value
 
     def object(
         self, value: dict[str, Any], shape: Shape, static: StaticMap, path: str
     ) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        sources: dict[str, str] = {}
+        properties = shape.properties
+        statics = static.children
         for key, item in value.items():
-            target, rule = self.key(key, shape, static)
-            if target in sources:
+            if key in properties:  # `key()`'s first rule, without the call
+                target, rule = key, None
+            else:
+                target, rule = self.key(key, shape, static)
+            if target in out:
+                first = next(k for k in value if self.key(k, shape, static)[0] == target)
                 raise InvalidArguments(
-                    f"arguments {sources[target]!r} and {key!r} at {path} both mean {target!r}",
-                    conflict=[sources[target], key],
+                    f"arguments {first!r} and {key!r} at {path} both mean {target!r}",
+                    conflict=[first, key],
                     property=target,
                     path=path,
                 )
-            sources[target] = key
             if rule is not None:
                 self.note(f"{path}.{key}", key, target, rule)
-            child = shape.properties.get(target, ANY)
-            out[target] = self.value(
-                item, child, static.children.get(target, EMPTY_MAP), f"{path}.{target}"
-            )
-        if "default" in self.coercions:
+            child = properties.get(target, ANY)
+            if type(item) in child.kept_scalars and (
+                child.enum is None or item in child.enum_texts
+            ):
+                out[target] = item  # as `value()` would leave it: nothing to shape or walk
+            else:
+                out[target] = self.value(
+                    item, child, statics.get(target, EMPTY_MAP), f"{path}.{target}"
+                )
+        if shape.defaults and "default" in self.coercions:
             for name, default in shape.defaults.items():
                 if name not in out:
                     out[name] = copy.deepcopy(default)

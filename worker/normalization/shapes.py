@@ -35,6 +35,11 @@ class Shape:
     item_schema: dict[str, Any] | None = None  # raw, for lenient arrays
     enum: tuple[Any, ...] | None = None
     enum_folded: dict[str, str] = field(default_factory=dict)  # casefold -> declared
+    enum_texts: frozenset[str] = frozenset()  # the enum's strings, for one set lookup
+    # The Python types of values normalization leaves as they are here (an enum aside):
+    # what `settled` checks a call against.
+    kept: frozenset[type] = field(default_factory=lambda: frozenset(_JSON_TYPE_OF))
+    kept_scalars: frozenset[type] = field(default_factory=lambda: _SCALARS)  # nothing to walk
 
     @property
     def is_object(self) -> bool:
@@ -46,9 +51,6 @@ class Shape:
         return json_type in self.types or (json_type == "integer" and "number" in self.types)
 
 
-ANY = Shape()
-
-
 _JSON_TYPE_OF: dict[type, str] = {
     type(None): "null",
     bool: "boolean",
@@ -58,6 +60,10 @@ _JSON_TYPE_OF: dict[type, str] = {
     list: "array",
     dict: "object",
 }
+
+_SCALARS: frozenset[type] = frozenset(_JSON_TYPE_OF) - {dict, list}
+
+ANY = Shape()
 
 
 def json_type(value: Any) -> str:
@@ -175,10 +181,12 @@ class ShapeBuilder:
             shape.items, shape.item_schema = other.items, other.item_schema
         if shape.enum is None and other.enum is not None:
             shape.enum, shape.enum_folded = other.enum, other.enum_folded
+            shape.enum_texts = other.enum_texts
 
     @staticmethod
     def _enum(shape: Shape, values: tuple[Any, ...]) -> None:
         shape.enum = values
+        shape.enum_texts = frozenset(v for v in values if isinstance(v, str))
         folded: dict[str, list[str]] = {}
         for value in values:
             if isinstance(value, str):
@@ -188,6 +196,10 @@ class ShapeBuilder:
 
     @staticmethod
     def _index(shape: Shape) -> None:
+        # A value of an accepted type passes `coerce` untouched: no string to parse, no
+        # number to print, nothing to wrap (the enum's casing is checked on its own).
+        shape.kept = frozenset(t for t, name in _JSON_TYPE_OF.items() if shape.accepts(name))
+        shape.kept_scalars = shape.kept & _SCALARS
         seen: dict[str, set[str]] = {}
         for name in shape.properties:
             seen.setdefault(spelling_key(name), set()).add(name)
