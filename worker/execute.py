@@ -377,9 +377,23 @@ def _explain(error: InvalidArguments, tool: Tool) -> None:
         error.details.setdefault(key, value)
 
 
+# One encoder for every size: `json.dumps` with options builds a new one per call.
+_COMPACT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
+_LITERAL_BYTES = {True: 4, False: 5, None: 4}  # true, false, null
+
+
 def _json_bytes(value: Any) -> int:
-    """A value's size: its compact JSON, in UTF-8 bytes."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    """A value's size: its compact JSON, in UTF-8 bytes. Plain text and literals, most
+    of what calls carry, are measured without encoding them."""
+    kind = type(value)
+    if kind is str and value.isascii() and value.isprintable():
+        if '"' not in value and "\\" not in value:
+            return len(value) + 2  # nothing to escape: the text and its quotes
+    elif kind is int:
+        return len(str(value))
+    elif kind is bool or value is None:
+        return _LITERAL_BYTES[value]
+    text = _COMPACT_JSON(value)
     return len(text.encode("utf-8", "surrogatepass"))  # a lone surrogate still has a size
 
 
