@@ -617,6 +617,19 @@ async def test_no_trace_unless_asked(rig: Rig) -> None:
     assert [out.topic for out in rig.sent.sent] == [REPLY]
 
 
+@pytest.mark.parametrize("steps", [False, True])
+async def test_a_call_has_three_spans_and_its_steps_only_with_trace_steps(steps: bool) -> None:
+    probe = Probe()
+    rig = rig_for(probe_tools(probe), probe, trace_steps=steps)
+    reply = await rig.call("echo", {"arguments": {"text": "x"}})
+    spans = rig.spans.get_finished_spans()
+    assert {format(s.context.trace_id, "032x") for s in spans if s.context} == {reply["trace_id"]}
+    named = {"process tb/call/echo", "execute_tool echo", f"send {REPLY}"}
+    assert sorted(s.name for s in spans) == sorted(
+        named | ({"normalize", "validate"} if steps else set())
+    )
+
+
 async def test_a_failed_call_marks_its_spans(rig: Rig) -> None:
     reply = await rig.call("explode", {})
     found = [s for s in rig.spans.get_finished_spans() if s.name == "process tb/call/explode"]

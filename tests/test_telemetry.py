@@ -58,7 +58,8 @@ def test_unknown_exporter_is_refused() -> None:
 
 @pytest_asyncio.fixture(scope="module")
 async def traced_worker(broker: Broker, spans: Any) -> AsyncIterator[Worker]:
-    async with running_worker(make_settings(broker, mcpServers={"devices": DEMO_SERVER})) as worker:
+    settings = make_settings(broker, mcpServers={"devices": DEMO_SERVER}, trace_steps=True)
+    async with running_worker(settings) as worker:
         yield worker
 
 

@@ -89,6 +89,7 @@ class Executor:
         startup: Startup | None = None,
         tracer: trace.Tracer | None = None,
         trace_arguments: bool = False,
+        trace_steps: bool = False,
         log_arguments: bool = False,
         metrics: Metrics | None = None,
         root_spans: bool = True,
@@ -103,6 +104,7 @@ class Executor:
         self._startup = startup  # backends still registering tools (MCP servers starting)
         self._tracer = tracer or default_tracer()
         self._trace_arguments = trace_arguments  # values may be personal data: off by default
+        self._trace_steps = trace_steps  # a span per step costs more than the step: off
         self._log_arguments = log_arguments  # the same for the per-call log line
         self.metrics = metrics or Metrics()
         # Under a worker every call runs in its message's span whenever it is traced; a
@@ -244,7 +246,7 @@ class Executor:
         # Most calls need no normalizing and trip no guard: for them only the schema's check.
         settled = self._plans.settled(tool, arguments, call.payload_bytes)
         try:
-            if trace.get_current_span().is_recording():  # a span per step only under one
+            if self._trace_steps and trace.get_current_span().is_recording():
                 with self._tracer.start_as_current_span("normalize"):
                     if not settled:
                         arguments = self._normalized(tool, call, outcome)

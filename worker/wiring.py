@@ -71,6 +71,7 @@ def build_executor(
         startup=startup,
         tracer=tracer,
         trace_arguments=settings.trace_arguments,
+        trace_steps=settings.trace_steps,
         log_arguments=settings.log_arguments,
         metrics=metrics,
         root_spans=root_spans,

@@ -133,6 +133,10 @@ class Settings(BaseSettings):
     trace_arguments: bool = Field(
         default=False, description="Record argument values on spans (they may be personal data)."
     )
+    trace_steps: bool = Field(
+        default=False,
+        description="Record `normalize` and `validate` spans under each `execute_tool` span.",
+    )
     # Personal data kept out of logs and dead letters unless asked for.
     log_arguments: bool = Field(
         default=False,
