@@ -277,3 +277,25 @@ async def test_each_failure_marks_the_consumer_span(
     assert consumer.status.status_code is StatusCode.ERROR
     assert consumer.attributes["error.type"] == code
     assert f"send {reply_topic}" in found  # the error reply is traced too
+
+
+@pytest.mark.parametrize("state", ["", "vendor=a,other=b"])
+@pytest.mark.parametrize("flags", ["00", "01", "03"])
+def test_injected_headers_are_what_the_w3c_propagator_writes(state: str, flags: str) -> None:
+    from opentelemetry import context as context_api
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from toolbus.observability.propagation import inject_headers
+
+    w3c = TraceContextTextMapPropagator()
+    incoming = {"traceparent": TRACEPARENT[:-2] + flags, "tracestate": state}
+    token = context_api.attach(w3c.extract(incoming))
+    try:
+        expected: dict[str, str] = {}
+        w3c.inject(expected)
+        assert dict(inject_headers()) == expected
+        assert trace.get_current_span().get_span_context().is_valid
+    finally:
+        context_api.detach(token)
+    assert inject_headers() == ()
