@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from opentelemetry import trace
 
 from toolbus.access import Access
+from toolbus.call_log import log_call
 from toolbus.callers import ANONYMOUS_CALLER
 from toolbus.contracts import ToolResult, ToolsFormat
 from toolbus.decode import Call
@@ -45,10 +46,6 @@ from toolbus.registry import Registry, Resolved, Tool
 from toolbus.validate import check_arguments
 
 log = logging.getLogger("toolbus.execute")
-
-LOGGED_ARGUMENTS_CHARS = 500
-LOGGED_NAME_CHARS = 64  # a caller chooses the keys: they must not make a huge log line
-LOGGED_NAMES = 50
 
 
 class Startup(Protocol):
@@ -337,37 +334,14 @@ class Executor:
             raise
 
     def _log(self, call: Call, arguments: dict[str, Any], outcome: Outcome) -> None:
-        """One line per call. Argument values only with `log_arguments`: they may be
-        personal data. Without it the line names each argument and its size."""
-        outcome_text = "ok" if outcome.error is None else outcome.error.code.value
-        level = logging.INFO
-        if outcome.duration_ms > self._slow_call_ms:
-            level = logging.WARNING
-            outcome_text += f" (slow: over {self._slow_call_ms:g} ms)"
-        if not log.isEnabledFor(level):
-            return  # no line: the arguments need not be measured
-        sizes = {name: _json_bytes(value) for name, value in arguments.items()}
-        if self._log_arguments:
-            shown = repr(arguments)
-            if len(shown) > LOGGED_ARGUMENTS_CHARS:
-                shown = shown[:LOGGED_ARGUMENTS_CHARS] + "...}"
-        else:
-            shown = _names_and_sizes(sizes)
-        log.log(
-            level,
-            "call %s tool=%s arguments=%s duration_ms=%.1f outcome=%s",
-            call.id,
-            outcome.tool or call.tool,
-            shown,
-            outcome.duration_ms,
-            outcome_text,
-            extra={
-                "call_id": call.id,
-                "tool": outcome.tool or call.tool,
-                "outcome": outcome_text,
-                "argument_names": [_loggable_name(name) for name in list(sizes)[:LOGGED_NAMES]],
-                "argument_bytes": sum(sizes.values()),
-            },
+        log_call(
+            call,
+            arguments,
+            tool=outcome.tool or call.tool,
+            outcome="ok" if outcome.error is None else outcome.error.code.value,
+            duration_ms=outcome.duration_ms,
+            slow_call_ms=self._slow_call_ms,
+            log_arguments=self._log_arguments,
         )
 
 
@@ -377,40 +351,6 @@ def _explain(error: InvalidArguments, tool: Tool) -> None:
     raiser set itself is kept."""
     for key, value in tool.parameters.details().items():
         error.details.setdefault(key, value)
-
-
-# One encoder for every size: `json.dumps` with options builds a new one per call.
-_COMPACT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
-_LITERAL_BYTES = {True: 4, False: 5, None: 4}  # true, false, null
-
-
-def _json_bytes(value: Any) -> int:
-    """A value's size: its compact JSON, in UTF-8 bytes. Plain text and literals, most
-    of what calls carry, are measured without encoding them."""
-    kind = type(value)
-    if kind is str and value.isascii() and value.isprintable():
-        if '"' not in value and "\\" not in value:
-            return len(value) + 2  # nothing to escape: the text and its quotes
-    elif kind is int:
-        return len(str(value))
-    elif kind is bool or value is None:
-        return _LITERAL_BYTES[value]
-    text = _COMPACT_JSON(value)
-    return len(text.encode("utf-8", "surrogatepass"))  # a lone surrogate still has a size
-
-
-def _loggable_name(name: str) -> str:
-    """An argument name fit for a log line: printable (else escaped) and bounded."""
-    shown = name if name.isprintable() else repr(name)[1:-1]
-    return shown if len(shown) <= LOGGED_NAME_CHARS else shown[:LOGGED_NAME_CHARS] + "..."
-
-
-def _names_and_sizes(sizes: dict[str, int]) -> str:
-    """`[device_name:12B, level:1B]`: what a call carried, without what it said."""
-    shown = "[" + ", ".join(f"{_loggable_name(n)}:{size}B" for n, size in sizes.items()) + "]"
-    if len(shown) > LOGGED_ARGUMENTS_CHARS:
-        shown = shown[:LOGGED_ARGUMENTS_CHARS] + "...]"
-    return shown
 
 
 def _refuse_expired(call: Call) -> None:
