@@ -27,7 +27,8 @@ from tests.processes import start_http_demo, stop_process
 from tests.test_mcp_faults import ServerStates, call, misbehaving
 from toolbus.backends.mcp.environment import basics, server_environment
 from toolbus.backends.mcp.lines import END_BYTES, LineSplitter, Oversized, answered_id
-from toolbus.backends.mcp.stdio import STDERR_LINE_CHARS, line_limit_bytes
+from toolbus.backends.mcp.stderr import STDERR_LINE_CHARS
+from toolbus.backends.mcp.stdio import line_limit_bytes
 from toolbus.config import McpPolicy
 from toolbus.observability.sdk import child_environment
 from toolbus.observability.spans import server_attributes, url_without_secrets

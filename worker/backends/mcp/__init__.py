@@ -6,6 +6,7 @@ The only package that imports `mcp`:
     server   one server's state machine, retries, session and tools
     call     one tool's calls: the plan made when it is listed, one call on a session
     stdio    a stdio server's process, and bounded pipes to it (our own transport)
+    stderr   a stdio server's stderr: bounded lines to the log, a tail for reports
     lines    bounded line splitting, and whose answer an oversized line is
     environment  what a stdio server's process inherits
     http     a streamable-HTTP server's client

@@ -13,9 +13,8 @@ this module is a transport of its own under the SDK's `ClientSession`:
             on; if it starts like a message but answers nothing we can name, the
             session ends (and is restarted); anything else is a bad line, counted.
     stdin   one JSON-RPC message per line, as the SDK writes them.
-    stderr  read in chunks and split the same way: each line to the log
-            `toolbus.mcp.{server}` (a long one cut, never fatal), a tail kept for
-            error reports.
+    stderr  split the same way, each line to the log `toolbus.mcp.{server}` (a long
+            one cut, never fatal), a tail kept for error reports (`stderr`).
     end     when stdout ends, the session ends with the truth: the exit code or the
             signal, or that the server closed its stdout and runs on.
     stop    as the MCP spec says and the SDK does: close stdin, wait, then SIGTERM
@@ -43,14 +42,13 @@ from mcp_types import ErrorData, JSONRPCError, jsonrpc_message_adapter
 from toolbus.backends.mcp.convert import RESULT_TOO_LARGE, describe
 from toolbus.backends.mcp.environment import server_environment
 from toolbus.backends.mcp.lines import LineSplitter, Oversized, answered_id, looks_like_json_object
+from toolbus.backends.mcp.stderr import StderrPipe
 from toolbus.config import McpServerConfig
 
 log = logging.getLogger("toolbus.mcp")
 
 READ_BYTES = 256 * 1024
 LINE_HEADROOM_BYTES = 64 * 1024  # the JSON-RPC envelope around a result, and then some
-STDERR_LINE_BYTES = 8 * 1024  # a stderr line longer than this is logged cut
-STDERR_LINE_CHARS = 500  # of each stderr line kept in the tail for error reports
 CLOSE_DEADLINE_S = 5.0  # the longest `stop` takes, and then some
 EXIT_GRACE_S = 2.0  # after stdin closes, as the SDK waits
 TERM_GRACE_S = 1.0  # after SIGTERM, before SIGKILL
@@ -117,15 +115,22 @@ async def stdio_transport(
     ]
 ]:
     """The server's process, and the streams a `ClientSession` takes (an MCP transport)."""
-    process = await anyio.open_process(command, env=dict(env), cwd=cwd, start_new_session=True)
+    stderr = await StderrPipe.open(name, tail)
+    try:
+        process = await anyio.open_process(
+            command, env=dict(env), cwd=cwd, start_new_session=True, stderr=stderr.write_fd
+        )
+    except BaseException:
+        stderr.close()
+        raise
+    stderr.given()
     # No awaits until the task group is entered: a cancellation there would leak it.
-    pipes = Pipes(name, process, max_result_bytes=max_result_bytes, tail=tail, on_end=on_end)
+    pipes = Pipes(name, process, max_result_bytes=max_result_bytes, stderr=stderr, on_end=on_end)
     incoming_send, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     outgoing, outgoing_receive = anyio.create_memory_object_stream[SessionMessage](0)
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(pipes.read_stdout, incoming_send)
         tasks.start_soon(pipes.write_stdin, outgoing_receive)
-        tasks.start_soon(pipes.read_stderr)
         try:
             yield incoming, outgoing
         finally:
@@ -157,17 +162,16 @@ class Pipes:
         process: Process,
         *,
         max_result_bytes: int,
-        tail: deque[str],
+        stderr: StderrPipe,
         on_end: Callable[[str], None],
     ) -> None:
         self.name = name
         self.process = process
         self.max_result_bytes = max_result_bytes
         self.line_limit_bytes = line_limit_bytes(max_result_bytes)
-        self.tail = tail
+        self.stderr = stderr
         self.stopping = False
         self._on_end = on_end
-        self._server_log = logging.getLogger(f"toolbus.mcp.{name}")
 
     def _end(self, why: str) -> None:
         if not self.stopping:
@@ -246,31 +250,6 @@ class Pipes:
             if not self.stopping:
                 self._end(await self._exit_reason(f"writing to the server failed: {describe(exc)}"))
 
-    # -- stderr ----------------------------------------------------------------------
-
-    async def read_stderr(self) -> None:
-        assert self.process.stderr is not None
-        splitter = LineSplitter(STDERR_LINE_BYTES)
-        with contextlib.suppress(
-            anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError
-        ):
-            while True:
-                for line in splitter.feed(await self.process.stderr.receive(READ_BYTES)):
-                    self._stderr_line(line)
-        rest = splitter.rest()
-        if rest is not None:  # a last line without its newline (a crash, say)
-            self._stderr_line(rest)
-
-    def _stderr_line(self, line: bytes | Oversized) -> None:
-        if isinstance(line, Oversized):
-            start = line.head.decode("utf-8", "replace")
-            text = f"{start}… [cut: a line of {line.size_bytes} bytes]"
-        else:
-            text = line.decode("utf-8", "replace").rstrip()
-        if text:
-            self.tail.append(text[:STDERR_LINE_CHARS])
-            self._server_log.info("%s", text)
-
     # -- the process -----------------------------------------------------------------
 
     async def _exit_reason(self, running: str) -> str:
@@ -298,10 +277,10 @@ class Pipes:
                         self.name,
                         self.process.pid,
                     )
-        for stream in (self.process.stdout, self.process.stderr):
-            if stream is not None:
-                with contextlib.suppress(OSError, anyio.BrokenResourceError):
-                    await stream.aclose()
+        self.stderr.close()
+        if self.process.stdout is not None:
+            with contextlib.suppress(OSError, anyio.BrokenResourceError):
+                await self.process.stdout.aclose()
 
     def _signal_group(self, sig: signal.Signals) -> None:
         # The server leads its own process group (start_new_session): its children too.
