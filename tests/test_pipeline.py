@@ -26,11 +26,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.harness import ListPublisher, RedisServer
 from tests.tools import Probe, probe_tools, quits
+from toolbus.addresses import ReplyAddress
 from toolbus.backends.local import LocalTool, tool
 from toolbus.config import Settings
-from toolbus.contracts import ErrorCode, ToolResult
+from toolbus.contracts import ErrorCode, Reply, ToolResult
 from toolbus.dedup import DedupStore, MemoryStore, Once
 from toolbus.dedup.redis import RedisStore
+from toolbus.encode import outbound_reply
 from toolbus.errors import ToolFailed
 from toolbus.inflight import Slots
 from toolbus.messages import Inbound, Outbound
@@ -40,6 +42,7 @@ from toolbus.observability.metrics import Metrics
 from toolbus.pipeline import Pipeline
 from toolbus.quotas import Quotas
 from toolbus.tools import BUILTIN_TOOLS
+from toolbus.transport.properties import publish_properties
 from toolbus.wiring import build_executor, build_registry, topics_for
 
 REPLY = "tb/reply/r1"
@@ -716,3 +719,11 @@ async def test_hostile_argument_names_are_escaped_and_bounded_in_the_log(
     assert "\n" not in line.getMessage() and "line\\nbreak:1B" in line.getMessage()
     assert len(line.getMessage()) < 1000
     assert len(vars(line)["argument_names"]) == 50  # the names in `extra` are bounded too
+
+
+def test_a_reply_expiry_is_capped_at_what_mqtt_can_carry() -> None:
+    """A `deadline_ms` centuries away still makes a reply the transport can encode."""
+    far = ReplyAddress("tb/reply/r1", b"c", expires_at=time.monotonic() + 2**40)
+    out = outbound_reply(far, Reply(id="a", ok=True, duration_ms=0.0))
+    assert out.expiry_s == 0xFFFFFFFF
+    publish_properties(out)  # encodes: four bytes

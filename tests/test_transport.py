@@ -29,6 +29,7 @@ from tests.harness import Broker
 from tests.mqtt import Caller
 from toolbus.config import BrokerUrl
 from toolbus.messages import Inbound, Outbound
+from toolbus.publisher import ConnectionPublisher
 from toolbus.transport import TransportError
 from toolbus.transport.connection import MqttConnection, _Delivery
 from toolbus.transport.properties import publish_properties
@@ -219,5 +220,57 @@ async def test_a_publish_waiting_for_its_puback_fails_when_the_broker_dies(
                 async with asyncio.timeout(10):
                     await waiting
             assert time.monotonic() - started < 5
+    finally:
+        own.kill()
+
+
+async def test_a_publish_without_its_puback_in_time_fails_and_forgets_it(tmp_path: Path) -> None:
+    own = Broker(tmp_path)
+    own.start()
+    try:
+        async with MqttConnection(BrokerUrl.from_url(own.url)) as conn:
+            assert own.process is not None
+            own.process.send_signal(signal.SIGSTOP)
+            try:
+                with pytest.raises(TransportError):
+                    await conn.publish(Outbound(topic="t/x", payload=b"1"), timeout_s=0.3)
+                assert conn._acks == {}  # nothing left waiting for a PUBACK
+            finally:
+                own.process.send_signal(signal.SIGCONT)
+    finally:
+        own.kill()
+
+
+async def test_a_reply_without_its_puback_in_time_is_sent_once_and_given_up(
+    tmp_path: Path,
+) -> None:
+    """The publisher's bound covers every attempt: a PUBACK that came too late leaves no
+    time to send again, so a slow broker gets the reply once, not once per retry."""
+    own = Broker(tmp_path)
+    own.start()
+    topic = f"once/{uuid.uuid4().hex[:8]}"
+    url = BrokerUrl.from_url(own.url)
+    try:
+        async with MqttConnection(url) as receiver, MqttConnection(url) as conn:
+            await receiver.subscribe([topic])
+            publisher = ConnectionPublisher(timeout_s=0.5)
+            publisher.attach(conn)
+            assert own.process is not None
+            own.process.send_signal(signal.SIGSTOP)
+            started = time.monotonic()
+            try:
+                async with asyncio.timeout(5):
+                    await publisher.publish(Outbound(topic=topic, payload=b"reply"))
+            finally:
+                own.process.send_signal(signal.SIGCONT)
+            assert time.monotonic() - started < 3  # given up within its bound
+            await publisher.publish(Outbound(topic=topic, payload=b"sentinel"))
+            seen = []
+            async with asyncio.timeout(10):
+                async for message in receiver.messages():
+                    seen.append(message.payload)
+                    if message.payload == b"sentinel":
+                        break
+        assert seen == [b"reply", b"sentinel"]  # once, then what came after it
     finally:
         own.kill()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -164,6 +165,9 @@ def _serve(args: argparse.Namespace) -> int:
 
         given = {"--config": args.config, "--mcp-config": args.mcp_config, "--broker": args.broker}
         return supervise(settings, [p for f, v in given.items() if v for p in (f, str(v))])
+    from toolbus.supervisor import die_with_supervisor
+
+    die_with_supervisor(os.environ)  # a supervised child ends with its supervisor
 
     from toolbus.backends.local import load_entry_points
     from toolbus.observability.sdk import child_environment, configure_metrics, configure_tracing

@@ -115,7 +115,11 @@ def _remaining_s(expires_at: float | None) -> int | None:
     Whole seconds (the MQTT unit), at least one, so a late answer still leaves."""
     if expires_at is None:
         return None
-    return max(1, math.ceil(expires_at - time.monotonic()))
+    # At most MQTT's four-byte interval: a `deadline_ms` centuries away must still encode.
+    return min(MAX_EXPIRY_S, max(1, math.ceil(expires_at - time.monotonic())))
+
+
+MAX_EXPIRY_S = 0xFFFFFFFF
 
 
 def dead_letter(

@@ -291,7 +291,7 @@ class Executor:
             if call.caller and call.caller != topic_caller:
                 raise BadRequest("the topic and the body name different callers") from None
             return replace(call, caller=topic_caller, tool=name, topic_path=False)
-        return call  # the name is a tool: asked again, the same answer (no copy per call)
+        return replace(call, topic_path=False)  # decided: a later stage must not re-read it
 
     def _resolve(self, call: Call) -> tuple[Resolved, str | None]:
         """The tool and the caller (`locate` has read the topic already)."""

@@ -51,31 +51,32 @@ class ConnectionPublisher:
             # it every request this worker holds (decode refuses such topics first).
             log.error("refused to publish to an invalid topic %s (%s)", shown(out.topic), problem)
             return
-        deadline = asyncio.get_running_loop().time() + self._timeout_s
-        conn = self._conn
-        if conn is not None and self._connected.is_set():
-            # The usual case, in one step: the transport bounds its own wait for the PUBACK.
-            try:
-                await conn.publish(out, timeout_s=self._timeout_s)
-            except TransportError as exc:
-                log.debug("publish to %s failed (%s); retrying", out.topic, exc)
-            else:
-                return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        # One bound over every attempt: each waits only for what remains of it, so a
+        # PUBACK that did not come in time leaves no time to send again (a retry would
+        # only double the message on a broker that is slow, not gone). No timer of its
+        # own on the usual path: the transport bounds its wait for the PUBACK.
         try:
-            async with asyncio.timeout_at(deadline):  # one bound over both, not two in a row
-                while True:
-                    await self._connected.wait()
-                    conn = self._conn
-                    if conn is None:
-                        continue
-                    try:
-                        await conn.publish(out)
-                    except TransportError as exc:
-                        log.debug("publish to %s failed (%s); retrying", out.topic, exc)
-                        await asyncio.sleep(RETRY_PUBLISH_DELAY_S)
-                    else:
-                        return
+            while True:
+                conn = self._conn
+                if conn is None or not self._connected.is_set():
+                    async with asyncio.timeout_at(deadline):
+                        await self._connected.wait()
+                    continue
+                remaining_s = deadline - loop.time()
+                if remaining_s <= 0:
+                    break
+                try:
+                    await conn.publish(out, timeout_s=remaining_s)
+                except TransportError as exc:
+                    log.debug("publish to %s failed (%s); retrying", out.topic, exc)
+                    await asyncio.sleep(min(RETRY_PUBLISH_DELAY_S, remaining_s))
+                else:
+                    return
         except TimeoutError:
-            log.error(  # noqa: TRY400 -- the timeout's traceback says nothing more
-                "could not publish to %s within %.1f s: message lost", out.topic, self._timeout_s
-            )
+            pass  # no connection came back in time
+        except Exception:  # a message the transport cannot encode: lost, never raised
+            log.exception("could not publish to %s: message lost", out.topic)
+            return
+        log.error("could not publish to %s within %.1f s: message lost", out.topic, self._timeout_s)

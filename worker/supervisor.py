@@ -12,7 +12,7 @@ A child that exits with a configuration or broker-refused code at its first star
 would only do so again: the parent stops the others and exits with that code.
 
 A parent that dies without stopping them (SIGKILL, a crash) must not leave workers
-behind: on Linux each child asks the kernel, before it runs, to be sent SIGTERM when
+behind: on Linux each child asks the kernel, as it starts, to be sent SIGTERM when
 its parent dies (`PR_SET_PDEATHSIG`), and so drains like on any other SIGTERM.
 """
 
@@ -24,8 +24,9 @@ import ctypes
 import logging
 import os
 import signal
+import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from toolbus.cli import EXIT_BROKER, EXIT_OK, EXIT_USAGE
@@ -98,12 +99,11 @@ class Supervisor:
         self._stop_bound_s = stop_bound_s
         self._stop = asyncio.Event()
         self._refused: int | None = None
-        self._with_parent = _dies_with_parent()
 
     def child_env(self, slot: int) -> dict[str, str]:
         """Child `slot`'s environment: this one, with its own worker id and metrics port
         (the environment outranks the config file, so these win over what it says)."""
-        own: dict[str, str] = {}
+        own: dict[str, str] = {SUPERVISOR_PID_ENV: str(os.getpid())}
         if self._worker_id:
             own["TOOLBUS_WORKER_ID"] = f"{self._worker_id}-{slot}"
         if self._metrics_port is not None:
@@ -131,13 +131,19 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         delay_s, first = FIRST_RESTART_DELAY_S, True
         while not self._stop.is_set():
-            proc = await asyncio.create_subprocess_exec(
-                *self._command,
-                env=self.child_env(slot),
-                stdin=asyncio.subprocess.DEVNULL,
-                # Between fork and exec: it only calls prctl (looked up beforehand) and getppid.
-                preexec_fn=self._with_parent,
-            )
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *self._command,
+                    env=self.child_env(slot),
+                    stdin=asyncio.subprocess.DEVNULL,
+                )
+            except (OSError, subprocess.SubprocessError) as exc:  # fork or exec failed
+                log.warning(
+                    "worker process %d could not start (%s); retrying in %.1f s", slot, exc, delay_s
+                )
+                await self._pause(delay_s)
+                delay_s = min(delay_s * 2, MAX_RESTART_DELAY_S)
+                continue
             started = loop.time()
             log.info("worker process %d started: pid %d", slot, proc.pid)
             try:
@@ -145,9 +151,10 @@ class Supervisor:
                 if code is None:
                     await self._end(slot, proc)
                     return
-            finally:  # cancelled (a sibling's error): leave no child running
+            finally:  # cancelled (a sibling's error): the child drains on its own
                 if proc.returncode is None:
-                    proc.kill()
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(signal.SIGTERM)
             if first and code in REFUSED_AT_START:
                 log.error("worker process %d %s at its first start: stopping", slot, _how(code))
                 self._refused = code
@@ -163,10 +170,14 @@ class Supervisor:
                 _how(code),
                 delay_s,
             )
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay_s):
-                    await self._stop.wait()
+            await self._pause(delay_s)
             delay_s = min(delay_s * 2, MAX_RESTART_DELAY_S)
+
+    async def _pause(self, delay_s: float) -> None:
+        """The backoff before a restart, cut short by a stop."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay_s):
+                await self._stop.wait()
 
     async def _exit_code(self, proc: asyncio.subprocess.Process) -> int | None:
         """Wait until the child exits (its exit code) or the supervisor stops (None)."""
@@ -196,8 +207,14 @@ class Supervisor:
                 self._stop_bound_s,
             )
             proc.kill()
-            async with asyncio.timeout(KILL_BOUND_S):
-                await proc.wait()
+            try:
+                async with asyncio.timeout(KILL_BOUND_S):
+                    await proc.wait()
+            except TimeoutError:  # not reaped yet: nothing more a parent can do
+                log.error(  # noqa: TRY400 -- the timeout's traceback says nothing more
+                    "worker process %d (pid %d) survived SIGKILL", slot, proc.pid
+                )
+                return
         log.info("worker process %d (pid %d) stopped: %s", slot, proc.pid, _how(proc.returncode))
 
 
@@ -209,26 +226,25 @@ def _how(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _dies_with_parent() -> Callable[[], None] | None:
-    """What a child runs between fork and exec so that it gets SIGTERM when this process
-    dies (Linux: `prctl(PR_SET_PDEATHSIG)`); None elsewhere.
+SUPERVISOR_PID_ENV = "TOOLBUS_SUPERVISOR_PID"
 
-    The function is looked up here, before any fork: the child only calls it. If this
-    process died before the child asked, no signal will come; the child sees it has
-    another parent already and exits.
+
+def die_with_supervisor(environ: Mapping[str, str]) -> None:
+    """In a child (its environment names the supervisor): get SIGTERM when the supervisor
+    dies (Linux: `prctl(PR_SET_PDEATHSIG)`), and exit at once if it has died already.
+
+    Called by the child itself at start, not between fork and exec: the supervisor has
+    threads (asyncio's child watcher), and code run after a fork in a threaded process
+    may deadlock before exec.
     """
-    if not sys.platform.startswith("linux"):
-        return None
+    supervisor = environ.get(SUPERVISOR_PID_ENV)
+    if not supervisor or not sys.platform.startswith("linux"):
+        return
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        return None
+        return
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
+    prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if str(os.getppid()) != supervisor:  # it died before we asked: no signal will come
+        os._exit(1)
