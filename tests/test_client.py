@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiomqtt
 import pytest
@@ -127,6 +129,24 @@ async def test_a_closed_client_answers_no_reply_at_once(
         await asyncio.wait_for(waiting, 5)
     with pytest.raises(NoReply):  # and a call after the close neither hangs nor spins
         await asyncio.wait_for(client.call("echo", timeout_s=30), 5)
+
+
+async def test_a_call_waiting_for_a_lost_broker_is_told_at_the_close(tmp_path: Path) -> None:
+    """The close wakes a request waiting to send, rather than leaving it to its deadline."""
+    own = Broker(tmp_path)
+    own.start()
+    try:
+        client = client_of(own, "lost", attempts=1)
+        async with client:
+            with watching("toolbus.client", "connection lost", logging.WARNING) as lost:
+                own.stop()
+                await asyncio.wait_for(lost.seen.wait(), 10)  # and it is re-connecting
+            waiting = asyncio.create_task(client.call("echo", timeout_s=60), name="wait-send")
+            await asyncio.sleep(0)  # it runs up to its wait for the connection
+        with pytest.raises(NoReply):
+            await asyncio.wait_for(waiting, 5)  # not the 60 s deadline
+    finally:
+        own.kill()
 
 
 @pytest.mark.parametrize(("attempts", "interval_s"), [(0, 1.0), (3, 0.0), (2, -1.0)])

@@ -108,12 +108,13 @@ class Requester:
         tb: TracebackType | None,
     ) -> None:
         self._closed = True
-        self._connected.clear()  # a request still sending waits (bounded), then gives up
+        self._connected.set()  # wakes every request waiting to send: each sees the close
         if self._reader is not None:
             await cancel_and_wait(self._reader, self._connect_timeout_s)
         for pending in self._pending.values():
             if not pending.answer.done():
                 pending.answer.set_exception(NoReply("the client closed before an answer came"))
+                pending.answer.exception()  # retrieved: a request still sending raises its own
         connection, self._connection = self._connection, None
         if connection is not None:
             with contextlib.suppress(TransportError):
@@ -182,6 +183,9 @@ class Requester:
         """Publish once the connection is up; across a broker restart, once it is back."""
         loop = asyncio.get_running_loop()
         while True:
+            # Checked on every turn: a publish cut short by the close comes back here
+            if self._closed:
+                raise NoReply("the client closed before the request was sent", id=ident)
             try:
                 async with asyncio.timeout_at(deadline):
                     await self._connected.wait()
@@ -222,7 +226,7 @@ class Requester:
         return connection
 
     def _lost(self, connection: MqttConnection) -> None:
-        if self._connection is connection:
+        if self._connection is connection and not self._closed:
             self._connection = None
             self._connected.clear()
 
