@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from toolbus.normalization.guards import Guards, Limits, ParamNode
+from toolbus.normalization.guards import Guards
+from toolbus.normalization.limits import Limits, ParamNode
 from toolbus.normalization.normalize import EMPTY_MAP, Normalizer, StaticMap
 from toolbus.normalization.shapes import ANY, Shape
 from toolbus.registry import Tool
