@@ -235,20 +235,21 @@ class Executor:
         outcome.tool = resolved.name
         outcome.normalized.extend(resolved.report)
         self._check_access(caller, resolved)
-        arguments = call.arguments
-        # Most calls need no normalizing and trip no guard: for them only the schema's check.
-        settled = self._plans.settled(tool, arguments, call.payload_bytes)
+        # Most calls need no more than top-level keys respelled and trip no guard: for
+        # them one walk, then the schema's check (None: the full path).
+        settled = self._plans.settled(tool, call.arguments, call.payload_bytes, outcome.normalized)
+        arguments = call.arguments if settled is None else settled
         try:
             if trace.get_current_span().is_recording():  # a span per step only under one
                 with self._tracer.start_as_current_span("normalize"):
-                    if not settled:
+                    if settled is None:
                         arguments = self._normalized(tool, call, outcome)
                 with self._tracer.start_as_current_span("validate"):
-                    if not settled:
+                    if settled is None:
                         arguments = self._guarded(tool, arguments, outcome)
                     check_arguments(tool.name, tool.validator, arguments)
             else:  # the same steps without spans: even a no-op span costs more than a step
-                if not settled:
+                if settled is None:
                     arguments = self._guarded(tool, self._normalized(tool, call, outcome), outcome)
                 check_arguments(tool.name, tool.validator, arguments)
         except InvalidArguments as error:
