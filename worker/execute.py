@@ -236,21 +236,27 @@ class Executor:
         outcome.normalized.extend(resolved.report)
         self._check_access(caller, resolved)
         # Most calls need no more than top-level keys respelled and trip no guard: for
-        # them one walk, then the schema's check (None: the full path).
-        settled = self._plans.settled(tool, call.arguments, call.payload_bytes, outcome.normalized)
-        arguments = call.arguments if settled is None else settled
+        # them one walk (`settled`), then the schema's check; None: the full path.
         try:
             if trace.get_current_span().is_recording():  # a span per step only under one
                 with self._tracer.start_as_current_span("normalize"):
-                    if settled is None:
-                        arguments = self._normalized(tool, call, outcome)
+                    settled = self._plans.settled(
+                        tool, call.arguments, call.payload_bytes, outcome.normalized
+                    )
+                    arguments = (
+                        self._normalized(tool, call, outcome) if settled is None else settled
+                    )
                 with self._tracer.start_as_current_span("validate"):
                     if settled is None:
                         arguments = self._guarded(tool, arguments, outcome)
                     check_arguments(tool.name, tool.validator, arguments)
             else:  # the same steps without spans: even a no-op span costs more than a step
+                settled = self._plans.settled(
+                    tool, call.arguments, call.payload_bytes, outcome.normalized
+                )
                 if settled is None:
-                    arguments = self._guarded(tool, self._normalized(tool, call, outcome), outcome)
+                    settled = self._guarded(tool, self._normalized(tool, call, outcome), outcome)
+                arguments = settled
                 check_arguments(tool.name, tool.validator, arguments)
         except InvalidArguments as error:
             _explain(error, tool)
