@@ -1,5 +1,6 @@
 """The settled walk (normalization/settled.py): it may skip the full path only where that
-path would have passed the arguments on unchanged, with nothing to report or refuse."""
+path would have changed nothing but top-level keys, refused nothing, and reported just
+those renames."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from toolbus.errors import InvalidArguments
 from toolbus.execute import Outcome
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
+from toolbus.normalization.report import Change
 from toolbus.normalization.settled import Plans
 from toolbus.registry import Tool
 from toolbus.wiring import build_executor
@@ -45,6 +47,11 @@ WELL_FORMED = {
 }
 
 
+def as_text(value: Any) -> str:
+    """Exact, key order and all: `True`, `1` and `1.0` stay apart."""
+    return json.dumps(value)
+
+
 def payload_bytes(arguments: dict[str, Any]) -> int:
     return len(json.dumps({"arguments": arguments}).encode())
 
@@ -56,7 +63,8 @@ def plans(
 
 
 def settled(tool: Tool, arguments: dict[str, Any], **kwargs: Any) -> bool:
-    return plans(**kwargs).settled(tool, arguments, payload_bytes(arguments))
+    report: list[Change] = []
+    return plans(**kwargs).settled(tool, arguments, payload_bytes(arguments), report) is not None
 
 
 @pytest.mark.parametrize(
@@ -78,8 +86,8 @@ def test_a_call_in_the_schemas_shape_is_settled(
 @pytest.mark.parametrize(
     ("arguments", "why"),
     [
-        ({"device_name": "a", "action": "on"}, "static map"),
-        ({"DeviceName": "a", "action": "on"}, "a respelling"),
+        ({"device_name": "a", "deviceName": "b", "action": "on"}, "two keys for one property"),
+        ({"device_name": "a", "DeviceName": "b", "action": "on"}, "two respellings of one"),
         ({"deviceName": "a", "action": "ON"}, "an enum casing"),
         ({"deviceName": "a", "action": "on", "level": "40"}, "a number as text"),
         ({"deviceName": "a", "action": "on", "level": 4.5}, "a float where integers go"),
@@ -94,15 +102,40 @@ def test_anything_to_change_or_refuse_is_not_settled(arguments: dict[str, Any], 
     assert not settled(mcp_tool(), arguments), why
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"device_name": "a", "command": "on"},  # the static map
+        {"DeviceName": "a", "ACTION": "on", "level": 3},  # respelled
+        {"brightness": 3, "deviceName": "a", "action": "dim"},
+    ],
+)
+def test_top_level_respellings_are_settled_as_the_full_path_renames_them(
+    arguments: dict[str, Any],
+) -> None:
+    tool = mcp_tool()
+    normalizer, guards = Normalizer(SEED_MAP), Guards(GuardSettings())
+    report: list[Change] = []
+    fast = Plans(normalizer, guards).settled(tool, arguments, payload_bytes(arguments), report)
+    full, renamed = normalizer.arguments(tool, arguments)
+    assert fast is not None and as_text(fast) == as_text(full)
+    assert report == renamed and report  # the same renames, in the same order
+
+
+def test_a_respelling_below_the_top_is_left_to_the_full_path() -> None:
+    assert not settled(mcp_tool(schema=NESTED_SCHEMA), {"room": {"Name": "kitchen"}})
+    assert settled(mcp_tool(schema=NESTED_SCHEMA), {"ROOM": {"name": "kitchen"}})
+
+
 def test_limits_and_sizes_are_left_to_the_full_path() -> None:
     tool = mcp_tool(schema=NESTED_SCHEMA)
     assert not settled(tool, WELL_FORMED, guards=GuardSettings(max_depth=3))  # extra.free[1]
     assert settled(tool, WELL_FORMED, guards=GuardSettings(max_depth=4))
     assert not settled(tool, WELL_FORMED, guards=GuardSettings(max_array_length=1))
     assert not settled(tool, WELL_FORMED, guards=GuardSettings(forbidden_pattern="kitchen"))
-    plan = plans()
-    assert not plan.settled(tool, WELL_FORMED, 0)  # size unknown: measured on the full path
-    assert not plan.settled(tool, WELL_FORMED, 64 * 1024 + 1)
+    plan, report = plans(), list[Change]()
+    assert plan.settled(tool, WELL_FORMED, 0, report) is None  # size unknown: measured there
+    assert plan.settled(tool, WELL_FORMED, 64 * 1024 + 1, report) is None
 
 
 def test_a_default_to_fill_is_not_settled_unless_defaults_are_skipped() -> None:
@@ -269,22 +302,33 @@ def cases(draw: st.DrawFn) -> tuple[Tool, Guards, Normalizer, dict[str, Any]]:
     return tool, Guards(guards), Normalizer(maps), arguments
 
 
-def as_text(value: Any) -> str:
-    """Exact, key order and all: `True`, `1` and `1.0` stay apart."""
-    return json.dumps(value)
-
-
 @settings(max_examples=500, deadline=None)
 @given(cases())
-def test_a_settled_call_is_one_the_full_path_would_pass_on_unchanged(
+def test_a_settled_call_is_what_the_full_path_would_make_of_it(
     case: tuple[Tool, Guards, Normalizer, dict[str, Any]],
 ) -> None:
     tool, guards, normalizer, arguments = case
     size = payload_bytes(arguments)
-    if not Plans(normalizer, guards).settled(tool, arguments, size):
+    report: list[Change] = []
+    fast = Plans(normalizer, guards).settled(tool, arguments, size, report)
+    if fast is None:
         return
     guards.check_envelope(tool, arguments, size)  # raises on any violation
     normalized, renamed = normalizer.arguments(tool, arguments)
     checked, dropped = guards.check_values(tool, normalized)
-    assert (renamed, dropped) == ([], [])
-    assert as_text(checked) == as_text(arguments)
+    assert dropped == []
+    assert renamed == report  # top-level renames only, in order
+    assert as_text(checked) == as_text(fast)
+    if not report:
+        assert fast is arguments  # nothing renamed: not even copied
+
+
+def test_a_respelled_key_meets_the_settings_and_maps_of_its_property() -> None:
+    narrow = ToolSettings.model_validate({"parameters": {"deviceName": {"max_string_length": 3}}})
+    assert not settled(mcp_tool(settings=narrow), {"device_name": "abcdef", "action": "on"})
+    assert settled(mcp_tool(settings=narrow), {"device_name": "abc", "action": "on"})
+    # A map below the property: its keys would be renamed, so the full path decides.
+    schema = {"type": "object", "properties": {"extra": {"type": "object"}}}
+    maps = {"other": {"extra.old": "new"}}
+    assert not settled(mcp_tool("other", schema), {"EXTRA": {"old": 1}}, maps=maps)
+    assert settled(mcp_tool("other", schema), {"EXTRA": {"old": 1}}, maps={})

@@ -239,21 +239,28 @@ class Executor:
         outcome.tool = resolved.name
         outcome.normalized.extend(resolved.report)
         self._check_access(caller, resolved)
-        arguments = call.arguments
-        # Most calls need no normalizing and trip no guard: for them only the schema's check.
-        settled = self._plans.settled(tool, arguments, call.payload_bytes)
+        # Most calls need no more than top-level keys respelled and trip no guard: for
+        # them one walk (`settled`), then the schema's check; None: the full path.
         try:
             if self._trace_steps and trace.get_current_span().is_recording():
                 with self._tracer.start_as_current_span("normalize"):
-                    if not settled:
-                        arguments = self._normalized(tool, call, outcome)
+                    settled = self._plans.settled(
+                        tool, call.arguments, call.payload_bytes, outcome.normalized
+                    )
+                    arguments = (
+                        self._normalized(tool, call, outcome) if settled is None else settled
+                    )
                 with self._tracer.start_as_current_span("validate"):
-                    if not settled:
+                    if settled is None:
                         arguments = self._guarded(tool, arguments, outcome)
                     check_arguments(tool.name, tool.validator, arguments)
             else:  # the same steps without spans: even a no-op span costs more than a step
-                if not settled:
-                    arguments = self._guarded(tool, self._normalized(tool, call, outcome), outcome)
+                settled = self._plans.settled(
+                    tool, call.arguments, call.payload_bytes, outcome.normalized
+                )
+                if settled is None:
+                    settled = self._guarded(tool, self._normalized(tool, call, outcome), outcome)
+                arguments = settled
                 check_arguments(tool.name, tool.validator, arguments)
         except InvalidArguments as error:
             _explain(error, tool)

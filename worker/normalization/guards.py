@@ -4,30 +4,24 @@ Before normalization (cheap, on whatever arrived): total argument size and nesti
 depth. After it, walking the arguments with the tool's shapes: string length,
 forbidden-character patterns, the path guard for parameters marked as paths (which
 hands the tool the canonical path, reported as `path_canonical`; see `paths`), array
-length, and lenient arrays whose invalid items are dropped and reported. Limits come
-from `[guards]`, `[tools.NAME.guards]` and `[tools.NAME.parameters."dotted.path"]`,
-the most specific winning; forbidden patterns add up instead (the control-character
-default, then each level's own), so no level can lift a ban made above it. Every
-violation is collected; a refusal is `invalid_arguments` with `details.violations`.
+length, and lenient arrays whose invalid items are dropped and reported. The limits in
+force at each level come from `limits`. Every violation is collected; a refusal is
+`invalid_arguments` with `details.violations`. Values no guard changed are passed on as
+they are: an object or array is copied only when something in it changed.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from jsonschema.protocols import Validator
 
-from toolbus.config import (
-    DEFAULT_FORBIDDEN_PATTERN,
-    GuardSettings,
-    ParameterSettings,
-    complete_guards,
-)
+from toolbus.config import GuardSettings, ParameterSettings
 from toolbus.errors import InvalidArguments
 from toolbus.normalization import paths
+from toolbus.normalization.limits import Limits, ParamNode, global_limits, parameter_tree, plain
 from toolbus.normalization.report import Change
 from toolbus.normalization.shapes import ANY, Shape
 from toolbus.registry import Tool
@@ -35,59 +29,6 @@ from toolbus.validate import standalone_check
 
 MAX_VIOLATIONS = 20
 _NO_CHILDREN: dict[str, ParamNode] = {}
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    max_string_length: int
-    max_array_length: int
-    max_depth: int
-    max_argument_bytes: int
-    forbidden: tuple[re.Pattern[str], ...]
-    # What a string is searched with first: the patterns as one, when they combine
-    # safely. A miss there clears the text; a hit is looked up pattern by pattern.
-    screen: tuple[re.Pattern[str], ...] = field(init=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "screen", _screen(self.forbidden))
-
-    def narrowed(self, override: GuardSettings | ParameterSettings) -> Limits:
-        pattern = override.forbidden_pattern
-        forbidden = self.forbidden
-        if pattern and all(p.pattern != pattern for p in forbidden):
-            forbidden = (*forbidden, re.compile(pattern))
-        max_depth = max_argument_bytes = None  # a parameter sets neither: only a tool does
-        if isinstance(override, GuardSettings):
-            max_depth, max_argument_bytes = override.max_depth, override.max_argument_bytes
-        return Limits(
-            max_string_length=override.max_string_length or self.max_string_length,
-            max_array_length=(
-                self.max_array_length
-                if override.max_array_length is None
-                else override.max_array_length
-            ),
-            max_depth=max_depth or self.max_depth,
-            max_argument_bytes=max_argument_bytes or self.max_argument_bytes,
-            forbidden=forbidden,
-        )
-
-    def clean(self, text: str) -> bool:
-        """No forbidden pattern occurs in `text`."""
-        for pattern in self.screen:  # noqa: SIM110 -- a loop: all() adds a generator per string
-            if pattern.search(text) is not None:
-                return False
-        return True
-
-
-@dataclass
-class ParamNode:
-    """One level of a tool's `[tools.NAME.parameters]` tree, with the limits in force
-    there (the tool's, narrowed by every setting on the way down), computed once."""
-
-    limits: Limits
-    settings: ParameterSettings | None = None
-    children: dict[str, ParamNode] = field(default_factory=dict)
-    special: bool = False  # values may be changed here (path guard, lenient), not only judged
 
 
 @dataclass
@@ -102,14 +43,7 @@ class Guards:
     """Input guards: the global `[guards]` limits, narrowed by each tool's own settings."""
 
     def __init__(self, global_settings: GuardSettings) -> None:
-        complete = complete_guards(global_settings)
-        self._global = Limits(
-            max_string_length=_limit(complete.max_string_length),
-            max_array_length=_limit(complete.max_array_length),
-            max_depth=_limit(complete.max_depth),
-            max_argument_bytes=_limit(complete.max_argument_bytes),
-            forbidden=_global_forbidden(complete.forbidden_pattern),
-        )
+        self._global = global_limits(global_settings)
         self._cache: dict[int, tuple[Tool, ToolGuards]] = {}
 
     def clear(self) -> None:
@@ -121,16 +55,8 @@ class Guards:
         cached = self._cache.get(id(tool))
         if cached is not None and cached[0] is tool:
             return cached[1]
-        config = tool.settings
-        limits = self._global.narrowed(config.guards)
-        root = ParamNode(limits)
-        for dotted, settings in config.parameters.items():
-            node = root
-            for part in dotted.split("."):
-                node = node.children.setdefault(part, ParamNode(node.limits))
-            node.settings = settings
-        _narrow(root, limits)
-        built = ToolGuards(limits, root)
+        limits = self._global.narrowed(tool.settings.guards)
+        built = ToolGuards(limits, parameter_tree(limits, tool.settings.parameters))
         self._cache[id(tool)] = (tool, built)
         return built
 
@@ -204,7 +130,7 @@ class _Walk:
             properties = shape.properties
             changed: dict[str, Any] | None = None
             for k, v in value.items():
-                if type(v) is str and k not in children and _plain(v, limits):
+                if type(v) is str and k not in children and plain(v, limits):
                     continue  # the common string: nothing to refuse, change or report
                 checked = self.value(
                     v, properties.get(k, ANY), children.get(k), limits, f"{path}.{k}"
@@ -276,10 +202,10 @@ class _Walk:
         if settings is not None and settings.lenient and shape.item_schema is not None:
             kept = self.lenient(items, shape, path)
         item_shape = shape.items or ANY
-        plain = settings is None or not (settings.path or settings.allowed_roots)
+        unguarded = settings is None or not (settings.path or settings.allowed_roots)
         checked = [
             item  # as in objects: a plain string within its limits needs no call
-            if plain and type(item) is str and _plain(item, limits)
+            if unguarded and type(item) is str and plain(item, limits)
             else self.value(item, item_shape, param, limits, f"{path}[{i}]")
             for i, item in enumerate(kept)
         ]
@@ -321,53 +247,6 @@ class _Walk:
                 shape.item_schema, self.tool.input_schema
             )
         return cache[id(shape)]
-
-
-def _limit(value: int | None) -> int:
-    if value is None:  # complete_guards sets every limit; a new field without a default would not
-        raise ValueError("a global guard limit has no default in DEFAULT_GUARDS")
-    return value
-
-
-def _plain(text: str, limits: Limits) -> bool:
-    """A string within its limits, as `_Walk.string` judges it where no parameter is set."""
-    if len(text) > limits.max_string_length:
-        return False
-    for pattern in limits.screen:  # noqa: SIM110 -- a loop: all() adds a generator per string
-        if pattern.search(text) is not None:
-            return False
-    return True
-
-
-def _narrow(node: ParamNode, limits: Limits) -> None:
-    """Each node's limits: those above it, narrowed by its own settings."""
-    settings = node.settings
-    node.limits = limits if settings is None else limits.narrowed(settings)
-    node.special = settings is not None and bool(
-        settings.path or settings.allowed_roots or settings.lenient
-    )
-    for child in node.children.values():
-        _narrow(child, node.limits)
-
-
-def _screen(forbidden: tuple[re.Pattern[str], ...]) -> tuple[re.Pattern[str], ...]:
-    """The patterns as one alternation when that means the same: none has groups (a
-    backreference would count them anew) or flags of its own; else as they are."""
-    if len(forbidden) < 2 or any(p.groups or p.flags & ~re.UNICODE for p in forbidden):
-        return forbidden
-    try:
-        return (re.compile("|".join(f"(?:{p.pattern})" for p in forbidden)),)
-    except re.error:
-        return forbidden
-
-
-def _global_forbidden(pattern: str | None) -> tuple[re.Pattern[str], ...]:
-    """The `[guards]` pattern adds to the default; only an empty one (`""`) lifts it."""
-    if not pattern:
-        return ()
-    if pattern == DEFAULT_FORBIDDEN_PATTERN:
-        return (re.compile(pattern),)
-    return re.compile(DEFAULT_FORBIDDEN_PATTERN), re.compile(pattern)
 
 
 def _depth(value: Any) -> int:

@@ -94,6 +94,30 @@ class ToolRules:
         )
 
 
+def key_target(  # noqa: PLR0911 -- one return per rule, in the documented order
+    key: str, shape: Shape, static: StaticMap, rename: bool
+) -> tuple[str, str | None]:
+    """The property `key` means at this level, and the rule that says so (None: kept)."""
+    if key in shape.properties:
+        return key, None
+    if key in static.renames:
+        return static.renames[key], "static_map"
+    if not rename:
+        return key, None
+    target = shape.spellings.get(spelling_key(key))
+    if target is not None:
+        if snake_to_camel(key) == target:
+            return target, "snake_to_camel"
+        if camel_to_snake(key) == target:
+            return target, "camel_to_snake"
+        return target, "spelling"
+    if shape.additional and shape.camel_case and "_" in key.strip("_"):
+        camel = snake_to_camel(key)
+        if camel != key and camel not in shape.properties:
+            return camel, "snake_to_camel"
+    return key, None
+
+
 class Normalizer:
     """Normalizes arguments with each tool's rules: its settings plus its static map.
 
@@ -123,9 +147,15 @@ class Normalizer:
         rules = self.rules(tool)
         walk = _Walk(rules.rename, rules.coercions)
         out = walk.object(arguments, tool.shape, rules.static, "arguments")
-        if walk.report and log.isEnabledFor(logging.INFO):
-            log.info("normalized %s: %s", tool.name, describe(walk.report))
+        if walk.report:
+            self.log_changes(tool, walk.report)
         return out, walk.report
+
+    @staticmethod
+    def log_changes(tool: Tool, changes: list[Change]) -> None:
+        """The log line for what normalization changed in one call (keys, never values)."""
+        if log.isEnabledFor(logging.INFO):
+            log.info("normalized %s: %s", tool.name, describe(changes))
 
 
 class _Walk:
@@ -191,27 +221,8 @@ class _Walk:
                     self.note(f"{path}.{name}", "(absent)", _show(default), "default")
         return out
 
-    def key(  # noqa: PLR0911 -- one return per rule, in the documented order
-        self, key: str, shape: Shape, static: StaticMap
-    ) -> tuple[str, str | None]:
-        if key in shape.properties:
-            return key, None
-        if key in static.renames:
-            return static.renames[key], "static_map"
-        if not self.rename:
-            return key, None
-        target = shape.spellings.get(spelling_key(key))
-        if target is not None:
-            if snake_to_camel(key) == target:
-                return target, "snake_to_camel"
-            if camel_to_snake(key) == target:
-                return target, "camel_to_snake"
-            return target, "spelling"
-        if shape.additional and shape.camel_case and "_" in key.strip("_"):
-            camel = snake_to_camel(key)
-            if camel != key and camel not in shape.properties:
-                return camel, "snake_to_camel"
-        return key, None
+    def key(self, key: str, shape: Shape, static: StaticMap) -> tuple[str, str | None]:
+        return key_target(key, shape, static, self.rename)
 
     def coerce(self, value: Any, shape: Shape, path: str) -> Any:
         kind = json_type(value)
