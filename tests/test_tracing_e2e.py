@@ -52,7 +52,9 @@ async def phoenix(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str
         stderr=asyncio.subprocess.STDOUT,
     )
     assert proc.stdout is not None
-    await wait_for_line(proc.stdout, b"Uvicorn running", "Phoenix", timeout_s=120)
+    # Phoenix imports a large stack and migrates a fresh database before it listens: on a
+    # busy two-core machine that took over 120 s once, so the bound is generous.
+    await wait_for_line(proc.stdout, b"Uvicorn running", "Phoenix", timeout_s=300)
     drain = asyncio.create_task(_drain(proc.stdout), name="phoenix-log")
     try:
         yield f"http://127.0.0.1:{port}"
