@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
-from toolbus.config import BrokerUrl, load_settings
+from toolbus.config import BrokerUrl, ConfigError, load_settings
 
 
 @pytest.mark.parametrize(
@@ -94,7 +93,7 @@ def test_json_config_and_per_tool_settings(tmp_path: Path) -> None:
 def test_invalid_config_is_refused(tmp_path: Path, bad: dict[str, object]) -> None:
     cfg = tmp_path / "bad.json"
     cfg.write_text(json.dumps(bad))
-    with pytest.raises(ValidationError):
+    with pytest.raises(ConfigError):
         load_settings(cfg)
 
 

@@ -4,14 +4,15 @@ This is the entry point: the only place that reads the environment and files.
 Exit codes of `call`/`tools`: 0 ok, 1 the tool or worker answered with an error,
 2 usage or configuration error, 3 no reply in time, 4 broker unreachable. `serve`
 exits 2 on a configuration error and 4 when the broker refuses it at the first connect
-(its certificate fails verification, or it rejects the credentials).
+(its certificate fails verification, or it rejects the credentials). A configuration
+error is printed one problem per line (see `toolbus.config.problems`). `call` and
+`tools` live in `cli_ask`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -21,6 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from toolbus import __version__
+from toolbus.config.problems import ConfigError
 from toolbus.contracts import ToolsFormat
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_REPLY, EXIT_BROKER = 0, 1, 2, 3, 4
@@ -30,7 +32,7 @@ SCHEMAS_DIR = Path("schemas")
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="toolbus", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"toolbus {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, help="what to do")
 
     def config_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", type=Path, help="config file (TOML or JSON)")
@@ -52,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
 
     call = sub.add_parser("call", help="call a tool through a running worker")
     config_flags(call)
-    call.add_argument("tool")
+    call.add_argument("tool", help="the tool's name, or any alias or spelling that resolves")
     call.add_argument(
         "pairs", nargs="*", metavar="key=value", help="arguments; values as JSON or text"
     )
@@ -60,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument(
         "--timeout",
         type=float,
-        help="the call's deadline in seconds (default: default_timeout_s, as the worker has it)",
+        help="the call's deadline in seconds (default: default_timeout_s, as the worker has "
+        "it); connecting to the broker is bounded by it too, 10 s at most",
     )
     call.add_argument(
         "--attempts",
@@ -78,7 +81,12 @@ def _parser() -> argparse.ArgumentParser:
 
     tools = sub.add_parser("tools", help="list the tools of a running worker")
     config_flags(tools)
-    tools.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a worker")
+    tools.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        help="seconds to wait for a worker, and for the broker connection (10 s at most)",
+    )
     tools.add_argument("--json", action="store_true", help="print the raw definitions")
     tools.add_argument(
         "--format",
@@ -89,9 +97,13 @@ def _parser() -> argparse.ArgumentParser:
 
     schemas = sub.add_parser("schemas", help="write or check schemas/*.json")
     mode = schemas.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true")
-    mode.add_argument("--check", action="store_true")
-    schemas.add_argument("--dir", type=Path, default=SCHEMAS_DIR)
+    mode.add_argument("--write", action="store_true", help="render them from the code")
+    mode.add_argument(
+        "--check", action="store_true", help="exit 1 when they differ from the code (for CI)"
+    )
+    schemas.add_argument(
+        "--dir", type=Path, default=SCHEMAS_DIR, help="where they live (default: schemas)"
+    )
 
     mappings = sub.add_parser("mappings", help="print every accepted spelling per tool (Markdown)")
     mappings.add_argument("tool", nargs="?", help="one tool (any name that resolves)")
@@ -124,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         code: int = handlers[args.command](args)
+    except ConfigError as exc:
+        for problem in exc.problems:  # one line each: a log line, a grep hit
+            print(f"toolbus: bad configuration: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     except ValidationError as exc:
         print(f"toolbus: bad configuration: {config_errors(exc)}", file=sys.stderr)
         return EXIT_USAGE
@@ -134,25 +150,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def config_errors(exc: ValidationError) -> str:
-    """Each error as `where: why`, on one line, never with the value that failed: it
-    may be a secret (a password, an MCP server's token)."""
-    found = []
-    for error in exc.errors(include_input=False, include_url=False):
-        where = ".".join(str(part) for part in error["loc"]) or "settings"
-        why = error["msg"].removeprefix("Value error, ")
-        found.append(f"{where}: {why}")
-    return "; ".join(found)
+    """Settings validated outside `load_settings`: each error as a `ConfigProblem`."""
+    from toolbus.config import Settings
+    from toolbus.config.problems import problem_from_error
+
+    errors = exc.errors(include_url=False)
+    return "; ".join(str(problem_from_error(e, "", Settings)) for e in errors)
 
 
 def _settings(args: argparse.Namespace) -> Any:
     from toolbus.config import load_settings
+    from toolbus.config.loading import environment_problems
 
-    return load_settings(
+    settings = load_settings(
         getattr(args, "config", None),
         getattr(args, "mcp_config", None),
         broker_url=getattr(args, "broker", None),
         processes=getattr(args, "processes", None),
     )
+    for problem in environment_problems(os.environ):  # the fatal ones refused above
+        print(f"toolbus: warning: {problem}", file=sys.stderr)
+    return settings
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -201,118 +219,16 @@ def _serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def parse_pairs(pairs: list[str], json_args: str | None) -> dict[str, Any]:
-    """`key=value` pairs (value parsed as JSON when it is JSON, else text) over `--json`."""
-    arguments: dict[str, Any] = {}
-    if json_args:
-        loaded = json.loads(json_args)
-        if not isinstance(loaded, dict):
-            raise ValueError("--json must be a JSON object")
-        arguments.update(loaded)
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"argument {pair!r} is not key=value")
-        try:
-            arguments[key] = json.loads(value)
-        except ValueError:
-            arguments[key] = value
-    return arguments
-
-
-def _client(args: argparse.Namespace, settings: Any) -> Any:
-    """A `Client` as the settings and flags say; a bad `--attempts` is a usage error."""
-    from toolbus.client import Client, Retry
-
-    return Client(
-        settings.broker,
-        prefix=settings.topic_prefix,
-        reply_prefix=settings.allowed_reply_prefixes[0],
-        retry=Retry(getattr(args, "attempts", 3), getattr(args, "retry_interval", 5.0)),
-        connect_timeout_s=min(args.timeout or settings.default_timeout_s, 10.0),
-        timeout_s=args.timeout or settings.default_timeout_s,
-    )
-
-
-def _talk(settings: Any, talk: Any) -> Any:
-    """Run `talk` (a coroutine), its failures to reach anyone as exit codes."""
-    from toolbus.errors import NoReply
-    from toolbus.transport import TransportError
-
-    try:
-        return asyncio.run(talk)
-    except NoReply as exc:
-        print(f"toolbus: {exc} (is a worker running?)", file=sys.stderr)
-        return EXIT_NO_REPLY
-    except TransportError as exc:
-        print(f"toolbus: cannot reach the broker at {settings.broker}: {exc}", file=sys.stderr)
-        return EXIT_BROKER
-
-
-def _request(args: argparse.Namespace, topic_suffix: str, body: dict[str, Any]) -> Any:
-    """A raw request on `{prefix}/{topic_suffix}`: its reply, or an exit code."""
-    settings = _settings(args)
-    client = _client(args, settings)
-
-    async def talk() -> Any:
-        async with client:
-            return await client.request(f"{settings.topic_prefix}/{topic_suffix}", body)
-
-    return _talk(settings, talk())
-
-
 def _call(args: argparse.Namespace) -> int:
-    from toolbus.errors import ToolbusError
+    from toolbus.cli_ask import call
 
-    arguments = parse_pairs(args.pairs, args.json_args)
-    settings = _settings(args)
-    client = _client(args, settings)
-
-    async def talk() -> Any:
-        async with client:
-            try:
-                return await client.call(args.tool, arguments)
-            except ToolbusError as error:
-                if error.reply is None:
-                    raise
-                return error.reply  # the worker's own answer, printed as it came
-
-    reply = _talk(settings, talk())
-    if isinstance(reply, int):
-        return reply
-    print(reply.model_dump_json(by_alias=True, exclude_none=True, indent=2))
-    return EXIT_OK if reply.ok else EXIT_ERROR
+    return call(args)
 
 
 def _tools(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
+    from toolbus.cli_ask import tools
 
-    reply = _request(args, "tools", {"format": args.format})
-    if isinstance(reply, int):
-        return reply
-    if not reply.ok or reply.result is None or reply.result.structured is None:
-        print(reply.model_dump_json(indent=2), file=sys.stderr)
-        return EXIT_ERROR
-    definitions: list[dict[str, Any]] = reply.result.structured["tools"]
-    if args.json:
-        print(json.dumps(definitions, indent=2))
-        return EXIT_OK
-    ours = args.format == ToolsFormat.TOOLBUS
-    table = Table("tool", *(["origin"] if ours else []), "parameters", "description")
-    for tool in definitions:
-        # Chat Completions and Ollama nest the definition under `function`.
-        inner: dict[str, Any] = tool.get("function", tool)
-        schema = inner.get("inputSchema") or inner.get("input_schema") or inner.get("parameters")
-        schema = schema or {}
-        required = set(schema.get("required", []))
-        params = ", ".join(
-            f"{name}{'' if name in required else '?'}" for name in schema.get("properties", {})
-        )
-        origin = [tool["origin"]] if ours else []
-        table.add_row(inner["name"], *origin, params, (inner.get("description") or "")[:80])
-    Console().print(table)
-    return EXIT_OK
+    return tools(args)
 
 
 def _schemas(args: argparse.Namespace) -> int:

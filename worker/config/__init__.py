@@ -4,19 +4,18 @@ Sources, strongest first: command-line flags, `TOOLBUS_*` environment variables,
 the config file (TOML or JSON), defaults. MCP servers use the `mcpServers` shape
 that MCP clients such as Claude Desktop use, so their config files load as they are.
 
-The parts: `settings` (the model and loading it), `tools` (`[guards]`, `[tools.NAME]`
-and the one lookup rule for per-tool tables), `servers` (`mcpServers`, `[mcp]`).
+The parts: `settings` (the model), `loading` (reading files and the environment into
+it), `problems` (why a configuration is refused, as data), `tools` (`[guards]`,
+`[tools.NAME]` and the one lookup rule for per-tool tables), `servers` (`mcpServers`,
+`[mcp]`).
 Everything is importable from here.
 """
 
 from toolbus.broker import BrokerUrl
+from toolbus.config.loading import load_settings, read_config_file
+from toolbus.config.problems import ConfigError, ConfigProblem
 from toolbus.config.servers import McpPolicy, McpServerConfig
-from toolbus.config.settings import (
-    DEFAULT_BROKER_URL,
-    Settings,
-    load_settings,
-    read_config_file,
-)
+from toolbus.config.settings import DEFAULT_BROKER_URL, Settings
 from toolbus.config.tools import (
     ALL_COERCIONS,
     DEFAULT_FORBIDDEN_PATTERN,
@@ -41,6 +40,8 @@ __all__ = [
     "BrokerUrl",
     "Coercion",
     "CoercionName",
+    "ConfigError",
+    "ConfigProblem",
     "GuardSettings",
     "McpPolicy",
     "McpServerConfig",

@@ -1,24 +1,18 @@
-"""The settings model, and loading it: flags > environment > files > defaults."""
+"""The settings model: everything the worker can be told (loading it: `loading`)."""
 
 from __future__ import annotations
 
-import json
-import tomllib
 from pathlib import Path
 from typing import Any, Literal, Self
 
 from pydantic import (
     Field,
     SecretStr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_settings import (
-    BaseSettings,
-    InitSettingsSource,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from toolbus.broker import BrokerUrl as BrokerUrl  # noqa: PLC0414 -- re-exported: its former home
 from toolbus.broker import gather_password
@@ -230,16 +224,23 @@ class Settings(BaseSettings):
             raise ValueError("worker_id must be one plain topic level (no `/`, `+`, `#`, `$`)")
         return value
 
-    @model_validator(mode="after")
-    def _processes_apart(self) -> Self:
-        if self.processes > 1 and not self.shared_group:
+    # Field validators, not one for the model: a problem is then told at its key.
+    @field_validator("processes")
+    @classmethod
+    def _processes_shared(cls, value: int, info: ValidationInfo) -> int:
+        if value > 1 and not info.data.get("shared_group", "toolbus"):
             raise ValueError(
                 "processes > 1 needs a shared_group: without one every process would "
                 "receive, and run, every request"
             )
-        if self.metrics_port is not None and self.metrics_port + self.processes - 1 > 65535:
+        return value
+
+    @field_validator("metrics_port")
+    @classmethod
+    def _every_port(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value + info.data.get("processes", 1) - 1 > 65535:
             raise ValueError("metrics_port + processes - 1 (the last process's port) > 65535")
-        return self
+        return value
 
     @field_validator("guards")
     @classmethod
@@ -263,41 +264,3 @@ class Settings(BaseSettings):
         if self.reply_prefixes is None:
             return (f"{self.topic_prefix}/reply/",)
         return tuple(self.reply_prefixes)
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    """A TOML or JSON config file as a dict (JSON when the suffix says so or TOML fails)."""
-    text = path.read_text(encoding="utf-8")
-    data = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a table/object")  # noqa: TRY004 -- a config error, reported as one
-    return data
-
-
-def load_settings(
-    config_file: Path | None = None,
-    mcp_config_file: Path | None = None,
-    **overrides: Any,
-) -> Settings:
-    """Build the settings: flags (`overrides`) > environment > files > defaults."""
-    file_data: dict[str, Any] = read_config_file(config_file) if config_file else {}
-    if mcp_config_file is not None:
-        servers = read_config_file(mcp_config_file).get("mcpServers", {})
-        merged = dict(file_data.get("mcpServers", {}))
-        merged.update(servers)
-        file_data["mcpServers"] = merged
-
-    class _FromFiles(Settings):
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return (init_settings, env_settings, InitSettingsSource(settings_cls, file_data))
-
-    loaded = _FromFiles(**{k: v for k, v in overrides.items() if v is not None})
-    return Settings.model_validate(loaded.model_dump(by_alias=True))

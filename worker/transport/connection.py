@@ -41,6 +41,8 @@ from toolbus.transport.tls import tls_context
 
 # Nagle's algorithm otherwise adds 40-90 ms to every QoS 1 round trip.
 _NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
+# Connections given up on at the deadline that connected later, while they close.
+_CLOSING: set[asyncio.Future[None]] = set()
 
 
 def _will_properties(out: Outbound) -> Properties:
@@ -147,6 +149,10 @@ class MqttConnection:
             clean_start=not session_expiry_s,
         )
         self._paho = paho_of(self._client)
+        # paho's own bound (5 s) on the TCP connect, and again on the TLS handshake, in
+        # aiomqtt's executor thread: ours instead, halved for TLS, so that the thread is
+        # done by the time `__aenter__` gives up (and `asyncio.run` need not wait for it).
+        self._paho.connect_timeout = timeout_s / 2 if tls is not None else timeout_s
         self._paho.manual_ack_set(manual_ack)
         self._timeout_s = timeout_s
         self._acks: dict[int, asyncio.Future[None]] = {}  # message id -> its PUBACK
@@ -156,6 +162,7 @@ class MqttConnection:
             raise TypeError("aiomqtt no longer sets paho's on_disconnect")
         self._aiomqtt_disconnected: Callable[..., None] = aiomqtt_disconnected
         self._paho.on_disconnect = self._disconnected
+        self._connect_failed = False  # aiomqtt then has nothing to learn of a disconnect
         self._stack = AsyncExitStack()
         self._reader = BoundedReader(self._client, hold)
         self._writer = SocketWriter(self._paho)
@@ -175,13 +182,51 @@ class MqttConnection:
         return self._reader.paused
 
     async def __aenter__(self) -> Self:
+        """Connected within `timeout_s` in all (TCP, TLS and CONNACK), or `TransportError`.
+
+        aiomqtt bounds only the wait for the CONNACK, after a socket phase in a thread
+        that no cancellation stops; so the connect runs as its own task behind one
+        deadline. One given up on goes on alone and is closed if it connects after all.
+        """
         self._reader.install(asyncio.get_running_loop())
         self._writer.install(asyncio.get_running_loop())
+        entering = asyncio.ensure_future(self._stack.enter_async_context(self._client))
         try:
-            await self._stack.enter_async_context(self._client)
+            async with asyncio.timeout(self._timeout_s):
+                await asyncio.shield(entering)
         except aiomqtt.MqttError as exc:
+            self._drop_socket()
             raise _connect_error(exc) from exc
+        except BaseException as exc:  # our deadline, or our caller's cancellation
+            entering.add_done_callback(self._close_late)
+            if isinstance(exc, TimeoutError):
+                raise TransportError(
+                    f"no MQTT connection within {self._timeout_s:g} s (the host does not "
+                    "answer, or what listens on the port is no MQTT broker)"
+                ) from None
+            raise
         return self
+
+    def _close_late(self, entering: asyncio.Future[Any]) -> None:
+        """A connect given up on finished: close it if it connected after all."""
+        if entering.cancelled() or entering.exception() is not None:
+            self._drop_socket()  # never connected (the exception is retrieved: not logged)
+            return
+        closing = asyncio.ensure_future(self._close_quietly())
+        _CLOSING.add(closing)  # a reference, so the task is not collected half-way
+        closing.add_done_callback(_CLOSING.discard)
+
+    def _drop_socket(self) -> None:
+        """A connect that failed may leave paho's socket open (aiomqtt does not close it
+        when the CONNACK wait times out): a DISCONNECT, once written, makes paho close it."""
+        self._connect_failed = True
+        if self._paho.socket() is not None:
+            self._paho.disconnect()
+
+    async def _close_quietly(self) -> None:
+        with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
+            async with asyncio.timeout(self._timeout_s):
+                await self._stack.aclose()
 
     async def __aexit__(
         self,
@@ -279,7 +324,8 @@ class MqttConnection:
 
     def _disconnected(self, client: paho.Client, *args: Any) -> None:
         """paho's `on_disconnect`, after aiomqtt's: no PUBACK comes on this connection now."""
-        self._aiomqtt_disconnected(client, *args)
+        if not self._connect_failed:  # (its connect future may be cancelled by then)
+            self._aiomqtt_disconnected(client, *args)
         acks, self._acks = self._acks, {}
         for acked in acks.values():
             if not acked.done():

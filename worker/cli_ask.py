@@ -1,0 +1,129 @@
+"""Asking a running worker from the command line: `toolbus call` and `toolbus tools`.
+
+Both go through `toolbus.Client`; what cannot reach anyone becomes an exit code
+(`toolbus.cli`'s): 3 no reply in time, 4 the broker unreachable within `--timeout`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from toolbus.cli import EXIT_BROKER, EXIT_ERROR, EXIT_NO_REPLY, EXIT_OK, _settings
+from toolbus.client import Client, Retry
+from toolbus.contracts import ToolsFormat
+from toolbus.errors import NoReply, ToolbusError
+from toolbus.transport import TransportError
+
+
+def parse_pairs(pairs: list[str], json_args: str | None) -> dict[str, Any]:
+    """`key=value` pairs (value parsed as JSON when it is JSON, else text) over `--json`."""
+    arguments: dict[str, Any] = {}
+    if json_args:
+        loaded = json.loads(json_args)
+        if not isinstance(loaded, dict):
+            raise ValueError("--json must be a JSON object")
+        arguments.update(loaded)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"argument {pair!r} is not key=value")
+        try:
+            arguments[key] = json.loads(value)
+        except ValueError:
+            arguments[key] = value
+    return arguments
+
+
+def _client(args: argparse.Namespace, settings: Any) -> Client:
+    """A `Client` as the settings and flags say; a bad `--attempts` is a usage error.
+    `--timeout` bounds the connect too (TCP, TLS, CONNACK; 10 s at most)."""
+    return Client(
+        settings.broker,
+        prefix=settings.topic_prefix,
+        reply_prefix=settings.allowed_reply_prefixes[0],
+        retry=Retry(getattr(args, "attempts", 3), getattr(args, "retry_interval", 5.0)),
+        connect_timeout_s=min(args.timeout or settings.default_timeout_s, 10.0),
+        timeout_s=args.timeout or settings.default_timeout_s,
+    )
+
+
+def _talk(settings: Any, talk: Any) -> Any:
+    """Run `talk` (a coroutine), its failures to reach anyone as exit codes."""
+    try:
+        return asyncio.run(talk)
+    except NoReply as exc:
+        print(f"toolbus: {exc} (is a worker running?)", file=sys.stderr)
+        return EXIT_NO_REPLY
+    except TransportError as exc:
+        print(f"toolbus: cannot reach the broker at {settings.broker}: {exc}", file=sys.stderr)
+        return EXIT_BROKER
+
+
+def _request(args: argparse.Namespace, topic_suffix: str, body: dict[str, Any]) -> Any:
+    """A raw request on `{prefix}/{topic_suffix}`: its reply, or an exit code."""
+    settings = _settings(args)
+    client = _client(args, settings)
+
+    async def talk() -> Any:
+        async with client:
+            return await client.request(f"{settings.topic_prefix}/{topic_suffix}", body)
+
+    return _talk(settings, talk())
+
+
+def call(args: argparse.Namespace) -> int:
+
+    arguments = parse_pairs(args.pairs, args.json_args)
+    settings = _settings(args)
+    client = _client(args, settings)
+
+    async def talk() -> Any:
+        async with client:
+            try:
+                return await client.call(args.tool, arguments)
+            except ToolbusError as error:
+                if error.reply is None:
+                    raise
+                return error.reply  # the worker's own answer, printed as it came
+
+    reply = _talk(settings, talk())
+    if isinstance(reply, int):
+        return reply
+    print(reply.model_dump_json(by_alias=True, exclude_none=True, indent=2))
+    return EXIT_OK if reply.ok else EXIT_ERROR
+
+
+def tools(args: argparse.Namespace) -> int:
+
+    reply = _request(args, "tools", {"format": args.format})
+    if isinstance(reply, int):
+        return reply
+    if not reply.ok or reply.result is None or reply.result.structured is None:
+        print(reply.model_dump_json(indent=2), file=sys.stderr)
+        return EXIT_ERROR
+    definitions: list[dict[str, Any]] = reply.result.structured["tools"]
+    if args.json:
+        print(json.dumps(definitions, indent=2))
+        return EXIT_OK
+    ours = args.format == ToolsFormat.TOOLBUS
+    table = Table("tool", *(["origin"] if ours else []), "parameters", "description")
+    for tool in definitions:
+        # Chat Completions and Ollama nest the definition under `function`.
+        inner: dict[str, Any] = tool.get("function", tool)
+        schema = inner.get("inputSchema") or inner.get("input_schema") or inner.get("parameters")
+        schema = schema or {}
+        required = set(schema.get("required", []))
+        params = ", ".join(
+            f"{name}{'' if name in required else '?'}" for name in schema.get("properties", {})
+        )
+        origin = [tool["origin"]] if ours else []
+        table.add_row(inner["name"], *origin, params, (inner.get("description") or "")[:80])
+    Console().print(table)
+    return EXIT_OK
