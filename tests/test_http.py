@@ -10,9 +10,11 @@ and stopped with SIGTERM to show the listener leaves the worker's signals alone.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import re
 import signal
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -130,6 +132,16 @@ async def test_the_listener_binds_loopback_unless_told(broker: Broker) -> None:
         async with client() as http:
             response = await http.get(f"http://127.0.0.1:{settings.http_port}/healthz")
             assert response.status_code == 200
+
+
+async def test_a_port_already_taken_fails_the_start(broker: Broker) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        async with running_worker(make_settings(broker)) as worker:
+            with pytest.raises(OSError) as refused:  # noqa: PT011 -- its errno is checked below
+                async with HttpListener(worker, host="127.0.0.1", port=port):
+                    pass
+    assert refused.value.errno == errno.EADDRINUSE
 
 
 async def test_no_listener_without_http_port(broker: Broker) -> None:
