@@ -1,4 +1,4 @@
-"""Command line: toolbus serve | call | tools | mappings | schemas | bench | demo-server.
+"""Command line: toolbus serve | call | tools | status | mappings | schemas | bench | demo-server.
 
 This is the entry point: the only place that reads the environment and files.
 Exit codes of `call`/`tools`: 0 ok, 1 the tool or worker answered with an error,
@@ -106,6 +106,12 @@ def _parser() -> argparse.ArgumentParser:
         )
     )
 
+    from toolbus.status_command import add_arguments as status_arguments
+
+    status = sub.add_parser("status", help="show the workers and MCP servers, live or once")
+    config_flags(status)
+    status_arguments(status)
+
     demo = sub.add_parser("demo-server", help="run the demo MCP device server on stdio")
     demo.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP on /mcp instead")
     return parser
@@ -121,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "demo-server": _demo_server,
         "bench": _bench,
         "mappings": _mappings,
+        "status": _status,
     }
     try:
         code: int = handlers[args.command](args)
@@ -365,6 +372,12 @@ def _mappings(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from toolbus.bench.command import run
+
+    return run(args)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from toolbus.status_command import run
 
     return run(args)
 
