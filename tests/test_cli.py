@@ -204,7 +204,8 @@ async def wait_ready(caller: Caller, prefix: str) -> None:
     async with asyncio.timeout(30):
         while True:
             status = json.loads((await caller.next_message()).payload)
-            if status["state"] == "online" and status["servers"].get("devices") == "ready":
+            devices = status["servers"].get("devices", {})
+            if status["state"] == "online" and devices.get("state") == "ready":
                 return
 
 

@@ -63,10 +63,10 @@ async def timed(reply: Awaitable[dict[str, Any]]) -> tuple[dict[str, Any], float
 
 
 class ServerStates:
-    """The retained `{prefix}/status/servers/{name}` messages, as they arrive."""
+    """The retained `{prefix}/status/servers/{name}/{worker_id}` messages, as they arrive."""
 
     def __init__(self, client: Caller, worker: Worker, name: str) -> None:
-        self.client, self.topic = client, worker.topics.server_status(name)
+        self.client, self.topic = client, worker.topics.server_status(name, worker.worker_id)
 
     async def until(self, state: str, timeout_s: float = 30) -> dict[str, Any]:
         await self.client.subscribe(self.topic)

@@ -123,8 +123,8 @@ class Supervised:
 
 
 class Statuses:
-    """The retained worker statuses as they change: (worker id, state) events; a
-    cleared status (a clean stop) is the state `cleared`."""
+    """The retained worker statuses as they change: (worker id, state) events; the
+    `offline` of a clean stop (it says since when, the last will cannot) is `stopped`."""
 
     def __init__(self, caller: Caller, prefix: str) -> None:
         self.caller, self.topic = caller, f"{prefix}/status/workers/+"
@@ -150,7 +150,10 @@ class Statuses:
             worker_id = message.topic.value.rsplit("/", 1)[-1]
             payload = message.payload
             assert isinstance(payload, bytes)
-            state = json.loads(payload)["state"] if payload else "cleared"
+            status = json.loads(payload)
+            state = (
+                "stopped" if status["state"] == "offline" and status["since"] else status["state"]
+            )
             async with self._changed:
                 self.events.append((worker_id, state))
                 self.latest[worker_id] = state
@@ -257,7 +260,7 @@ async def test_sigterm_drains_every_child_and_the_parent_exits_0(
     assert await supervised.exit_code() == EXIT_OK
     await asyncio.gather(*(ended(pid) for pid in children))
     ids = {f"{prefix}-w-1", f"{prefix}-w-2"}
-    await statuses.until(lambda: all(statuses.latest.get(i) == "cleared" for i in ids))
+    await statuses.until(lambda: all(statuses.latest.get(i) == "stopped" for i in ids))
 
 
 async def test_a_killed_parent_leaves_no_child_running(
@@ -268,10 +271,10 @@ async def test_a_killed_parent_leaves_no_child_running(
     assert supervised.proc is not None
     supervised.proc.kill()
     await asyncio.gather(*(ended(pid) for pid in children))
-    # Each drained (SIGTERM from the kernel) rather than died: its status was cleared,
-    # which only a clean stop does.
+    # Each drained (SIGTERM from the kernel) rather than died: its status says since when
+    # it is offline, which only a clean stop does (the last will cannot know).
     ids = {f"{prefix}-w-1", f"{prefix}-w-2"}
-    await statuses.until(lambda: all(statuses.latest.get(i) == "cleared" for i in ids))
+    await statuses.until(lambda: all(statuses.latest.get(i) == "stopped" for i in ids))
 
 
 async def test_children_refused_by_the_broker_stop_the_parent(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Command line: toolbus serve | call | tools | health | mappings | schemas | bench | demo-server.
+"""Command line: toolbus serve | call | tools | status | health | mappings | schemas | bench |
+demo-server.
 
 This is the entry point: the only place that reads the environment and files.
 Exit codes of `call`/`tools`: 0 ok, 1 the tool or worker answered with an error,
@@ -122,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
         )
     )
 
+    from toolbus.status_command import add_arguments as status_arguments
+
+    status = sub.add_parser("status", help="show the workers and MCP servers, live or once")
+    config_flags(status)
+    status_arguments(status)
+
     demo = sub.add_parser("demo-server", help="run the demo MCP device server on stdio")
     demo.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP on /mcp instead")
     return parser
@@ -138,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": _bench,
         "mappings": _mappings,
         "health": _health,
+        "status": _status,
     }
     try:
         code: int = handlers[args.command](args)
@@ -293,6 +301,12 @@ def _health(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from toolbus.bench.command import run
+
+    return run(args)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from toolbus.status_command import run
 
     return run(args)
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -261,23 +262,53 @@ class DeadLetter(_Wire):
     truncated: bool = Field(default=False, description="Not all of the payload is kept.")
 
 
+McpServerState = Literal["connecting", "ready", "degraded", "down", "stopped"]
+
+
 class ServerStatus(_Wire):
-    """Retained on `{prefix}/status/servers/{name}` by each worker that serves it."""
+    """Retained on `{prefix}/status/servers/{server}/{worker_id}`: one MCP server as one
+    worker serving it sees it. Republished with the worker's heartbeat, with a Message
+    Expiry of a few heartbeats: the status of a worker gone without a word expires."""
 
     server: str
-    state: Literal["connecting", "ready", "degraded", "down", "stopped"]
+    state: McpServerState
     worker_id: str
+    since: datetime = Field(description="When the server entered this state (ISO 8601, UTC).")
     last_error: str | None = None
     tools: list[str] = Field(default_factory=list)
     bad_stdout_lines: int = Field(default=0, description="Non-JSON lines the server printed.")
 
 
+class ServerSummary(_Wire):
+    """One MCP server's state inside a `WorkerStatus`."""
+
+    state: McpServerState
+    last_error: str | None = None
+
+
 class WorkerStatus(_Wire):
-    """Retained on `{prefix}/status/workers/{worker_id}`; `offline` is the last will."""
+    """Retained on `{prefix}/status/workers/{worker_id}`, republished every
+    `status_interval_s` with a Message Expiry of a few intervals; `offline` on a clean
+    stop and as the MQTT last will (whose `since` is null: the broker sends it when the
+    connection is lost, a moment the worker cannot know)."""
 
     state: Literal["online", "offline"]
     worker_id: str
-    servers: dict[str, str] = Field(default_factory=dict)
+    since: datetime | None = Field(
+        default=None,
+        description="When this state began (ISO 8601, UTC): online since the last connect, "
+        "offline since the clean stop; null on the last will.",
+    )
+    in_flight: int = Field(default=0, description="Requests being handled now.")
+    handled: int = Field(
+        default=0,
+        description="Requests handled since the worker started (a message carrying many "
+        "calls counts once); on the last will, as of its last connect.",
+    )
+    servers: dict[str, ServerSummary] = Field(
+        default_factory=dict,
+        description="Each MCP server's state; empty on the last will (unknown at a crash).",
+    )
 
 
 WIRE_MODELS: dict[str, type[BaseModel]] = {

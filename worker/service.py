@@ -181,24 +181,23 @@ class Worker:
         while not stop.is_set():
             try:
                 async with (
-                    self._links.requests(self._status.worker("offline")) as conn,
+                    self._links.requests(self._status.will()) as conn,
                     self._links.replies() as out,
                 ):
                     connected_once = True
                     self._conn = conn
                     self._publisher.attach(out)
-                    if not self.draining.is_set():
-                        self._status.resume()
-                    await out.publish(self._status.worker("online"))
                     # Taking first: a resumed session's requests come before the SUBACK,
                     # which the request connection reads only as they are taken.
                     consumer = asyncio.create_task(self._consume(conn), name="consume")
                     await _cancelled_on_error(consumer, conn.subscribe(self.topics.subscriptions()))
                     self.subscribed.set()
                     log.info("subscribed to %s", ", ".join(self.topics.subscriptions()))
+                    if not self.draining.is_set():  # online: every status, then the heartbeat
+                        self._status.resume(self.in_flight)
                     delay_s = RECONNECT_FIRST_DELAY_S
                     if await _consume_until(consumer, out, stop):
-                        await self._drain(conn, out)
+                        await self._drain(conn)
                         return
             except TransportError as exc:
                 if isinstance(exc, BrokerRefused) and not connected_once:
@@ -207,7 +206,7 @@ class Worker:
                     "broker connection lost or refused (%s); retrying in %.1f s", exc, delay_s
                 )
             finally:
-                self._status.pause()
+                await self._status.pause()
                 self._conn = None
                 self._publisher.detach()
                 self.subscribed.clear()
@@ -230,9 +229,9 @@ class Worker:
                 raise
             self.in_flight.start(message)
 
-    async def _drain(self, conn: MqttConnection, out: MqttConnection) -> None:
+    async def _drain(self, conn: MqttConnection) -> None:
         """Stop taking requests, finish held ones within the grace period, then go offline."""
-        self._begin_stopping()
+        await self._begin_stopping()
         deadline = asyncio.get_running_loop().time() + self._grace_s
         log.info("stopping: %d calls in flight, grace %.1f s", len(self.in_flight), self._grace_s)
         try:
@@ -247,9 +246,7 @@ class Worker:
         except (TransportError, TimeoutError) as exc:
             log.warning("could not take every queued message before stopping: %s", exc)
         await self._finish_handlers(deadline)
-        with contextlib.suppress(TransportError, TimeoutError):
-            for status in self._status.stopped():
-                await out.publish(status, timeout_s=self._publish_timeout_s)
+        await self._status.stop(self.in_flight)  # each server `stopped`, then `offline`
 
     def _ack(self, message: Inbound) -> None:
         """Answered: acknowledge it, on the connection it came from if that one is live."""
@@ -257,14 +254,14 @@ class Worker:
         if conn is None or not conn.ack(message):
             log.debug("answered a request from an earlier connection: the broker resends it")
 
-    def _begin_stopping(self) -> None:
+    async def _begin_stopping(self) -> None:
         self.draining.set()
-        self._status.pause()
         self.pipeline.stopping()  # calls cancelled from here on answer `unavailable`
+        await self._status.pause()  # no heartbeat while draining: `stop` says the last word
 
     async def _finish_handlers(self, deadline: float | None = None) -> None:
         """Let running calls finish until the deadline; answer the rest `unavailable`."""
-        self._begin_stopping()
+        await self._begin_stopping()
         if deadline is None:
             deadline = asyncio.get_running_loop().time() + self._grace_s
         await self.in_flight.finish(deadline, self._publish_timeout_s)

@@ -7,8 +7,8 @@
 {prefix}/tools             list tool definitions (answered like a call)
 {prefix}/tools/{caller}    list the tool definitions that caller may use
 {prefix}/dead              dead letters: requests that could not be answered
-{prefix}/status/workers/{worker_id}   retained worker status, last will `offline`
-{prefix}/status/servers/{name}        retained state of one MCP server
+{prefix}/status/workers/{worker_id}           retained worker status, last will `offline`
+{prefix}/status/servers/{name}/{worker_id}    retained state of one MCP server at one worker
 
 Two ways to learn the caller (`caller_identity`): `claim` takes what the request says
 (the body's `caller`, or `call/{caller}/{tool}` when no tool has that name), which any
@@ -64,11 +64,30 @@ class Topics:
     def dead(self) -> str:
         return f"{self.prefix}/dead"
 
+    @property
+    def statuses(self) -> str:
+        """The filter for every status: what `toolbus status` subscribes to."""
+        return f"{self.prefix}/status/#"
+
     def status(self, worker_id: str) -> str:
         return f"{self.prefix}/status/workers/{worker_id}"
 
-    def server_status(self, server: str) -> str:
-        return f"{self.prefix}/status/servers/{server}"
+    def server_status(self, server: str, worker_id: str) -> str:
+        return f"{self.prefix}/status/servers/{server}/{worker_id}"
+
+    def status_of(self, topic: str) -> tuple[Literal["worker", "server"], str, str] | None:
+        """What a status topic is about: ("worker", worker_id, "") or ("server", server,
+        worker_id); None for anything else under `status/` (e.g. the one-per-server
+        topics of earlier versions, `status/servers/{name}`)."""
+        kind, _, rest = topic.removeprefix(f"{self.prefix}/status/").partition("/")
+        if not topic.startswith(f"{self.prefix}/status/") or not rest:
+            return None
+        if kind == "workers" and "/" not in rest:
+            return ("worker", rest, "")
+        server, _, worker_id = rest.rpartition("/")  # a worker id is one level, see Settings
+        if kind == "servers" and server and worker_id:
+            return ("server", server, worker_id)
+        return None
 
     def subscriptions(self) -> tuple[str, ...]:
         # `call/#` also matches `call` itself (MQTT 3.1.1 §4.7.1.2).

@@ -120,7 +120,12 @@ def build_worker(
     publisher = ConnectionPublisher(timeout_s=settings.publish_timeout_s)
     servers = {name: cfg for name, cfg in settings.mcp_servers.items() if not cfg.disabled}
     status = StatusReporter(
-        topics, worker_id, publisher, servers, offline_expiry_s=settings.session_expiry_s or 3600
+        topics,
+        worker_id,
+        publisher,
+        servers,
+        interval_s=settings.status_interval_s,
+        offline_expiry_s=settings.session_expiry_s or 3600,
     )
     mcp = McpBackend(
         servers,

@@ -14,7 +14,7 @@ PYTHONPATH of the worker and of its demo server.
 
 Ready means: as many workers as processes have published `online` on
 `{prefix}/status/workers/{id}` with every MCP server `ready` (from their own status or
-`{prefix}/status/servers/{name}`), and then a call of every probed tool answered `ok`.
+`{prefix}/status/servers/{name}/{id}`), and then a call of every probed tool answered `ok`.
 """
 
 from __future__ import annotations
@@ -163,7 +163,10 @@ class _Statuses:
                 self.online.add(worker)
             else:
                 self.online.discard(worker)
-            self.states.setdefault(worker, {}).update(body.get("servers") or {})
+            servers = body.get("servers") or {}  # name -> {"state", "last_error"}
+            self.states.setdefault(worker, {}).update(
+                {name: str(server.get("state")) for name, server in servers.items()}
+            )
         elif message.topic.startswith(self.servers):
             self.states.setdefault(worker, {})[str(body.get("server"))] = str(body.get("state"))
 

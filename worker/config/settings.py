@@ -87,6 +87,13 @@ class Settings(BaseSettings):
         description="With a worker_id: how long the broker keeps the session (and the "
         "requests it holds) after a disconnect; also how long an `offline` status lasts.",
     )
+    status_interval_s: float = Field(
+        default=15.0,
+        ge=0.1,
+        le=3600,
+        description="The status heartbeat: every retained status is published again this "
+        "often, expiring after three intervals without one.",
+    )
     reply_prefixes: list[str] | None = Field(
         default=None,
         description='Topics replies may go to; default `["{topic_prefix}/reply/"]`.',

@@ -1,0 +1,62 @@
+"""The `toolbus status` command line: the pool's retained statuses as tables or JSON.
+
+Imported whenever `toolbus` builds its parser, so it imports nothing heavy at the top:
+the view (rich, the transport) loads only when `status` runs. `--once` prints a
+snapshot and exits; `--json` prints it as JSON for scripts (implies `--once`); otherwise
+a live view until Ctrl-C (see `status_view`). Exit codes: 0 shown, 2 a usage or
+configuration error (cli.py), 4 the broker cannot be reached within `--timeout`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+EXIT_OK, EXIT_BROKER = 0, 4  # as cli.py's
+
+
+def add_arguments(status: argparse.ArgumentParser) -> None:
+    status.description = (
+        "Workers (online/offline, since when, requests in flight and handled) and MCP "
+        "servers (state at each worker, last error) from the retained status topics."
+    )
+    status.add_argument(
+        "--once", action="store_true", help="print a snapshot once the retained statuses are in"
+    )
+    status.add_argument(
+        "--json", action="store_true", help="print the snapshot as JSON (implies --once)"
+    )
+    status.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds to reach the broker (and, with --once, to gather); default 5",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from toolbus.config import load_settings
+    from toolbus.status_view import live, once
+    from toolbus.topics import Topics
+    from toolbus.transport import TransportError
+
+    if args.timeout <= 0:
+        raise ValueError("--timeout must be above 0")
+    settings = load_settings(args.config, None, broker_url=args.broker)
+    # Only the prefix matters here (wiring.topics_for would import the whole worker).
+    topics = Topics(settings.topic_prefix, settings.shared_group, settings.allowed_reply_prefixes)
+    if args.once or args.json:
+        view = once(settings.broker, topics, args.timeout, as_json=args.json)
+    else:
+        view = live(settings.broker, topics, args.timeout)
+    try:
+        asyncio.run(view)
+    except (TransportError, TimeoutError) as exc:
+        why = str(exc) or f"no connection within {args.timeout} s"
+        print(f"toolbus: cannot reach the broker at {settings.broker}: {why}", file=sys.stderr)
+        return EXIT_BROKER
+    except KeyboardInterrupt:
+        pass  # the live view's way out
+    return EXIT_OK
