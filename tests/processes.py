@@ -155,3 +155,8 @@ class Serve:
     @property
     def output(self) -> str:
         return self.stdout + "".join(self.stderr)
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid

@@ -304,22 +304,24 @@ async def test_processes_the_configuration_refuses(
     assert code == EXIT_USAGE
 
 
-def test_every_childs_metrics_port_must_exist() -> None:
-    assert Settings(processes=2, metrics_port=65534).processes == 2
+def test_every_childs_http_port_must_exist() -> None:
+    assert Settings(processes=2, http_port=65534).processes == 2
     with pytest.raises(ValidationError):
-        Settings(processes=3, metrics_port=65534)  # the third child's would be 65536
+        Settings(processes=3, http_port=65534)  # the third child's would be 65536
+    with pytest.raises(ValidationError):
+        Settings(processes=3, metrics_port=65534)  # the deprecated alias means http_port
 
 
-def test_each_child_has_its_own_id_and_metrics_port() -> None:
-    supervisor = Supervisor(["true"], 3, worker_id="w", metrics_port=9100, stop_bound_s=1.0)
+def test_each_child_has_its_own_id_and_http_port() -> None:
+    supervisor = Supervisor(["true"], 3, worker_id="w", http_port=9100, stop_bound_s=1.0)
     assert [supervisor.child_env(i)["TOOLBUS_WORKER_ID"] for i in (1, 2, 3)] == [
         "w-1",
         "w-2",
         "w-3",
     ]
-    ports = [supervisor.child_env(i)["TOOLBUS_METRICS_PORT"] for i in (1, 2, 3)]
+    ports = [supervisor.child_env(i)["TOOLBUS_HTTP_PORT"] for i in (1, 2, 3)]
     assert ports == ["9100", "9101", "9102"]
-    unset = Supervisor(["true"], 2, worker_id=None, metrics_port=None, stop_bound_s=1.0)
+    unset = Supervisor(["true"], 2, worker_id=None, http_port=None, stop_bound_s=1.0)
     # each child makes its own id; it knows its supervisor, to end with it
     assert unset.child_env(1) == {**os.environ, "TOOLBUS_SUPERVISOR_PID": str(os.getpid())}
 

@@ -1,4 +1,4 @@
-"""Command line: toolbus serve | call | tools | mappings | schemas | bench | demo-server.
+"""Command line: toolbus serve | call | tools | health | mappings | schemas | bench | demo-server.
 
 This is the entry point: the only place that reads the environment and files.
 Exit codes of `call`/`tools`: 0 ok, 1 the tool or worker answered with an error,
@@ -87,6 +87,10 @@ def _parser() -> argparse.ArgumentParser:
         help="the definitions' shape: ours, or what a provider's SDK takes (default toolbus)",
     )
 
+    from toolbus.healthcheck import add_arguments as health_arguments
+
+    health_arguments(sub.add_parser("health", help="exit 0 when a worker's /readyz answers 200"))
+
     schemas = sub.add_parser("schemas", help="write or check schemas/*.json")
     mode = schemas.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true")
@@ -121,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         "demo-server": _demo_server,
         "bench": _bench,
         "mappings": _mappings,
+        "health": _health,
     }
     try:
         code: int = handlers[args.command](args)
@@ -173,10 +178,10 @@ def _serve(args: argparse.Namespace) -> int:
     from toolbus.observability.sdk import child_environment, configure_metrics, configure_tracing
     from toolbus.tools import BUILTIN_TOOLS
     from toolbus.transport import BrokerRefused
-    from toolbus.wiring import build_worker
+    from toolbus.wiring import build_worker, serve_http
 
     provider = configure_tracing(record_for_callers=settings.publish_traces)
-    meters = configure_metrics(prometheus_port=settings.metrics_port)
+    meters = configure_metrics(prometheus=settings.http_port is not None)
     worker = build_worker(
         settings, [*BUILTIN_TOOLS, *load_entry_points()], child_env=child_environment()
     )
@@ -186,7 +191,8 @@ def _serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await worker.run(stop)
+        async with serve_http(settings, worker):
+            await worker.run(stop)
 
     try:
         asyncio.run(run())
@@ -361,6 +367,12 @@ def _mappings(args: argparse.Namespace) -> int:
         print(f"toolbus: {exc.message}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
+
+
+def _health(args: argparse.Namespace) -> int:
+    from toolbus.healthcheck import run
+
+    return run(args)
 
 
 def _bench(args: argparse.Namespace) -> int:

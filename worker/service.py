@@ -106,6 +106,15 @@ class Worker:
         """Messages received from the broker and not yet taken (waiting for a slot)."""
         return self._conn.queued() if self._conn is not None else 0
 
+    @property
+    def broker_state(self) -> str:
+        """`subscribed` (taking requests: ready), `connected`, `disconnected` or `stopping`."""
+        if self.draining.is_set():
+            return "stopping"
+        if self._conn is None or not self._conn.connected:
+            return "disconnected"
+        return "subscribed" if self.subscribed.is_set() else "connected"
+
     # -- lifecycle -------------------------------------------------------
 
     async def __aenter__(self) -> Self:

@@ -66,7 +66,7 @@ def supervise(settings: Settings, flags: Sequence[str]) -> int:
         [sys.executable, "-m", "toolbus", "serve", *flags, "--processes", "1"],
         settings.processes,
         worker_id=settings.worker_id,
-        metrics_port=settings.metrics_port,
+        http_port=settings.http_port,
         stop_bound_s=child_stop_bound_s(settings.shutdown_grace_s, settings.publish_timeout_s),
     )
     return asyncio.run(supervisor.run())
@@ -80,7 +80,8 @@ class Supervisor:
         processes: how many children; child `i` counts from 1.
         worker_id: with one, child `i` is `{worker_id}-{i}`, the same id on every restart
             (so it resumes its persistent session); without, each child makes its own.
-        metrics_port: with one, child `i` serves metrics on `metrics_port + i - 1`.
+        http_port: with one, child `i` serves /metrics, /healthz and /readyz on
+            `http_port + i - 1`.
         stop_bound_s: how long a child may drain after SIGTERM before it is SIGKILLed.
     """
 
@@ -90,24 +91,24 @@ class Supervisor:
         processes: int,
         *,
         worker_id: str | None,
-        metrics_port: int | None,
+        http_port: int | None,
         stop_bound_s: float,
     ) -> None:
         self._command = list(command)
         self._processes = processes
-        self._worker_id, self._metrics_port = worker_id, metrics_port
+        self._worker_id, self._http_port = worker_id, http_port
         self._stop_bound_s = stop_bound_s
         self._stop = asyncio.Event()
         self._refused: int | None = None
 
     def child_env(self, slot: int) -> dict[str, str]:
-        """Child `slot`'s environment: this one, with its own worker id and metrics port
+        """Child `slot`'s environment: this one, with its own worker id and HTTP port
         (the environment outranks the config file, so these win over what it says)."""
         own: dict[str, str] = {SUPERVISOR_PID_ENV: str(os.getpid())}
         if self._worker_id:
             own["TOOLBUS_WORKER_ID"] = f"{self._worker_id}-{slot}"
-        if self._metrics_port is not None:
-            own["TOOLBUS_METRICS_PORT"] = str(self._metrics_port + slot - 1)
+        if self._http_port is not None:
+            own["TOOLBUS_HTTP_PORT"] = str(self._http_port + slot - 1)
         return {**os.environ, **own}
 
     def stop(self) -> None:

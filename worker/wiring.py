@@ -7,6 +7,7 @@ reads configuration or is completed by assigning attributes afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
@@ -176,3 +177,22 @@ def build_worker(
         # A session outlives the connection only under a stable, configured identity.
         session_expiry_s=settings.session_expiry_s if settings.worker_id else 0,
     )
+
+
+def serve_http(
+    settings: Settings, worker: Worker
+) -> contextlib.AbstractAsyncContextManager[object]:
+    """The HTTP listener (/metrics, /healthz, /readyz) `http_port` asks for; nothing
+    without one. Entered before `worker.run`, so /readyz answers while it connects."""
+    if settings.metrics_port is not None:
+        log.warning(
+            "metrics_port is deprecated: set http_port (here %s), whose listener serves "
+            "/metrics, /healthz and /readyz",
+            settings.http_port,
+        )
+    if settings.http_port is None:
+        return contextlib.nullcontext()
+    # Imported here: starlette and uvicorn load only for a worker that listens.
+    from toolbus.observability.http import HttpListener  # noqa: PLC0415 -- see above
+
+    return HttpListener(worker, host=settings.http_host, port=settings.http_port)

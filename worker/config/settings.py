@@ -127,8 +127,23 @@ class Settings(BaseSettings):
         default=False,
         description="Publish every call's spans back on `{reply_topic}/trace` (records spans).",
     )
+    http_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Serve /metrics, /healthz and /readyz over HTTP on this port (off when unset).",
+    )
+    http_host: str = Field(
+        default="127.0.0.1",
+        description="The address the HTTP listener binds: loopback unless set (`0.0.0.0` "
+        "in a container whose port is published or scraped).",
+    )
     metrics_port: int | None = Field(
-        default=None, ge=1, le=65535, description="Serve metrics for Prometheus on this port."
+        default=None,
+        ge=1,
+        le=65535,
+        description="Deprecated: the former Prometheus port; means `http_port` when that "
+        "is unset (a warning says so).",
     )
     trace_arguments: bool = Field(
         default=False, description="Record argument values on spans (they may be personal data)."
@@ -231,14 +246,22 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _metrics_port_is_http_port(self) -> Self:
+        # Deprecated alias: the one HTTP listener serves /metrics now. `http_port` wins
+        # when both are set (a supervised child gets its own in the environment).
+        if self.http_port is None and self.metrics_port is not None:
+            self.http_port = self.metrics_port
+        return self
+
+    @model_validator(mode="after")
     def _processes_apart(self) -> Self:
         if self.processes > 1 and not self.shared_group:
             raise ValueError(
                 "processes > 1 needs a shared_group: without one every process would "
                 "receive, and run, every request"
             )
-        if self.metrics_port is not None and self.metrics_port + self.processes - 1 > 65535:
-            raise ValueError("metrics_port + processes - 1 (the last process's port) > 65535")
+        if self.http_port is not None and self.http_port + self.processes - 1 > 65535:
+            raise ValueError("http_port + processes - 1 (the last process's port) > 65535")
         return self
 
     @field_validator("guards")

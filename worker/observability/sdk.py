@@ -22,6 +22,7 @@ from opentelemetry.sdk.metrics.export import (
     MetricReader,
     PeriodicExportingMetricReader,
 )
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
@@ -29,6 +30,23 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from toolbus.observability.export import COLLECTOR
 
 log = logging.getLogger("toolbus.telemetry")
+
+# Tool calls take from about a millisecond (a local tool) to a minute (a slow device);
+# the SDK's default bounds (0 ... 10000) are for milliseconds and would put every call,
+# recorded in seconds, in the first bucket.
+CALL_DURATION_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+
+def metric_views() -> list[View]:
+    """How the worker's instruments aggregate, for every reader (OTLP, Prometheus)."""
+    return [
+        View(
+            instrument_name="toolbus.call.duration",
+            aggregation=ExplicitBucketHistogramAggregation(CALL_DURATION_BUCKETS_S),
+        )
+    ]
 
 
 def exporter_choice(env: Mapping[str, str], signal: str) -> str | None:
@@ -107,9 +125,10 @@ def _span_exporter(choice: str, env: Mapping[str, str]) -> SpanExporter:
 
 
 def configure_metrics(
-    environ: Mapping[str, str] | None = None, *, prometheus_port: int | None = None
+    environ: Mapping[str, str] | None = None, *, prometheus: bool = False
 ) -> MeterProvider | None:
-    """Install the global meter provider the environment (and `metrics_port`) ask for."""
+    """Install the global meter provider the environment asks for; with `prometheus`
+    (an `http_port` is set) also a reader that the HTTP listener's /metrics renders."""
     env = os.environ if environ is None else environ
     choice = exporter_choice(env, "METRICS")
     if choice is None:
@@ -124,25 +143,26 @@ def configure_metrics(
         readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter()))
     elif choice != "none":
         raise ValueError(f"OTEL_METRICS_EXPORTER={choice!r}: use otlp, console or none")
-    if prometheus_port is not None:
-        readers.append(_prometheus(prometheus_port))
+    if prometheus and (reader := _prometheus()) is not None:
+        readers.append(reader)
     if not readers:
         return None
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", "toolbus")})
-    provider = MeterProvider(resource=resource, metric_readers=readers)
+    provider = MeterProvider(resource=resource, metric_readers=readers, views=metric_views())
     metrics.set_meter_provider(provider)
     return provider
 
 
-def _prometheus(port: int) -> MetricReader:
+def _prometheus() -> MetricReader | None:
+    """A reader feeding prometheus_client's default registry (beside its process and
+    platform collectors); None without the extra, and /metrics then says which to install."""
     try:
         exporter = importlib.import_module("opentelemetry.exporter.prometheus")
-        client = importlib.import_module("prometheus_client")
     except ImportError:
-        raise ValueError(
-            "metrics_port needs the extra: pip install 'toolbus[prometheus]'"
-        ) from None
-    client.start_http_server(port)
-    log.info("metrics served for Prometheus on port %d", port)
+        log.warning(
+            "/metrics needs the prometheus extra: pip install 'toolbus[prometheus]'; "
+            "/healthz and /readyz are served without it"
+        )
+        return None
     reader: MetricReader = exporter.PrometheusMetricReader()
     return reader
