@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -32,11 +34,13 @@ from tests.compose_stack import (
     port_of,
     worker_services,
 )
+from tests.harness import measured
 from tests.mqtt import Caller
 from tests.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
 from tests.processes import ROOT
 from toolbus.config import Settings, load_settings
 from toolbus.contracts import WorkerStatus
+from toolbus.healthcheck import get
 from toolbus.observability.sdk import exporter_choice
 
 PROFILE = "observability"
@@ -275,3 +279,43 @@ async def test_spans_of_both_replicas_reach_the_collector(
     calls = [s for s in spans if s.name == "execute_tool control_zwave_device"]
     assert {s.resource["service.instance.id"] for s in calls} == ids
     assert {s.trace_id for s in spans if s.name == "tools/call control_zwave_device"} == traces
+
+
+async def test_each_worker_serves_its_metrics_and_passes_its_healthcheck(
+    stack: NativeStack,
+) -> None:
+    async with Caller(stack.broker.url) as caller:
+        for i in range(6):  # one after another: the broker hands them round the group
+            assert (await caller.call_tool(stack.topics, "echo", {"text": f"m{i}"}))["ok"]
+    for worker in stack.workers.values():
+        # Where Prometheus scrapes it (prometheus.yml's target is this port in compose).
+        status, body = await asyncio.to_thread(
+            get, f"http://127.0.0.1:{worker.http_port}/metrics", 5.0
+        )
+        assert status == 200, worker.service
+        calls = re.search(rb'^toolbus_calls_total\{[^}]*tool="echo"[^}]*\} (\S+)$', body, re.M)
+        assert calls is not None and float(calls[1]) >= 1, (worker.service, body[:2000])
+        # The compose healthcheck as the container runs it: its command, its environment
+        # (TOOLBUS_HTTP_HOST=0.0.0.0 asks loopback), the port this worker listens on.
+        command = services()[worker.service]["healthcheck"]["test"]
+        assert command[:2] == ["CMD", "toolbus"]
+        env = {
+            **worker.env,
+            "TOOLBUS_HTTP_HOST": workers()[worker.service]["environment"]["TOOLBUS_HTTP_HOST"],
+        }
+        started = time.monotonic()
+        check = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "toolbus",
+            *command[2:],
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        async with asyncio.timeout(30):
+            out, err = await check.communicate()
+        assert check.returncode == 0, (worker.service, out, err)
+        measured(
+            f"compose healthcheck `toolbus health` ({worker.service}): {time.monotonic() - started:.2f} s wall"
+        )
