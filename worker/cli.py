@@ -25,6 +25,7 @@ from toolbus.contracts import ToolsFormat
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_REPLY, EXIT_BROKER = 0, 1, 2, 3, 4
 SCHEMAS_DIR = Path("schemas")
+ASYNCAPI_PATH = Path("docs/asyncapi.yaml")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,11 +88,16 @@ def _parser() -> argparse.ArgumentParser:
         help="the definitions' shape: ours, or what a provider's SDK takes (default toolbus)",
     )
 
-    schemas = sub.add_parser("schemas", help="write or check schemas/*.json")
+    schemas = sub.add_parser(
+        "schemas", help="write or check schemas/*.json and the AsyncAPI document"
+    )
     mode = schemas.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true")
-    mode.add_argument("--check", action="store_true")
-    schemas.add_argument("--dir", type=Path, default=SCHEMAS_DIR)
+    mode.add_argument("--write", action="store_true", help="render them from the code")
+    mode.add_argument("--check", action="store_true", help="fail when a file differs from it")
+    schemas.add_argument("--dir", type=Path, default=SCHEMAS_DIR, help="the JSON Schemas' folder")
+    schemas.add_argument(
+        "--asyncapi", type=Path, default=ASYNCAPI_PATH, help="the AsyncAPI document's path"
+    )
 
     mappings = sub.add_parser("mappings", help="print every accepted spelling per tool (Markdown)")
     mappings.add_argument("tool", nargs="?", help="one tool (any name that resolves)")
@@ -318,18 +324,26 @@ def _tools(args: argparse.Namespace) -> int:
 def _schemas(args: argparse.Namespace) -> int:
     from toolbus.contracts import check_schemas, write_schemas
 
+    try:
+        from toolbus import asyncapi
+    except ModuleNotFoundError as exc:  # PyYAML: a development dependency
+        print(f"toolbus schemas needs {exc.name}: pip install 'toolbus[dev]'", file=sys.stderr)
+        return EXIT_USAGE
+
     if args.write:
-        for path in write_schemas(args.dir):
+        for path in [*write_schemas(args.dir), asyncapi.write(args.asyncapi)]:
             print(f"wrote {path}")
         return EXIT_OK
     drifted = check_schemas(args.dir)
+    if not asyncapi.check(args.asyncapi):
+        drifted.append(str(args.asyncapi))
     if drifted:
         print(
             f"schemas drifted from the code: {', '.join(drifted)}; run `toolbus schemas --write`",
             file=sys.stderr,
         )
         return EXIT_ERROR
-    print(f"schemas in {args.dir} match the code")
+    print(f"schemas in {args.dir} and {args.asyncapi} match the code")
     return EXIT_OK
 
 
