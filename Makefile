@@ -9,7 +9,7 @@ BROKER_PORT ?= 1883
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: FORCE bench-tracing bench-logging bench-normalize bench-flood bench-mcp-output bench-client compose-check check-tree bench run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary redis-binary
+.PHONY: FORCE bench-tracing bench-logging bench-normalize bench-flood bench-mcp-output bench-client compose-check check-tree asyncapi-parser bench run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary redis-binary
 
 # The package installs in strict editable mode: a tree of links to worker/ that imports as
 # `toolbus`, which mypy and editors can read (the default mode's import hook they cannot).
@@ -36,6 +36,11 @@ mosquitto-binary:
 redis-binary:
 	@scripts/ensure-redis
 
+# The AsyncAPI project's parser, which tests/test_asyncapi.py runs over docs/asyncapi.yaml:
+# npm installs the versions tools/asyncapi/package-lock.json pins into .tools/asyncapi.
+asyncapi-parser:
+	@scripts/ensure-asyncapi
+
 # Starts a local broker on $(BROKER_PORT) unless something already listens there.
 broker: mosquitto-binary
 	@scripts/local-broker start $(BROKER_PORT)
@@ -58,11 +63,11 @@ $(PHOENIX_STAMP):
 
 # Every test, the end-to-end tracing test against Phoenix included. Extra pytest
 # arguments: make test PYTEST_ARGS='-k normalize -x'
-test: $(STAMP) mosquitto-binary redis-binary $(PHOENIX_STAMP)
+test: $(STAMP) mosquitto-binary redis-binary asyncapi-parser $(PHOENIX_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The quick loop: everything but the tests that need a tracing backend (no Phoenix install).
-test-quick: $(STAMP) mosquitto-binary redis-binary
+test-quick: $(STAMP) mosquitto-binary redis-binary asyncapi-parser
 	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
 
 # What CI runs first: nothing tracked may point outside the tree or sit under an ignored path.
@@ -81,6 +86,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix worker tests bench
 	$(BIN)/ruff format worker tests bench
 
+# schemas/*.json and docs/asyncapi.yaml, from the code.
 schemas: $(STAMP)
 	$(BIN)/toolbus schemas --write
 
@@ -90,7 +96,7 @@ compose-check:
 check: check-tree lint typecheck test compose-check
 
 clean:
-	rm -rf $(VENV) $(PHOENIX_VENV) build .pytest_cache .mypy_cache .ruff_cache .run
+	rm -rf $(VENV) $(PHOENIX_VENV) build .pytest_cache .mypy_cache .ruff_cache .run .tools
 
 bench: $(STAMP) mosquitto-binary
 	$(BIN)/toolbus bench

@@ -14,7 +14,10 @@ ROOT = Path(__file__).parent.parent
 
 def test_schemas_check_passes_on_the_repo() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "toolbus", "schemas", "--check", "--dir", str(ROOT / "schemas")],
+        [
+            *(sys.executable, "-m", "toolbus", "schemas", "--check"),
+            *("--dir", str(ROOT / "schemas"), "--asyncapi", str(ROOT / "docs" / "asyncapi.yaml")),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -51,21 +54,3 @@ def test_every_error_code_is_documented() -> None:
     doc = (ROOT / "docs" / "error-codes.md").read_text()
     for code in ErrorCode:
         assert f"`{code.value}`" in doc, code
-
-
-def test_asyncapi_document_refers_to_every_schema_it_needs() -> None:
-    import re
-
-    import yaml
-
-    text = (ROOT / "docs" / "asyncapi.yaml").read_text()
-    document = yaml.safe_load(text)
-    assert document["asyncapi"].startswith("3.")
-    referenced = set(re.findall(r"\.\./schemas/([\w-]+\.json)", text))
-    on_disk = {p.name for p in (ROOT / "schemas").glob("*.json")}
-    assert referenced <= on_disk
-    assert on_disk - referenced <= {"tool-list.json"}  # carried inside a reply's result
-    for channel in document["channels"].values():
-        for message in channel["messages"].values():
-            name = message["$ref"].rsplit("/", 1)[1]
-            assert name in document["components"]["messages"]

@@ -28,6 +28,7 @@ from toolbus.contracts import ToolsFormat
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_REPLY, EXIT_BROKER = 0, 1, 2, 3, 4
 SCHEMAS_DIR = Path("schemas")
+ASYNCAPI_PATH = Path("docs/asyncapi.yaml")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -100,14 +101,19 @@ def _parser() -> argparse.ArgumentParser:
 
     health_arguments(sub.add_parser("health", help="exit 0 when a worker's /readyz answers 200"))
 
-    schemas = sub.add_parser("schemas", help="write or check schemas/*.json")
+    schemas = sub.add_parser(
+        "schemas", help="write or check schemas/*.json and the AsyncAPI document"
+    )
     mode = schemas.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="render them from the code")
     mode.add_argument(
-        "--check", action="store_true", help="exit 1 when they differ from the code (for CI)"
+        "--check", action="store_true", help="exit 1 when a file differs from the code (for CI)"
     )
     schemas.add_argument(
-        "--dir", type=Path, default=SCHEMAS_DIR, help="where they live (default: schemas)"
+        "--dir", type=Path, default=SCHEMAS_DIR, help="the JSON Schemas' folder (default: schemas)"
+    )
+    schemas.add_argument(
+        "--asyncapi", type=Path, default=ASYNCAPI_PATH, help="the AsyncAPI document's path"
     )
 
     mappings = sub.add_parser("mappings", help="print every accepted spelling per tool (Markdown)")
@@ -248,18 +254,26 @@ def _tools(args: argparse.Namespace) -> int:
 def _schemas(args: argparse.Namespace) -> int:
     from toolbus.contracts import check_schemas, write_schemas
 
+    try:
+        from toolbus import asyncapi
+    except ModuleNotFoundError as exc:  # PyYAML: a development dependency
+        print(f"toolbus schemas needs {exc.name}: pip install 'toolbus[dev]'", file=sys.stderr)
+        return EXIT_USAGE
+
     if args.write:
-        for path in write_schemas(args.dir):
+        for path in [*write_schemas(args.dir), asyncapi.write(args.asyncapi)]:
             print(f"wrote {path}")
         return EXIT_OK
     drifted = check_schemas(args.dir)
+    if not asyncapi.check(args.asyncapi):
+        drifted.append(str(args.asyncapi))
     if drifted:
         print(
             f"schemas drifted from the code: {', '.join(drifted)}; run `toolbus schemas --write`",
             file=sys.stderr,
         )
         return EXIT_ERROR
-    print(f"schemas in {args.dir} match the code")
+    print(f"schemas in {args.dir} and {args.asyncapi} match the code")
     return EXIT_OK
 
 
