@@ -64,7 +64,7 @@ def clients_env(served: Broker, tmp_path_factory: pytest.TempPathFactory) -> dic
     options = f"-h 127.0.0.1\n-p {served.port}\n"
     (config / "mosquitto_rr").write_text(options)
     (config / "mosquitto_sub").write_text(options + "-d\n")
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "XDG_CONFIG_HOME": str(config)}
+    return {"PATH": os.environ.get("PATH", ""), "XDG_CONFIG_HOME": str(config)}
 
 
 async def run_block(name: str, env: dict[str, str]) -> tuple[int, str]:
