@@ -9,7 +9,7 @@ BROKER_PORT ?= 1883
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: FORCE bench-tracing bench-logging bench-normalize bench-flood bench-mcp-output bench-client compose-check check-tree asyncapi-parser bench run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary redis-binary
+.PHONY: FORCE bench-tracing bench-logging bench-normalize bench-flood bench-mcp-output bench-client compose-check check-tree asyncapi-parser bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary
 
 # The package installs in strict editable mode: a tree of links to worker/ that imports as
 # `toolbus`, which mypy and editors can read (the default mode's import hook they cannot).
@@ -31,6 +31,10 @@ FORCE:
 
 mosquitto-binary:
 	@scripts/ensure-mosquitto
+
+# The broker, and mosquitto_rr/mosquitto_sub: the tests run docs/integrations.md's commands.
+mosquitto-clients:
+	@scripts/ensure-mosquitto --clients
 
 # The tests start their own redis-server (the shared dedup store) on a free port.
 redis-binary:
@@ -61,13 +65,23 @@ $(PHOENIX_STAMP):
 	$(PHOENIX_VENV)/bin/pip install --quiet 'arize-phoenix>=12,<30'
 	@touch $(PHOENIX_STAMP)
 
-# Every test, the end-to-end tracing test against Phoenix included. Extra pytest
+# Node-RED, for the test that runs docs/integrations/node-red-flow.json in it: pinned, in
+# a folder of its own (git-ignored), with npm. 4.x: Node-RED 5 needs Node.js 22.
+NODE_RED_DIR     := .node-red
+NODE_RED_STAMP   := $(NODE_RED_DIR)/.installed
+NODE_RED_VERSION := 4.1.8
+$(NODE_RED_STAMP):
+	@command -v npm >/dev/null || { echo "npm not found: the Node-RED test needs Node.js 18+ and npm (Debian: apt-get install nodejs npm)" >&2; exit 1; }
+	npm install --silent --no-audit --no-fund --prefix $(NODE_RED_DIR) node-red@$(NODE_RED_VERSION)
+	@touch $(NODE_RED_STAMP)
+
+# Every test, the `integration` ones (Phoenix, Node-RED) included. Extra pytest
 # arguments: make test PYTEST_ARGS='-k normalize -x'
-test: $(STAMP) mosquitto-binary redis-binary asyncapi-parser $(PHOENIX_STAMP)
+test: $(STAMP) mosquitto-clients redis-binary asyncapi-parser $(PHOENIX_STAMP) $(NODE_RED_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# The quick loop: everything but the tests that need a tracing backend (no Phoenix install).
-test-quick: $(STAMP) mosquitto-binary redis-binary asyncapi-parser
+# The quick loop: everything but the `integration` tests (no Phoenix or Node-RED install).
+test-quick: $(STAMP) mosquitto-clients redis-binary asyncapi-parser
 	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
 
 # What CI runs first: nothing tracked may point outside the tree or sit under an ignored path.
@@ -96,7 +110,7 @@ compose-check:
 check: check-tree lint typecheck test compose-check
 
 clean:
-	rm -rf $(VENV) $(PHOENIX_VENV) build .pytest_cache .mypy_cache .ruff_cache .run .tools
+	rm -rf $(VENV) $(PHOENIX_VENV) $(NODE_RED_DIR) build .pytest_cache .mypy_cache .ruff_cache .run .tools
 
 bench: $(STAMP) mosquitto-binary
 	$(BIN)/toolbus bench
@@ -118,3 +132,6 @@ bench-mcp-output: $(STAMP)
 
 bench-client: $(STAMP) mosquitto-binary
 	$(BIN)/python bench/client_latency.py
+
+bench-nodelay: $(STAMP) mosquitto-clients
+	$(BIN)/python bench/tcp_nodelay.py

@@ -113,6 +113,14 @@ def test_client_latency_bench_runs() -> None:
     assert "one Client, kept" in result.stdout and "per call / kept" in result.stdout
 
 
+def test_tcp_nodelay_bench_runs() -> None:
+    result = run(sys.executable, "bench/tcp_nodelay.py", "--calls", "3")
+    assert result.returncode == 0, result.stderr[-2000:]
+    for setting in ("true", "false"):
+        for caller in ("one toolbus.Client", "mosquitto_rr", "mosquitto_rr --nodelay"):
+            assert f"set_tcp_nodelay {setting}: {caller} " in result.stdout
+
+
 @pytest.mark.parametrize(
     ("values", "fraction", "expected"),
     [
