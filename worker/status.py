@@ -82,7 +82,10 @@ class StatusReporter:
 
     def server_changed(self, server: McpServer) -> None:
         """A backend listener: log the change, publish it in the background when live."""
-        log.info("MCP server %s is %s", server.name, server.state)
+        log.info(
+            "mcp server state",
+            extra={"server": server.name, "state": server.state, "error": server.last_error},
+        )
         self._states[server.name] = server.state
         if not self._live:
             return
