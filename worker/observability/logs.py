@@ -57,12 +57,21 @@ class _RecordTime:
         return event
 
 
-def _local_time(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
-    """`ts` for a terminal: the local time of day, to the millisecond."""
-    record: logging.LogRecord = event["_record"]
-    clock = time.strftime("%H:%M:%S", time.localtime(record.created))
-    event["ts"] = f"{clock}.{int(record.msecs):03d}"
-    return event
+class _LocalTime:
+    """`ts` for a terminal: the local time of day to the millisecond, formatted once a second."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._clock = ""
+
+    def __call__(self, _: WrappedLogger, __: str, event: EventDict) -> EventDict:
+        record: logging.LogRecord = event["_record"]
+        second = int(record.created)
+        if second != self._second:
+            self._clock = time.strftime("%H:%M:%S", time.localtime(second))
+            self._second = second
+        event["ts"] = f"{self._clock}.{int(record.msecs):03d}"
+        return event
 
 
 def add_trace_ids(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
@@ -79,7 +88,8 @@ def _printable_values(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
     """A terminal shows strings as they are: a caller's newline or escape sequence in
     one would start a line of its own or rewrite the screen, so each is escaped."""
     for key, value in event.items():
-        if type(value) is str and key not in _MULTILINE:
+        # `isprintable` first: a C loop, where the escaping is a regular expression.
+        if type(value) is str and not value.isprintable() and key not in _MULTILINE:
             event[key] = printable(value)
     return event
 
@@ -160,7 +170,7 @@ def console_formatter(*, colors: bool) -> logging.Formatter:
         exception_formatter=structlog.dev.plain_traceback,
     )
     return structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=_fields(_local_time),
+        foreign_pre_chain=_fields(_LocalTime()),
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             _drop_own_logger,
