@@ -121,6 +121,15 @@ def test_tcp_nodelay_bench_runs() -> None:
             assert f"set_tcp_nodelay {setting}: {caller} " in result.stdout
 
 
+def test_log_line_bench_measures_another_tree_beside_this_one() -> None:
+    # This checkout as the "other" tree: the pairing, not the figures, is under test.
+    args = ("--lines", "10", "--rounds", "1", "--repeat", "1", "--worker-tree", str(ROOT))
+    result = run(sys.executable, "bench/log_line.py", *args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "this checkout" in result.stdout
+    assert {line.split()[0] for line in result.stdout.splitlines()[2:]} == {"json", "text"}
+
+
 @pytest.mark.parametrize(
     ("values", "fraction", "expected"),
     [

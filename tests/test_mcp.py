@@ -83,6 +83,8 @@ async def test_server_stderr_reaches_the_log(broker: Broker, caller: Caller) -> 
                 await server_log.seen.wait()
             tail = worker.mcp.servers["logged"].stderr_tail
             assert any("control_zwave_device received" in line for line in tail)
+    # Each line names its server (a terminal line shows no logger name).
+    assert {vars(r)["server"] for r in server_log.records} == {"logged"}
 
 
 async def test_killed_stdio_server_gives_unavailable_not_a_hang(

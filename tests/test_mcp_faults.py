@@ -89,25 +89,34 @@ async def test_startup_retries_until_the_server_comes_up(broker: Broker, tmp_pat
     settings = make_settings(
         broker, mcpServers={"flaky": misbehaving(tmp_path, TB_FAIL_STARTS="2")}
     )
-    with watching("toolbus.mcp", "MCP connection succeeded on attempt 3") as succeeded:
+    with watching("toolbus.mcp", "mcp connected") as succeeded:
         async with running_worker(settings) as worker:
             assert worker.mcp.states() == {"flaky": "ready"}
             assert succeeded.seen.is_set()
     assert (tmp_path / "starts").read_text() == "3"
-    failures = [
-        r for r in succeeded.records if "attempt" in r.getMessage() and r.levelno == logging.WARNING
+    [connected] = [r for r in succeeded.records if r.getMessage() == "mcp connected"]
+    assert (vars(connected)["server"], vars(connected)["attempt"]) == ("flaky", 3)
+    failures = [r for r in succeeded.records if r.getMessage() == "mcp connect failed"]
+    assert [(r.levelno, vars(r)["attempt"]) for r in failures] == [
+        (logging.WARNING, 1),
+        (logging.WARNING, 2),
     ]
-    assert len(failures) == 2
+    assert all(vars(r)["retry_in_s"] >= 0 and vars(r)["error"] for r in failures)
 
 
 async def test_startup_failure_degrades_then_recovers_in_the_background(
     broker: Broker, caller_for_faults: Caller, tmp_path: Path
 ) -> None:
     settings = make_settings(broker, mcpServers={"late": misbehaving(tmp_path, TB_FAIL_STARTS="5")})
-    with watching("toolbus.mcp", "MCP connection failed after 3 attempts", logging.ERROR) as failed:
+    with (
+        watching("toolbus.mcp", "mcp server down", logging.ERROR) as failed,
+        watching("toolbus.service", "mcp server state") as changes,
+    ):
         async with running_worker(settings) as worker:
             assert worker.mcp.states() == {"late": "down"} and failed.seen.is_set()
-            assert "echo" in failed.records[-1].getMessage()  # names the tools it still serves
+            down = vars(failed.records[-1])
+            assert (down["server"], down["attempts"]) == ("late", 3)
+            assert "echo" in down["tools"]  # names the tools it still serves
             assert (await call(caller_for_faults, worker, "echo", {"text": "x"}))["ok"]
             status = await ServerStates(caller_for_faults, worker, "late").until("ready")
             assert "work" in status["tools"]
@@ -115,6 +124,15 @@ async def test_startup_failure_degrades_then_recovers_in_the_background(
                 "text"
             ] == "did now"
     assert int((tmp_path / "starts").read_text()) == 6
+    # Each state change is a line with the server, its state and why.
+    states = [vars(r) for r in changes.records if r.getMessage() == "mcp server state"]
+    assert [s["state"] for s in states if s["server"] == "late"][-3:] == [
+        "down",
+        "ready",
+        "stopped",
+    ]
+    [down] = [s for s in states if s["state"] == "down"]
+    assert down["error"]
 
 
 async def test_start_up_never_waits_on_mcp(

@@ -1,4 +1,5 @@
-"""The pipeline in-process: every error code, dead letters, 3.1.1 replies, trace publishing.
+"""The pipeline in-process: every error code, dead letters, 3.1.1 replies, trace publishing
+(its log lines: test_logs.py).
 
 No broker: messages go in as `Inbound` values and come out through a `ListPublisher`,
 so each case costs milliseconds. What only a broker can show (properties on the wire,
@@ -11,7 +12,6 @@ import asyncio
 import base64
 import datetime as dt
 import json
-import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -37,7 +37,6 @@ from toolbus.errors import ToolFailed
 from toolbus.inflight import Slots
 from toolbus.messages import Inbound, Outbound
 from toolbus.observability.export import TraceCollector
-from toolbus.observability.logs import JsonFormatter
 from toolbus.observability.metrics import Metrics
 from toolbus.pipeline import Pipeline
 from toolbus.quotas import Quotas
@@ -639,86 +638,6 @@ async def test_a_failed_call_marks_its_spans(rig: Rig) -> None:
     assert found and found[0].attributes is not None
     assert found[0].attributes["error.type"] == "tool_error"
     assert format(found[0].context.trace_id, "032x") == reply["trace_id"]
-
-
-# -- logs --------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("slow_call_ms", "level"), [(1, logging.WARNING), (60_000, logging.INFO)])
-async def test_slow_calls_log_a_warning(
-    caplog: pytest.LogCaptureFixture, slow_call_ms: int, level: int
-) -> None:
-    # A 20 ms call against a 1 ms threshold, and against a minute: no race either way.
-    probe = Probe()
-    rig = rig_for(probe_tools(probe), probe, slow_call_ms=slow_call_ms)
-    with caplog.at_level(logging.INFO, logger="toolbus.execute"):
-        reply = await rig.call("busy", {"arguments": {"n": 1, "hold_ms": 20}})
-    [line] = [r for r in caplog.records if getattr(r, "call_id", None) == reply["id"]]
-    assert line.levelno == level
-    # The fast call is not flagged in any way: no warning anywhere, no "slow" in its line.
-    slow = level == logging.WARNING
-    assert ("(slow: over" in line.getMessage()) is slow
-    assert any(r.levelno >= logging.WARNING for r in caplog.records) is slow
-
-
-SECRET = "Flat 3, 12 Quiet Lane"  # distinctive: in a log only if a value leaked there
-
-
-async def log_of_calls_carrying_a_secret(caplog: pytest.LogCaptureFixture, rig: Rig) -> str:
-    """Calls that succeed, fail in the tool, fail validation and name no tool, each with
-    the secret in its arguments; every record at any level, as the JSON log shows it."""
-    with caplog.at_level(logging.DEBUG):
-        assert (await rig.call("echo", {"arguments": {"text": SECRET}}))["ok"]
-        codes = [
-            (await rig.call(tool, {"arguments": arguments}))["error"]["code"]
-            for tool, arguments in [
-                ("explode", {"reason": SECRET}),
-                ("busy", {"n": SECRET}),
-                ("no_such_tool", {"where": SECRET}),
-            ]
-        ]
-    assert codes == ["tool_error", "invalid_arguments", "unknown_tool"]
-    return "\n".join(JsonFormatter().format(record) for record in caplog.records)
-
-
-async def test_argument_values_are_not_logged_by_default(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    logged = await log_of_calls_carrying_a_secret(caplog, standard_rig())
-    assert SECRET not in logged
-    assert "Quiet Lane" not in logged
-    # What a call carried is still there: each argument's name and size (JSON bytes).
-    [line] = [r for r in caplog.records if getattr(r, "tool", None) == "echo"]
-    assert f"arguments=[text:{len(SECRET) + 2}B]" in line.getMessage()
-    extra = vars(line)
-    assert (extra["argument_names"], extra["argument_bytes"]) == (["text"], len(SECRET) + 2)
-    # The failing tool's stack is logged, without its message.
-    [failure] = [r for r in caplog.records if r.name == "toolbus.local"]
-    assert failure.levelno == logging.ERROR and vars(failure)["exception_type"] == "ValueError"
-
-
-async def test_argument_values_are_logged_with_log_arguments(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    probe = Probe()
-    rig = rig_for(probe_tools(probe), probe, log_arguments=True)
-    logged = await log_of_calls_carrying_a_secret(caplog, rig)
-    [line] = [r for r in caplog.records if getattr(r, "tool", None) == "echo"]
-    assert SECRET in line.getMessage()
-    [failure] = [r for r in caplog.records if r.name == "toolbus.local"]
-    assert failure.exc_info is not None and SECRET in logged
-
-
-async def test_hostile_argument_names_are_escaped_and_bounded_in_the_log(
-    caplog: pytest.LogCaptureFixture, rig: Rig
-) -> None:
-    names = {"line\nbreak": 1, "x" * 1000: 2, **{f"k{i}": i for i in range(200)}}
-    with caplog.at_level(logging.INFO, logger="toolbus.execute"):
-        await rig.call("no_such_tool", {"arguments": names})
-    [line] = [r for r in caplog.records if hasattr(r, "call_id")]
-    assert "\n" not in line.getMessage() and "line\\nbreak:1B" in line.getMessage()
-    assert len(line.getMessage()) < 1000
-    assert len(vars(line)["argument_names"]) == 50  # the names in `extra` are bounded too
 
 
 def test_a_reply_expiry_is_capped_at_what_mqtt_can_carry() -> None:

@@ -166,25 +166,6 @@ async def test_bad_headers_start_a_new_trace_and_errors_mark_the_spans(
     assert [e.name for e in execute.events] == ["exception"]
 
 
-def test_log_lines_carry_the_trace_and_call_ids(spans: Any) -> None:
-    import logging
-
-    from opentelemetry import trace
-
-    from toolbus.observability.logs import JsonFormatter, TraceIds
-
-    record = logging.LogRecord(
-        "toolbus.execute", logging.INFO, __file__, 1, "call %s", ("c-1",), None
-    )
-    record.call_id = "c-1"
-    with trace.get_tracer("test").start_as_current_span("outer") as span:
-        assert TraceIds().filter(record)
-    line = json.loads(JsonFormatter().format(record))
-    assert line["trace_id"] == trace_id_of(span)
-    assert line["span_id"] == format(span.get_span_context().span_id, "016x")
-    assert line["call_id"] == "c-1" and line["event"] == "call c-1"
-
-
 async def test_spans_published_back_as_otlp_json(
     broker: Broker, traced_worker: Worker, spans: Any
 ) -> None:

@@ -1,17 +1,21 @@
-"""Call log: the one line per call, with each argument's name and size, values only when
-configured (they may be personal data), built only when it will be written."""
+"""Call log: the one line per call, as fields: `call_id`, `tool`, `outcome` (`ok` or the
+error code), `duration_ms`, `caller` and each argument's size in bytes (`argument_bytes`),
+the values only when configured (they may be personal data); built only when written."""
 
 from __future__ import annotations
 
 import json
 import logging
+from itertools import islice
 from typing import Any
 
 from toolbus.decode import Call
+from toolbus.untrusted import printable
 
 # The executor's logger: operators filter the per-call line by this name.
 log = logging.getLogger("toolbus.execute")
 
+CALL_EVENT = "call"  # the line's `event`: what `jq 'select(.event == "call")'` finds
 LOGGED_ARGUMENTS_CHARS = 500
 LOGGED_NAME_CHARS = 64  # a caller chooses the keys: they must not make a huge log line
 LOGGED_NAMES = 50
@@ -27,38 +31,35 @@ def log_call(
     slow_call_ms: float,
     log_arguments: bool,
 ) -> None:
-    """One line per call. Argument values only with `log_arguments`: they may be
-    personal data. Without it the line names each argument and its size."""
-    outcome_text = outcome
-    level = logging.INFO
-    if duration_ms > slow_call_ms:
-        level = logging.WARNING
-        outcome_text += f" (slow: over {slow_call_ms:g} ms)"
+    """One line per call, a warning with `slow: true` past `slow_call_ms`. Argument
+    values (`arguments`, their compact JSON, bounded) only with `log_arguments`: they may
+    be personal data. Without it the line has each argument's name and size."""
+    slow = duration_ms > slow_call_ms
+    level = logging.WARNING if slow else logging.INFO
     if not log.isEnabledFor(level):
         return  # no line: the arguments need not be measured
-    sizes = {name: _json_bytes(value) for name, value in arguments.items()}
-    if log_arguments:
-        shown = repr(arguments)
-        if len(shown) > LOGGED_ARGUMENTS_CHARS:
-            shown = shown[:LOGGED_ARGUMENTS_CHARS] + "...}"
-    else:
-        shown = _names_and_sizes(sizes)
-    log.log(
-        level,
-        "call %s tool=%s arguments=%s duration_ms=%.1f outcome=%s",
-        call.id,
-        tool,
-        shown,
-        duration_ms,
-        outcome_text,
-        extra={
-            "call_id": call.id,
-            "tool": tool,
-            "outcome": outcome_text,
-            "argument_names": [_loggable_name(name) for name in list(sizes)[:LOGGED_NAMES]],
-            "argument_bytes": sum(sizes.values()),
+    fields: dict[str, Any] = {
+        "call_id": call.id,
+        "tool": tool,
+        "outcome": outcome,
+        "duration_ms": round(duration_ms, 3),
+        "caller": call.caller,
+        "argument_bytes": {
+            _loggable_name(name): _json_bytes(value)
+            for name, value in islice(arguments.items(), LOGGED_NAMES)
         },
-    )
+    }
+    if log_arguments:
+        # Printable, so a terminal or a line splitter meets no caller's control character;
+        # each is written as its JSON escape, so the text still parses to the values.
+        fields["arguments"] = printable(_bounded(_COMPACT_JSON(arguments), LOGGED_ARGUMENTS_CHARS))
+    if slow:
+        fields["slow"] = True
+    log.log(level, CALL_EVENT, extra=fields)
+
+
+def _bounded(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}...(+{len(text) - limit} chars)"
 
 
 # One encoder for every size: `json.dumps` with options builds a new one per call.
@@ -85,11 +86,3 @@ def _loggable_name(name: str) -> str:
     """An argument name fit for a log line: printable (else escaped) and bounded."""
     shown = name if name.isprintable() else repr(name)[1:-1]
     return shown if len(shown) <= LOGGED_NAME_CHARS else shown[:LOGGED_NAME_CHARS] + "..."
-
-
-def _names_and_sizes(sizes: dict[str, int]) -> str:
-    """`[device_name:12B, level:1B]`: what a call carried, without what it said."""
-    shown = "[" + ", ".join(f"{_loggable_name(n)}:{size}B" for n, size in sizes.items()) + "]"
-    if len(shown) > LOGGED_ARGUMENTS_CHARS:
-        shown = shown[:LOGGED_ARGUMENTS_CHARS] + "...]"
-    return shown

@@ -189,10 +189,12 @@ class Pipeline:
 
     async def _reject(self, message: Inbound, rejected: Rejected) -> None:
         log.warning(
-            "rejected message on %s: %s (%s)",
-            shown(message.topic),
-            rejected.error.code.value,
-            rejected.error.message,
+            "rejected message",
+            extra={
+                "topic": shown(message.topic),
+                "code": rejected.error.code.value,
+                "error": rejected.error.message,
+            },
         )
         if rejected.reply is not None:
             await self._reply(rejected.reply, reply_for_rejected(rejected))
@@ -316,9 +318,8 @@ class Pipeline:
         quiet = error.code is ErrorCode.RATE_LIMITED  # a flood must not flood the log
         log.log(
             logging.DEBUG if quiet else logging.WARNING,
-            "dead-lettering message on %s: %s",
-            shown(message.topic),
-            error.code.value,
+            "dead letter",
+            extra={"topic": shown(message.topic), "code": error.code.value},
         )
         self._metrics.dead_lettered(error.code.value)
         await self._publisher.publish(

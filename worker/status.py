@@ -146,7 +146,10 @@ class StatusReporter:
 
     def server_changed(self, server: McpServer) -> None:
         """A backend listener: log the change, publish it in the background when live."""
-        log.info("MCP server %s is %s", server.name, server.state)
+        log.info(
+            "mcp server state",
+            extra={"server": server.name, "state": server.state, "error": server.last_error},
+        )
         known = self._servers.setdefault(server.name, _Server(since=self._clock()))
         if server.state != known.state:
             known.since = self._clock()

@@ -58,11 +58,16 @@ def topic_problem(topic: str, *, max_bytes: int = MAX_TOPIC_BYTES) -> str | None
 def shown(text: str, limit: int = SHOWN_CHARS) -> str:
     """`text` for a log line or an error detail: printable and at most `limit` characters
     (plus a note of how much was left out)."""
-    head = text[:limit]
-    printable = _BAD_CHAR.sub(lambda m: f"\\u{ord(m.group()):04x}", head)
+    head = printable(text[:limit])
     if len(text) > limit:
-        printable += f"...(+{len(text) - limit} chars)"
-    return printable
+        head += f"...(+{len(text) - limit} chars)"
+    return head
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal or an MQTT topic must not get (controls,
+    lone surrogates, non-characters) written as its `\\uXXXX` escape."""
+    return _BAD_CHAR.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def may_hold_surrogates(payload: bytes) -> bool:

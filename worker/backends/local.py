@@ -85,17 +85,13 @@ class LocalTool:
 
 
 def _log_failure(name: str, exc: BaseException, *, with_message: bool) -> None:
+    fields = {"tool": name, "exception_type": type(exc).__name__}
     if with_message:
-        log.error("local tool %s raised", name, exc_info=exc)
+        log.error("local tool raised", exc_info=exc, extra=fields)
         return
+    # Its message may quote the arguments: without log_arguments, only where it was raised.
     stack = "".join(traceback.format_tb(exc.__traceback__)).rstrip()
-    log.error(
-        "local tool %s raised %s (its message is not logged without log_arguments)\n%s",
-        name,
-        type(exc).__name__,
-        stack,
-        extra={"exception_type": type(exc).__name__},
-    )
+    log.error("local tool raised", extra={**fields, "stack": stack})
 
 
 @overload

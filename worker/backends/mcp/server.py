@@ -134,7 +134,7 @@ class McpServer:
                 startup = False
                 why = await self._until_over(lifetime)
                 if not self._stop.is_set():
-                    log.warning("MCP server %s: %s; reconnecting", self.name, why)
+                    log.warning("mcp server lost", extra={"server": self.name, "error": why})
                     self._set_state("degraded", why)
         finally:
             self._set_state("stopped", self.last_error)
@@ -150,9 +150,7 @@ class McpServer:
                 number = attempt.retry_state.attempt_number
                 lifetime = await self._open_in_own_task()
                 if number > 1:
-                    log.info(
-                        "MCP connection succeeded on attempt %d (server %s)", number, self.name
-                    )
+                    log.info("mcp connected", extra={"server": self.name, "attempt": number})
                 return lifetime
         raise Stopping  # unreachable: reraise=True re-raises the last failure
 
@@ -216,11 +214,13 @@ class McpServer:
         delay = state.next_action.sleep if state.next_action else 0.0
         self.last_error = describe(error) if error else None
         log.warning(
-            "MCP server %s: attempt %d failed (%s); next attempt in %.1f s",
-            self.name,
-            state.attempt_number,
-            self.last_error,
-            delay,
+            "mcp connect failed",
+            extra={
+                "server": self.name,
+                "attempt": state.attempt_number,
+                "error": self.last_error,
+                "retry_in_s": round(delay, 3),
+            },
         )
 
     def _report_startup_failure(self, exc: BaseException) -> None:
@@ -228,16 +228,16 @@ class McpServer:
         self._set_state("down", reason)
         have = self._registry.names()
         log.error(
-            "MCP connection failed after %d attempts (server %s): %s. Stderr tail: %s. "
-            "Check that the command or URL in mcpServers.%s is right and starts on its own. "
-            "The worker continues in degraded mode with the tools it has: %s; "
-            "this server is retried in the background.",
-            self.policy.startup_attempts,
-            self.name,
-            reason,
-            " | ".join(self.stderr_tail) or "(empty)",
-            self.name,
-            ", ".join(have) or "none",
+            "mcp server down",
+            extra={
+                "server": self.name,
+                "attempts": self.policy.startup_attempts,
+                "error": reason,
+                "stderr_tail": list(self.stderr_tail),
+                "tools": have,  # what the worker still serves, degraded
+                "hint": f"check that the command or URL in mcpServers.{self.name} starts on "
+                "its own; the server is retried in the background",
+            },
         )
 
     async def _open(self) -> Session:
@@ -307,10 +307,7 @@ class McpServer:
             return
         added, removed = self._sync_tools(tools)
         log.info(
-            "MCP server %s changed its tools: added %s, removed %s",
-            self.name,
-            added or "none",
-            removed or "none",
+            "mcp tools changed", extra={"server": self.name, "added": added, "removed": removed}
         )
 
     async def _ping(self, current: Session) -> None:

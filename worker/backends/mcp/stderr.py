@@ -33,6 +33,7 @@ class StderrLines(asyncio.Protocol):
         self._splitter = LineSplitter(STDERR_LINE_BYTES)
         self._tail = tail
         self._log = logging.getLogger(f"toolbus.mcp.{name}")
+        self._fields = {"server": name}  # a terminal line shows no logger name: this says whose
 
     def data_received(self, data: bytes) -> None:
         for line in self._splitter.feed(data):
@@ -57,7 +58,7 @@ class StderrLines(asyncio.Protocol):
             text = line.decode("utf-8", "replace").rstrip()
         if text:
             self._tail.append(text[:STDERR_LINE_CHARS])
-            self._log.info("%s", text)
+            self._log.info("%s", text, extra=self._fields)
 
 
 class StderrPipe:
