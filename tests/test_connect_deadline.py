@@ -94,20 +94,21 @@ async def test_connect_fails_within_its_timeout_and_closes_the_socket(
 
 async def test_call_to_a_silent_host_exits_within_its_timeout(silent: Silent) -> None:
     env = cli_env("unreached")
-    # The same command against a closed port fails at once: its run time is the
-    # process's own start-up, which the bound below adds to the timeout.
-    started = time.monotonic()
     refused = f"mqtt://127.0.0.1:{free_port()}"
-    code, _, _ = await run_cli("call", "echo", "--timeout", "1", "--broker", refused, env=env)
-    baseline_s = time.monotonic() - started
-    assert code == EXIT_BROKER
     for command in (("call", "echo", "text=x"), ("tools",)):
+        # The same command against a closed port fails at once: its run time is the
+        # process's start-up, which varies by seconds on a loaded machine. Hence the
+        # slack; a connect --timeout did not reach would take 10 s, paho's bound 5 s.
+        started = time.monotonic()
+        code, _, _ = await run_cli(*command, "--timeout", "1", "--broker", refused, env=env)
+        baseline_s = time.monotonic() - started
+        assert code == EXIT_BROKER
         started = time.monotonic()
         code, _, err = await run_cli(
             *command, "--timeout", "1", "--broker", f"mqtt://127.0.0.1:{silent.port}", env=env
         )
         assert code == EXIT_BROKER, err
-        assert time.monotonic() - started < baseline_s + TIMEOUT_S + 1.0, command
+        assert time.monotonic() - started - baseline_s < TIMEOUT_S + 3.0, command
         assert len(err.splitlines()) == 1  # one readable line, no traceback
 
 
