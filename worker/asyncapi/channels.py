@@ -43,7 +43,21 @@ OPERATION_BINDINGS = {
         }
     },
     "qos1": {"mqtt": {"qos": 1, "bindingVersion": "0.2.0"}},
-    "retained": {"mqtt": {"qos": 1, "retain": True, "bindingVersion": "0.2.0"}},
+    "retained": {
+        "mqtt": {
+            "qos": 1,
+            "retain": True,
+            "messageExpiryInterval": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "Every status expires: a worker's and its servers' after "
+                "three `status_interval_s` (republished every interval while it runs), the "
+                "last will after `session_expiry_s`. A status that is gone means a worker "
+                "that is gone.",
+            },
+            "bindingVersion": "0.2.0",
+        }
+    },
 }
 
 PARAMETERS = {
