@@ -87,8 +87,12 @@ def image_json(instruction: str) -> list[str]:
     return value
 
 
+OUR_IMAGE = "toolbus:latest"
+
+
 def built_here(service: dict[str, Any]) -> bool:
-    return bool(service.get("build", {}).get("dockerfile") == "compose/Dockerfile")
+    """Our image: the service that builds it, and those that run it (never pulled)."""
+    return bool(service.get("image") == OUR_IMAGE)
 
 
 def worker_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:

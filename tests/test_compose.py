@@ -27,6 +27,7 @@ from tests.compose_stack import (
     MOSQUITTO_CONF,
     PROMETHEUS_CONFIG,
     NativeStack,
+    built_here,
     dockerfile,
     image_env,
     image_json,
@@ -106,11 +107,21 @@ def test_nothing_is_published_beyond_loopback() -> None:
         assert "ports" not in services()[name], name  # Prometheus scrapes inside the network
 
 
+def test_our_image_is_built_by_one_service() -> None:
+    ours = [name for name, service in services(TRACING_ON).items() if built_here(service)]
+    builders = [name for name in ours if "build" in services(TRACING_ON)[name]]
+    assert len(ours) >= 3 and builders == ["demo-mcp"], (ours, builders)
+    assert all(
+        services(TRACING_ON)[name]["build"]["dockerfile"] == "compose/Dockerfile"
+        for name in builders
+    )
+
+
 def test_every_image_is_pinned() -> None:
     for name, service in services(TRACING_ON).items():
         image = service["image"]
-        if "build" in service:
-            assert image == "toolbus:latest", name  # our own, built from this tree
+        if image == "toolbus:latest":  # our own, built from this tree by one service
+            assert ("build" in service) != (service.get("pull_policy") == "never"), name
         else:
             tag = image.rpartition(":")[2]
             assert re.fullmatch(r"v?\d+\.\d+\.\d+", tag), (name, image)

@@ -96,6 +96,16 @@ def test_a_bad_value_says_what_was_expected_and_given(tmp_path: Path) -> None:
     assert all(p.expected.startswith("expected ") for p in found.values())
 
 
+def test_every_problem_of_a_file_at_once_a_log_level_among_them(tmp_path: Path) -> None:
+    cfg = tmp_path / "t.toml"
+    cfg.write_text('concurency = 3\nlog_level = "verbose"\n')
+    found = {p.key: p for p in refused(cfg)}
+    assert set(found) == {"concurency", "log_level"}  # not one now and one at start
+    assert found["concurency"].suggestion == "concurrency"
+    assert found["log_level"].kind == "invalid_value"
+    assert load_settings(None, None, log_level="debug").log_level == "DEBUG"
+
+
 def test_a_long_value_is_shortened(tmp_path: Path) -> None:
     [problem] = refused(write(tmp_path / "t.json", {"log_format": "x" * 500}))
     assert problem.given is not None and len(problem.given) <= 40

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -14,14 +16,22 @@ from toolbus.wiring import build_executor
 
 
 async def test_the_transformation_is_logged_without_values() -> None:
-    with watching("toolbus.normalize", "normalized control_zwave_device") as logged:
+    with watching("toolbus.normalize", "normalized", logging.DEBUG) as logged:
         await run(
             Settings(argument_maps=SEED_MAP),
             mcp_tool(),
             {"device_name": "Switch One", "command": "on"},
         )
-    assert [r.getMessage() for r in logged.records] == [
-        "normalized control_zwave_device: {device_name: ..., command: ...} -> {deviceName: ..., action: ...}"
+    assert [
+        (r.levelno, r.getMessage(), r.__dict__["tool"], r.__dict__["changes"])
+        for r in logged.records
+    ] == [
+        (
+            logging.DEBUG,
+            "normalized",
+            "control_zwave_device",
+            "{device_name: ..., command: ...} -> {deviceName: ..., action: ...}",
+        )
     ]
 
 

@@ -32,7 +32,13 @@ ASYNCAPI_PATH = Path("docs/asyncapi.yaml")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="toolbus", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="toolbus",
+        description="Execute AI tool calls arriving over MQTT, and talk to the workers that do.",
+        epilog="Exit codes: 0 ok; 1 the tool or worker answered with an error (health: "
+        "unhealthy); 2 usage or configuration error; 3 no reply in time; 4 broker "
+        "unreachable or refusing. `toolbus COMMAND --help` for each command.",
+    )
     parser.add_argument("--version", action="version", version=f"toolbus {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, help="what to do")
 

@@ -44,13 +44,14 @@ def parse_pairs(pairs: list[str], json_args: str | None) -> dict[str, Any]:
 def _client(args: argparse.Namespace, settings: Any) -> Client:
     """A `Client` as the settings and flags say; a bad `--attempts` is a usage error.
     `--timeout` bounds the connect too (TCP, TLS, CONNACK; 10 s at most)."""
+    timeout_s = settings.default_timeout_s if args.timeout is None else args.timeout
     return Client(
         settings.broker,
         prefix=settings.topic_prefix,
         reply_prefix=settings.allowed_reply_prefixes[0],
         retry=Retry(getattr(args, "attempts", 3), getattr(args, "retry_interval", 5.0)),
-        connect_timeout_s=min(args.timeout or settings.default_timeout_s, 10.0),
-        timeout_s=args.timeout or settings.default_timeout_s,
+        connect_timeout_s=min(timeout_s, 10.0),
+        timeout_s=timeout_s,  # 0 or below: the Client refuses it, a usage error
     )
 
 
@@ -125,5 +126,6 @@ def tools(args: argparse.Namespace) -> int:
         )
         origin = [tool["origin"]] if ours else []
         table.add_row(inner["name"], *origin, params, (inner.get("description") or "")[:80])
-    Console().print(table)
+    # Piped: rich would fit the table to 80 columns and cut names that a grep needs.
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
     return EXIT_OK

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 from datetime import UTC, datetime
 
 from rich.console import Console, Group, RenderableType
@@ -34,7 +35,8 @@ async def once(broker: BrokerUrl, topics: Topics, timeout_s: float, *, as_json: 
     if as_json:
         print(json.dumps(pool.to_json(), indent=2))
     else:
-        Console().print(render(pool, topics))
+        # Piped: rich would fit the table to 80 columns and cut names that a grep needs.
+        Console(width=None if sys.stdout.isatty() else 200).print(render(pool, topics))
 
 
 async def live(broker: BrokerUrl, topics: Topics, timeout_s: float) -> None:

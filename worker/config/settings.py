@@ -24,6 +24,9 @@ from toolbus.untrusted import topic_problem
 DEFAULT_BROKER_URL = "mqtt://localhost:1883"
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 class Settings(BaseSettings):
     """Everything the worker can be told. Units are in the names."""
 
@@ -271,6 +274,15 @@ class Settings(BaseSettings):
         if self.http_port is None and self.metrics_port is not None:
             self.http_port = self.metrics_port
         return self
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        # Told here, at its key, rather than by `logging` at start with no file or key.
+        level = value.upper()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"expected one of {', '.join(LOG_LEVELS)} (any case)")
+        return level
 
     @field_validator("guards")
     @classmethod

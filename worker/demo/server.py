@@ -61,7 +61,9 @@ def build_server() -> Any:
         received: dict[str, Any] = {"deviceName": deviceName, "action": action}
         if level is not None:
             received["level"] = level
-        log.info("control_zwave_device received %s", received)
+        # Names, not values: a worker relays this server's stderr into its own log, where
+        # argument values stay out unless `log_arguments` says otherwise.
+        log.info("control_zwave_device received %s", ", ".join(received))
         device = find(deviceName)
         if device.kind == "sensor":
             raise ToolError(f"'{device.name}' is a sensor and cannot be controlled")

@@ -153,9 +153,10 @@ class Normalizer:
 
     @staticmethod
     def log_changes(tool: Tool, changes: list[Change]) -> None:
-        """The log line for what normalization changed in one call (keys, never values)."""
-        if log.isEnabledFor(logging.INFO):
-            log.info("normalized %s: %s", tool.name, describe(changes))
+        """What normalization changed in one call (keys, never values), at DEBUG: a call
+        is one line at INFO (`call`), and the reply and span carry the report already."""
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("normalized", extra={"tool": tool.name, "changes": describe(changes)})
 
 
 class _Walk:
