@@ -256,7 +256,7 @@ async def test_toolbus_serve_with_http_port(broker: Broker, tmp_path: Path) -> N
         )
         await serve.wait_for("record started a")
         os.kill(serve.pid, signal.SIGTERM)
-        await serve.wait_for("stopping: 1 calls in flight")
+        await serve.wait_for('"in_flight":1')
         end = time.monotonic() + HOLD_S / 3  # well inside the drain, which lasts HOLD_S
         while time.monotonic() < end:
             draining = await http.get(f"http://127.0.0.1:{port}/readyz")

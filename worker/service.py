@@ -164,6 +164,7 @@ class Worker:
             self.broker,
             len(self.registry),
             ", ".join(self.mcp.servers) or "none",
+            extra={"worker_id": self.worker_id, "mcp_servers": list(self.mcp.servers)},
         )
         async with self.mcp, self.pipeline:
             report = asyncio.create_task(
@@ -173,7 +174,7 @@ class Worker:
                 await self._serve(stop)
             finally:
                 report.cancel()
-        log.info("worker %s stopped after %d messages", self.worker_id, self.in_flight.handled)
+        log.info("worker %s stopped", self.worker_id, extra={"handled": self.in_flight.handled})
 
     async def _serve(self, stop: asyncio.Event) -> None:
         delay_s = RECONNECT_FIRST_DELAY_S
@@ -192,7 +193,8 @@ class Worker:
                     consumer = asyncio.create_task(self._consume(conn), name="consume")
                     await _cancelled_on_error(consumer, conn.subscribe(self.topics.subscriptions()))
                     self.subscribed.set()
-                    log.info("subscribed to %s", ", ".join(self.topics.subscriptions()))
+                    topics = self.topics.subscriptions()
+                    log.info("subscribed to %s", ", ".join(topics), extra={"topics": topics})
                     if not self.draining.is_set():  # online: every status, then the heartbeat
                         self._status.resume(self.in_flight)
                     delay_s = RECONNECT_FIRST_DELAY_S
@@ -203,7 +205,10 @@ class Worker:
                 if isinstance(exc, BrokerRefused) and not connected_once:
                     raise  # a configuration no retry can fix: say so and stop
                 log.warning(
-                    "broker connection lost or refused (%s); retrying in %.1f s", exc, delay_s
+                    "broker connection lost or refused (%s); retrying in %.1f s",
+                    exc,
+                    delay_s,
+                    extra={"error": str(exc), "retry_in_s": round(delay_s, 3)},
                 )
             finally:
                 await self._status.pause()
@@ -233,7 +238,7 @@ class Worker:
         """Stop taking requests, finish held ones within the grace period, then go offline."""
         await self._begin_stopping()
         deadline = asyncio.get_running_loop().time() + self._grace_s
-        log.info("stopping: %d calls in flight, grace %.1f s", len(self.in_flight), self._grace_s)
+        log.info("stopping", extra={"in_flight": len(self.in_flight), "grace_s": self._grace_s})
         try:
             # The UNSUBACK comes behind what the broker already sent: keep taking.
             consumer = asyncio.create_task(self._consume(conn), name="consume-draining")
