@@ -71,7 +71,7 @@ NODE_RED_DIR     := .node-red
 NODE_RED_STAMP   := $(NODE_RED_DIR)/.installed
 NODE_RED_VERSION := 4.1.8
 $(NODE_RED_STAMP):
-	@command -v npm >/dev/null || { echo "npm not found: the Node-RED test needs Node.js 18+ and npm (Debian: apt-get install nodejs npm)" >&2; exit 1; }
+	@scripts/ensure-node
 	npm install --silent --no-audit --no-fund --prefix $(NODE_RED_DIR) node-red@$(NODE_RED_VERSION)
 	@touch $(NODE_RED_STAMP)
 
