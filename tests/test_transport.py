@@ -24,6 +24,7 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 
 from tests.harness import Broker
 from tests.mqtt import Caller
@@ -31,7 +32,7 @@ from toolbus.config import BrokerUrl
 from toolbus.messages import Inbound, Outbound
 from toolbus.publisher import ConnectionPublisher
 from toolbus.transport import TransportError
-from toolbus.transport.connection import MqttConnection, _Delivery
+from toolbus.transport.connection import MqttConnection, _Delivery, refused_filters
 from toolbus.transport.properties import publish_properties
 from toolbus.transport.socket_reader import paho_of
 
@@ -274,3 +275,17 @@ async def test_a_reply_without_its_puback_in_time_is_sent_once_and_given_up(
         assert seen == [b"reply", b"sentinel"]  # once, then what came after it
     finally:
         own.kill()
+
+
+def test_a_refused_subscription_is_found_in_the_suback() -> None:
+    """mosquitto grants every filter and filters delivery by ACL; other brokers (EMQX,
+    HiveMQ, mosquitto's dynamic security) refuse in the SUBACK, which the connection
+    turns into an error rather than a worker that reports ready and hears nothing."""
+    granted = [
+        ReasonCode(PacketTypes.SUBACK, identifier=1),
+        ReasonCode(PacketTypes.SUBACK, identifier=0x87),
+    ]
+    filters = ["$share/toolbus/toolbus/call/#", "$share/toolbus/toolbus/tools/#"]
+    assert refused_filters(filters, granted) == [("$share/toolbus/toolbus/tools/#", 0x87)]
+    assert refused_filters(filters, [1, 0x80]) == [(filters[1], 0x80)]  # MQTT 3.1.1's failure
+    assert refused_filters(filters, [0, 1]) == []

@@ -240,10 +240,16 @@ class MqttConnection:
             raise TransportError(str(err)) from err
 
     async def subscribe(self, filters: Sequence[str], qos: int = 1) -> None:
+        """Subscribed to every filter, or `TransportError`: a filter the broker refused
+        (an ACL's "not authorized", a shared subscription it does not support) would
+        leave the connection up and silent, and the worker reporting ready for nothing."""
         try:
-            await self._client.subscribe([(f, qos) for f in filters])
+            granted = await self._client.subscribe([(f, qos) for f in filters])
         except aiomqtt.MqttError as exc:
             raise TransportError(str(exc)) from exc
+        if refused := refused_filters(filters, granted):
+            shown = ", ".join(f"{f} (reason 0x{code:02x})" for f, code in refused)
+            raise TransportError(f"the broker refused the subscription to {shown}")
 
     async def unsubscribe(self, filters: Sequence[str]) -> None:
         try:
@@ -376,3 +382,10 @@ def _will(out: Outbound) -> aiomqtt.Will:
         retain=out.retain,
         properties=_will_properties(out),
     )
+
+
+def refused_filters(filters: Sequence[str], granted: Sequence[Any]) -> list[tuple[str, int]]:
+    """The filters a SUBACK refused, with their reason codes: 0x80 and above (MQTT 5
+    §3.9.3; a v3.1.1 broker's 0x80 too). `granted` holds paho's `ReasonCode`s or ints."""
+    codes = [int(getattr(code, "value", code)) for code in granted]
+    return [(f, code) for f, code in zip(filters, codes, strict=False) if code >= 0x80]
