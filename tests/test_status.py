@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from tests.harness import (
     DEMO_SERVER,
@@ -37,6 +39,7 @@ from toolbus.broker import BrokerUrl
 from toolbus.contracts import ServerStatus, WorkerStatus
 from toolbus.messages import Inbound
 from toolbus.pool import Pool, snapshot
+from toolbus.status_view import render
 from toolbus.topics import Topics
 
 BOUND_S = 30.0
@@ -274,6 +277,29 @@ def test_the_pool_forgets_expired_and_cleared_statuses() -> None:
     assert pool.servers() == []
     assert pool.take(inbound("p/status/workers/b", None))  # cleared
     assert pool.to_json() == {"workers": [], "servers": []}
+
+
+def test_the_view_shows_broker_text_as_written_never_as_markup_or_controls() -> None:
+    """Anyone who may publish a status chooses its text: `[/x]` would be rich markup (and
+    raise), an escape sequence would reach the operator's terminal."""
+    pool = Pool(topics_of("p"), clock=lambda: 100.0)
+    since = "2025-01-01T00:00:00Z"
+    hostile = "cannot open [/data/models] \x1b[2J[bold]"
+    worker = {"state": "online", "worker_id": "w[b]x", "since": since}
+    server = {
+        "server": "s",
+        "state": "down",
+        "worker_id": "w[b]x",
+        "since": since,
+        "last_error": hostile,
+    }
+    assert pool.take(inbound("p/status/workers/w[b]x", worker))
+    assert pool.take(inbound("p/status/servers/s/w[b]x", server))
+    console = Console(width=300, file=io.StringIO(), force_terminal=False)
+    console.print(render(pool, topics_of("p")))
+    shown = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "cannot open [/data/models] \\u001b[2J[bold]" in shown
+    assert "\x1b" not in shown and "w[b]x" in shown
 
 
 @pytest.mark.parametrize(

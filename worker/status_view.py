@@ -24,6 +24,7 @@ from toolbus.pool import Pool, follow, snapshot, status_connection, subscribe
 from toolbus.tasks import cancel_and_wait
 from toolbus.topics import Topics
 from toolbus.transport import MqttConnection, TransportError
+from toolbus.untrusted import printable
 
 REFRESH_S = 1.0  # the live view's redraw without news: ages advance, expired rows go
 RECONNECT_MAX_DELAY_S = 10.0
@@ -97,7 +98,9 @@ def render(pool: Pool, topics: Topics, note: str = "") -> RenderableType:
     for worker in workers:
         state = Text(worker.state, style="green" if worker.state == "online" else "red")
         since = _since(worker.since, now) if worker.since else "lost (last will)"
-        table.add_row(worker.worker_id, state, since, str(worker.in_flight), str(worker.handled))
+        table.add_row(
+            _plain(worker.worker_id), state, since, str(worker.in_flight), str(worker.handled)
+        )
     servers = Table(
         "server", "worker", "state", "since", "tools", "last error", title="MCP servers"
     )
@@ -105,12 +108,12 @@ def render(pool: Pool, topics: Topics, note: str = "") -> RenderableType:
         shown = server.state + (" (worker offline)" if server.worker_id in offline else "")
         style = "green" if server.state == "ready" and server.worker_id not in offline else "yellow"
         servers.add_row(
-            server.server,
-            server.worker_id,
-            Text(shown, style=style),
+            _plain(server.server),
+            _plain(server.worker_id),
+            Text(printable(shown), style=style),
             _since(server.since, now),
             str(len(server.tools)),
-            server.last_error or "",
+            _plain(server.last_error or ""),
         )
     parts: list[RenderableType] = [table, servers]
     if not workers and not pool.servers():
@@ -118,6 +121,12 @@ def render(pool: Pool, topics: Topics, note: str = "") -> RenderableType:
     if note:
         parts.append(Text(note, style="yellow"))
     return Group(*parts)
+
+
+def _plain(text: str) -> Text:
+    """Text from the broker shown as written: anyone who may publish a status chooses it,
+    so never rich markup (`[/data]` would raise) and never a terminal control."""
+    return Text(printable(text))
 
 
 def _since(when: datetime, now: datetime) -> str:
