@@ -106,6 +106,21 @@ def test_every_problem_of_a_file_at_once_a_log_level_among_them(tmp_path: Path) 
     assert load_settings(None, None, log_level="debug").log_level == "DEBUG"
 
 
+def test_a_url_with_credentials_is_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOLBUS_DEDUP_STORE", "Redis://:hunter2hunter2@redis:6379/0")
+    [problem] = refused()
+    assert problem.key == "dedup_store" and problem.given is None
+    assert "hunter2" not in str(problem)
+
+
+def test_an_empty_http_host_and_a_wildcard_server_name_are_refused(tmp_path: Path) -> None:
+    cfg = write(
+        tmp_path / "t.json",
+        {"http_host": " ", "mcpServers": {"home+1": {"command": "x"}}},
+    )
+    assert {p.key.split(".")[0] for p in refused(cfg)} == {"http_host", "mcpServers"}
+
+
 def test_a_long_value_is_shortened(tmp_path: Path) -> None:
     [problem] = refused(write(tmp_path / "t.json", {"log_format": "x" * 500}))
     assert problem.given is not None and len(problem.given) <= 40

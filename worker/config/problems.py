@@ -28,7 +28,10 @@ TYPO = 0.8  # close enough to be a misspelling, where a foreign key is otherwise
 GIVEN_MAX_CHARS = 40
 # A key holding a secret, or a value that may carry one, is named but never shown.
 _SECRET_WORDS = re.compile(r"pass|secret|token|key|auth|credential|cookie", re.IGNORECASE)
-_SECRET_KEYS = frozenset({"broker_url", "env", "headers"})
+_SECRET_KEYS = frozenset({"broker_url", "dedup_store", "url", "env", "headers"})
+# Wherever it sits, a value with a URL's user information (`scheme://user:pw@host`) is a
+# credential: `dedup_store = "redis://:pw@..."`, an MCP server's `url`.
+_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]*@")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +151,8 @@ def problem_from_error(
             "unknown_key", source, key, suggestion=dotted((*loc[:-1], near)) if near else None
         )
     shown = error.get("input") if loc and not is_secret(loc) else None
+    if isinstance(shown, str) and _USERINFO.search(shown):
+        shown = None
     return ConfigProblem(
         "invalid_value",
         source if loc else "",

@@ -275,6 +275,26 @@ class Settings(BaseSettings):
             self.http_port = self.metrics_port
         return self
 
+    @field_validator("http_host")
+    @classmethod
+    def _a_host(cls, value: str) -> str:
+        # An empty host binds every interface (`socket.create_server`): an unset
+        # `${VAR}` in compose must not expose the listener.
+        if not value.strip():
+            raise ValueError("expected an address to bind (127.0.0.1 unless set)")
+        return value
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _server_names(cls, value: dict[str, McpServerConfig]) -> dict[str, McpServerConfig]:
+        # A name is a level of its status topic (`status/servers/{name}/{worker_id}`).
+        for name in value:
+            if not name or topic_problem(name) is not None:
+                raise ValueError(
+                    f"server name {name!r} must be a valid topic level (no `+`, `#`, controls)"
+                )
+        return value
+
     @field_validator("log_level")
     @classmethod
     def _known_level(cls, value: str) -> str:
