@@ -219,7 +219,8 @@ async def test_a_clean_stop_publishes_final_states_that_expire(
             f"{prefix}/status/workers/clean-w",
             f"{prefix}/status/servers/devices/clean-w",
         ):
-            assert statuses.expiry_s[topic] == 15
+            # mosquitto forwards what remains: a second boundary may pass in between
+            assert statuses.expiry_s[topic] in (14, 15)
 
 
 async def test_a_frozen_worker_s_statuses_expire(broker: Broker, caller: Caller) -> None:
@@ -234,8 +235,8 @@ async def test_a_frozen_worker_s_statuses_expire(broker: Broker, caller: Caller)
         await statuses.until(online_and_ready(statuses, worker_id))
         seen = statuses.count[worker_topic]
         await statuses.until(lambda: statuses.count[worker_topic] >= seen + 2)  # heartbeats
-        assert statuses.expiry_s[worker_topic] == 2  # ceil(3 x 0.5 s)
-        assert statuses.expiry_s[f"{prefix}/status/servers/devices/{worker_id}"] == 2
+        assert statuses.expiry_s[worker_topic] in (1, 2)  # ceil(3 x 0.5 s), less what passed
+        assert statuses.expiry_s[f"{prefix}/status/servers/devices/{worker_id}"] in (1, 2)
 
         os.kill(proc.pid, signal.SIGSTOP)
         async with asyncio.timeout(BOUND_S):

@@ -153,7 +153,7 @@ async def _until_quiet(heard: asyncio.Event, reader: asyncio.Task[None], deadlin
         wait_s = min(QUIET_S, deadline - loop.time())
         if wait_s <= 0:
             return
-        waiting = asyncio.ensure_future(heard.wait())
+        waiting = asyncio.create_task(heard.wait(), name="status-heard")
         done, _ = await asyncio.wait(
             {waiting, reader}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
         )

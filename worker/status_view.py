@@ -75,7 +75,7 @@ async def _watch(conn: MqttConnection, pool: Pool, view: Live, topics: Topics) -
     try:
         while not reader.done():
             view.update(render(pool, topics), refresh=True)
-            waiting = asyncio.ensure_future(changed.wait())
+            waiting = asyncio.create_task(changed.wait(), name="status-changed")
             try:
                 await asyncio.wait(
                     {waiting, reader}, timeout=REFRESH_S, return_when=asyncio.FIRST_COMPLETED

@@ -190,7 +190,9 @@ class MqttConnection:
         """
         self._reader.install(asyncio.get_running_loop())
         self._writer.install(asyncio.get_running_loop())
-        entering = asyncio.ensure_future(self._stack.enter_async_context(self._client))
+        entering = asyncio.create_task(
+            self._stack.enter_async_context(self._client), name=f"mqtt-connect:{self.client_id}"
+        )
         try:
             async with asyncio.timeout(self._timeout_s):
                 await asyncio.shield(entering)
@@ -212,7 +214,7 @@ class MqttConnection:
         if entering.cancelled() or entering.exception() is not None:
             self._drop_socket()  # never connected (the exception is retrieved: not logged)
             return
-        closing = asyncio.ensure_future(self._close_quietly())
+        closing = asyncio.create_task(self._close_quietly(), name="mqtt-close-late")
         _CLOSING.add(closing)  # a reference, so the task is not collected half-way
         closing.add_done_callback(_CLOSING.discard)
 
