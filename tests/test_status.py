@@ -223,6 +223,33 @@ async def test_a_clean_stop_publishes_final_states_that_expire(
             assert statuses.expiry_s[topic] in (14, 15)
 
 
+async def test_a_snapshot_of_a_busy_pool_does_not_wait_for_a_quiet_gap(
+    broker: Broker, caller: Caller
+) -> None:
+    """Heartbeats arriving every 50 ms (a pool of hundreds) never leave 0.2 s of quiet: the
+    snapshot is still taken soon after the barrier, not at its timeout."""
+    prefix = f"busy{os.getpid()}"
+    body = {"state": "online", "worker_id": "w", "since": "2025-01-01T00:00:00Z"}
+    stop = asyncio.Event()
+
+    async def churn() -> None:
+        while not stop.is_set():
+            await caller.publish(f"{prefix}/status/workers/w", json.dumps(body))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.05)  # the pace, not a synchronisation
+
+    churning = asyncio.create_task(churn(), name="churn")
+    try:
+        started = asyncio.get_running_loop().time()
+        pool = await snapshot(BrokerUrl.from_url(broker.url), topics_of(prefix), timeout_s=20)
+        took_s = asyncio.get_running_loop().time() - started
+    finally:
+        stop.set()
+        await churning
+    assert [w.worker_id for w in pool.workers()] == ["w"]
+    assert took_s < 10, took_s  # listening on is bounded (1 s); the timeout is 20 s
+
+
 async def test_a_frozen_worker_s_statuses_expire(broker: Broker, caller: Caller) -> None:
     """A worker that stops heartbeating while its connection stays open (SIGSTOP: no
     will before the keepalive runs out, a minute on) drops out within 3 intervals."""

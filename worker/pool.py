@@ -31,6 +31,7 @@ from toolbus.transport import MqttConnection
 log = logging.getLogger("toolbus.status")
 
 QUIET_S = 0.2  # after the barrier: no new status this long, and the snapshot is taken
+QUIET_MAX_S = 1.0  # and at most this long in all, however busy the pool is
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +137,10 @@ async def snapshot(broker: BrokerUrl, topics: Topics, *, timeout_s: float) -> Po
         heard = asyncio.Event()
         reader = asyncio.create_task(follow(conn, pool, heard.set), name="status-snapshot")
         try:
-            await _until_quiet(heard, reader, deadline)
+            # A busy pool's heartbeats never leave a quiet gap: after the barrier the
+            # retained statuses are in (mosquitto), so listening on is bounded.
+            quiet_until = min(deadline, asyncio.get_running_loop().time() + QUIET_MAX_S)
+            await _until_quiet(heard, reader, quiet_until)
         finally:
             await cancel_and_wait(reader, timeout_s)
     finally:
