@@ -285,3 +285,18 @@ async def test_health_without_a_port_is_unhealthy() -> None:
     code, _, err = await run_cli("health", env=env)
     assert code == EXIT_UNHEALTHY
     assert "http_port" in err
+
+
+async def test_health_tells_a_bad_configuration_as_serve_does(tmp_path: Path) -> None:
+    """Without --url the probe reads the settings: a typo is told one problem a line, at
+    its key, and the probe is unhealthy (Docker reserves exit 2)."""
+    config = tmp_path / "t.toml"
+    config.write_text('http_port = 9999\nconcurency = 3\nlog_level = "x"\n')
+    code, _, err = await run_cli("health", "--config", str(config), env=cli_env("x"))
+    assert code == EXIT_UNHEALTHY
+    lines = err.splitlines()
+    assert len(lines) == 2  # one problem a line, as `toolbus serve` tells them
+    assert sorted(("`log_level`" in line, "`concurency`" in line) for line in lines) == [
+        (False, True),
+        (True, False),
+    ]

@@ -120,15 +120,13 @@ def _summary(body: bytes) -> str:
 
 def _url_from_settings(config: Path | None) -> str | None:
     """The URL the settings give (printing why not when they give none)."""
-    from pydantic import ValidationError  # noqa: PLC0415 -- only without --url
-
-    from toolbus.cli import config_errors  # noqa: PLC0415 -- the CLI's own wording
-    from toolbus.config import load_settings  # noqa: PLC0415 -- only without --url
+    from toolbus.config import ConfigError, load_settings  # noqa: PLC0415 -- only without --url
 
     try:
         settings = load_settings(config)
-    except ValidationError as exc:
-        print(f"toolbus health: bad configuration: {config_errors(exc)}", file=sys.stderr)
+    except ConfigError as exc:  # the same lines `toolbus serve` prints for it
+        for problem in exc.problems:
+            print(f"toolbus health: bad configuration: {problem}", file=sys.stderr)
         return None
     except (ValueError, OSError) as exc:
         print(f"toolbus health: cannot read the settings: {exc}", file=sys.stderr)
