@@ -29,6 +29,25 @@ async def wait_for_line(
             assert line, f"{what} exited: {b''.join(seen[-20:])!r}"
 
 
+async def run_bounded(
+    *argv: str, env: dict[str, str], bound_s: float, cwd: Path | None = None
+) -> tuple[int, str, str]:
+    """Run `argv` to its end: exit code, standard output and error. Killed (and reaped)
+    when it overruns `bound_s`, which then fails the test with a `TimeoutError`."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, env=env, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        async with asyncio.timeout(bound_s):
+            out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
 async def start_serve(
     broker_url: str, env: dict[str, str], **streams: Any
 ) -> asyncio.subprocess.Process:

@@ -17,7 +17,7 @@ import pytest_asyncio
 
 from tests.harness import Broker
 from tests.mqtt import Caller
-from tests.processes import start_serve
+from tests.processes import run_bounded, start_serve
 from tests.tool_definitions import checked_name
 from toolbus.service import Worker
 
@@ -39,19 +39,7 @@ def cli_env(prefix: str, extra_path: Path | None = None) -> dict[str, str]:
 
 
 async def run_cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "toolbus",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    async with asyncio.timeout(CLI_TIMEOUT_S):
-        out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await run_bounded(sys.executable, "-m", "toolbus", *args, env=env, bound_s=CLI_TIMEOUT_S)
 
 
 async def test_call_prints_the_reply_and_exits_by_outcome(

@@ -9,7 +9,6 @@ tools said. Every other Python block in the page must at least compile.
 from __future__ import annotations
 
 import ast
-import asyncio
 import os
 import re
 import sys
@@ -25,6 +24,7 @@ from pydantic import TypeAdapter
 
 from tests.harness import Broker, make_settings, running_worker
 from tests.model_standin import ECHOED, FINAL, TOOL, ModelStandIn
+from tests.processes import run_bounded
 
 ROOT = Path(__file__).parent.parent
 PAGE = ROOT / "docs" / "client.md"
@@ -77,23 +77,11 @@ async def run_example(code: str, broker: Broker, model: ModelStandIn, tmp_path: 
         OPENAI_API_KEY="test-key",
         NO_PROXY="127.0.0.1,localhost",
     )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(script),
-        cwd=tmp_path,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    exit_code, out, err = await run_bounded(
+        sys.executable, str(script), env=env, cwd=tmp_path, bound_s=RUN_BOUND_S
     )
-    try:
-        async with asyncio.timeout(RUN_BOUND_S):
-            out, err = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
-    return out.decode()
+    assert exit_code == 0, err[-3000:]
+    return out
 
 
 def test_every_block_compiles_and_the_runnable_ones_are_known() -> None:

@@ -38,7 +38,7 @@ from tests.compose_stack import (
 from tests.harness import measured
 from tests.mqtt import Caller
 from tests.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
-from tests.processes import ROOT
+from tests.processes import ROOT, run_bounded
 from toolbus.config import Settings, load_settings
 from toolbus.contracts import WorkerStatus
 from toolbus.healthcheck import get
@@ -315,18 +315,10 @@ async def test_each_worker_serves_its_metrics_and_passes_its_healthcheck(
             "TOOLBUS_HTTP_HOST": workers()[worker.service]["environment"]["TOOLBUS_HTTP_HOST"],
         }
         started = time.monotonic()
-        check = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "toolbus",
-            *command[2:],
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+        code, out, err = await run_bounded(
+            sys.executable, "-m", "toolbus", *command[2:], env=env, bound_s=30
         )
-        async with asyncio.timeout(30):
-            out, err = await check.communicate()
-        assert check.returncode == 0, (worker.service, out, err)
+        assert code == 0, (worker.service, out, err)
         measured(
             f"compose healthcheck `toolbus health` ({worker.service}): {time.monotonic() - started:.2f} s wall"
         )

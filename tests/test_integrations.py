@@ -29,6 +29,7 @@ from pydantic import TypeAdapter
 from tests.bundled import PREFIX, bundled_worker
 from tests.harness import Broker
 from tests.mqtt import Caller
+from tests.processes import run_bounded
 from toolbus.config import Settings
 from toolbus.decode import Call, decode
 from toolbus.messages import Inbound
@@ -69,23 +70,8 @@ def clients_env(served: Broker, tmp_path_factory: pytest.TempPathFactory) -> dic
 
 async def run_block(name: str, env: dict[str, str]) -> tuple[int, str]:
     """The block's exit code and output."""
-    proc = await asyncio.create_subprocess_exec(
-        "bash",
-        "-c",
-        blocks()[name],
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        async with asyncio.timeout(RUN_BOUND_S):
-            out, err = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode() + err.decode()
+    code, out, err = await run_bounded("bash", "-c", blocks()[name], env=env, bound_s=RUN_BOUND_S)
+    return code, out + err
 
 
 def test_the_runnable_blocks_are_the_ones_judged() -> None:
