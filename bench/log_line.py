@@ -18,20 +18,19 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from opentelemetry.sdk.trace import TracerProvider
 
 # A child of `--worker-tree` imports the older `toolbus` first, through PYTHONPATH.
+from paired import alternate  # bench/paired.py: this script's folder is first on the path
+
 from toolbus.call_log import log_call
 from toolbus.decode import Call
 from toolbus.observability.logs import setup_logging
 
-ROOT = Path(__file__).resolve().parent.parent
 FORMATS = ("json", "text")
 LINES = 2_000
 ROUNDS = 20
@@ -75,27 +74,9 @@ def in_children(
     tree: Path, lines: int, rounds: int, repeat: int
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """µs per line per format, `repeat` times, for `tree` and this checkout, alternating."""
-    before: dict[str, list[float]] = {fmt: [] for fmt in FORMATS}
-    after: dict[str, list[float]] = {fmt: [] for fmt in FORMATS}
-    with tempfile.TemporaryDirectory(prefix="toolbus-log-line-tree-") as shadow:
-        (Path(shadow) / "toolbus").symlink_to(tree.resolve() / "worker")  # imported first
-        runs = [
-            (before, {**os.environ, "PYTHONPATH": os.pathsep.join([shadow, str(ROOT)])}),
-            (after, {**os.environ, "PYTHONPATH": str(ROOT)}),
-        ]
-        sizes = ("--lines", str(lines), "--rounds", str(rounds))
-        for _ in range(repeat):
-            for figures, env in runs:
-                child = subprocess.run(
-                    [sys.executable, __file__, "--child", *sizes],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                    timeout=CHILD_TIMEOUT_S,
-                )
-                for fmt, micros in json.loads(child.stdout).items():
-                    figures[fmt].append(micros)
+    sizes = ("--lines", str(lines), "--rounds", str(rounds))
+    outputs = alternate(__file__, tree, sizes, repeat=repeat, timeout_s=CHILD_TIMEOUT_S)
+    before, after = ({fmt: [run[fmt] for run in runs] for fmt in FORMATS} for runs in outputs)
     return before, after
 
 

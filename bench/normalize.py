@@ -20,11 +20,8 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from paired import alternate  # bench/paired.py: this script's folder is first on the path
 from rich.console import Console
 from rich.table import Table
 
@@ -46,7 +44,6 @@ from toolbus.registry import Registry, Tool
 from toolbus.tools import BUILTIN_TOOLS
 from toolbus.wiring import build_executor, build_registry
 
-ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 31
 CALLS_PER_ROUND = 2000
 REPEAT = 3
@@ -131,27 +128,9 @@ def in_children(
     tree: Path, rounds: int, calls: int, repeat: int
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """`prepare` µs per case, `repeat` times, for `tree` and this checkout, alternating."""
-    before: dict[str, list[float]] = {name: [] for name in CASES}
-    after: dict[str, list[float]] = {name: [] for name in CASES}
-    with tempfile.TemporaryDirectory(prefix="toolbus-normalize-tree-") as shadow:
-        (Path(shadow) / "toolbus").symlink_to(tree.resolve() / "worker")  # imported first
-        runs = [
-            (before, {**os.environ, "PYTHONPATH": os.pathsep.join([shadow, str(ROOT)])}),
-            (after, {**os.environ, "PYTHONPATH": str(ROOT)}),
-        ]
-        sizes = ("--rounds", str(rounds), "--calls", str(calls))
-        for _ in range(repeat):
-            for figures, env in runs:
-                child = subprocess.run(
-                    [sys.executable, __file__, "--child", *sizes],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                    timeout=CHILD_TIMEOUT_S,
-                )
-                for name, (prepare_us, _) in json.loads(child.stdout).items():
-                    figures[name].append(prepare_us)
+    sizes = ("--rounds", str(rounds), "--calls", str(calls))
+    outputs = alternate(__file__, tree, sizes, repeat=repeat, timeout_s=CHILD_TIMEOUT_S)
+    before, after = ({name: [run[name][0] for run in runs] for name in CASES} for runs in outputs)
     return before, after
 
 

@@ -1,0 +1,47 @@
+"""Paired runs: a bench script measured in child processes for another checkout's
+`worker/` and for this one, alternating, so both share the machine's moment.
+
+The other tree is put first on the child's path through a shadow folder holding only a
+`toolbus` link to its `worker/`; this module imports nothing of toolbus, so either tree
+can be the one a child loads. Each child prints one JSON object on its standard output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def alternate(
+    script: str, tree: Path, args: Sequence[str], *, repeat: int, timeout_s: float
+) -> tuple[list[Any], list[Any]]:
+    """`script --child *args` `repeat` times for `tree`, then this checkout, in turn:
+    what each child printed (parsed), before (the other tree) and after (this one)."""
+    before: list[Any] = []
+    after: list[Any] = []
+    with tempfile.TemporaryDirectory(prefix="toolbus-paired-tree-") as shadow:
+        (Path(shadow) / "toolbus").symlink_to(tree.resolve() / "worker")  # imported first
+        runs = [
+            (before, {**os.environ, "PYTHONPATH": os.pathsep.join([shadow, str(ROOT)])}),
+            (after, {**os.environ, "PYTHONPATH": str(ROOT)}),
+        ]
+        for _ in range(repeat):
+            for outputs, env in runs:
+                child = subprocess.run(
+                    [sys.executable, script, "--child", *args],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    timeout=timeout_s,
+                )
+                outputs.append(json.loads(child.stdout))
+    return before, after
