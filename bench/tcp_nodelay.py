@@ -15,55 +15,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from toolbus import Client
+from toolbus.bench.mosquitto import private_broker
 from toolbus.config import Settings
 from toolbus.tools import BUILTIN_TOOLS
 from toolbus.wiring import build_worker
 
 PREFIX = "toolbus"
 RR_ARGUMENTS = '{"arguments": {"text": "hello"}}'
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def broker(port: int, nodelay: bool) -> Iterator[str]:
-    """A mosquitto of our own on `port`, Nagle's algorithm as `nodelay` says."""
-    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    with tempfile.TemporaryDirectory() as directory:
-        config = Path(directory) / "mosquitto.conf"
-        config.write_text(
-            f"listener {port} 127.0.0.1\nallow_anonymous true\n"
-            f"set_tcp_nodelay {'true' if nodelay else 'false'}\npersistence false\n"
-        )
-        process = subprocess.Popen(
-            [binary, "-c", str(config)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL
-        )
-        try:
-            assert process.stderr is not None
-            while b" running" not in (line := process.stderr.readline()):
-                if not line:
-                    raise SystemExit(f"mosquitto did not start on {port}")
-            yield f"mqtt://127.0.0.1:{port}"
-        finally:
-            process.terminate()
-            process.wait(timeout=10)
 
 
 async def kept(url: str, calls: int) -> list[float]:
@@ -99,8 +66,8 @@ def line(label: str, took: list[float]) -> str:
 async def measure(calls: int) -> list[str]:
     out = [f"{calls} sequential echo calls each, in-process worker, private mosquitto"]
     for nodelay in (True, False):
-        port = free_port()
-        with broker(port, nodelay) as url:
+        with private_broker(nodelay=nodelay) as broker:
+            url, port = broker.url, int(broker.url.rpartition(":")[2])
             settings = Settings.model_validate(
                 {
                     "broker_url": url,

@@ -41,14 +41,16 @@ def binary() -> str:
 
 
 @contextmanager
-def private_broker() -> Iterator[Broker]:
-    """A running mosquitto until the block ends; stopped within a bound."""
+def private_broker(*, nodelay: bool = True) -> Iterator[Broker]:
+    """A running mosquitto until the block ends; stopped within a bound. `nodelay`
+    False leaves Nagle's algorithm on, as a broker without `set_tcp_nodelay` does."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="toolbus-broker-") as tmp:
         conf = Path(tmp) / "mosquitto.conf"
         conf.write_text(
             f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-            f"set_tcp_nodelay true\nmax_inflight_messages {MAX_INFLIGHT}\n"
+            f"set_tcp_nodelay {'true' if nodelay else 'false'}\n"
+            f"max_inflight_messages {MAX_INFLIGHT}\n"
             f"max_queued_messages {MAX_QUEUED}\n"
         )
         proc = subprocess.Popen(  # noqa: S603 -- our own binary and config
