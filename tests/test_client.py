@@ -142,7 +142,8 @@ async def test_a_call_waiting_for_a_lost_broker_is_told_at_the_close(tmp_path: P
                 own.stop()
                 await asyncio.wait_for(lost.seen.wait(), 10)  # and it is re-connecting
             waiting = asyncio.create_task(client.call("echo", timeout_s=60), name="wait-send")
-            await asyncio.sleep(0)  # it runs up to its wait for the connection
+            await asyncio.sleep(0)  # one turn: nothing before its wait for the connection yields
+            assert client._requester._pending and not waiting.done()  # so it waits there now
         with pytest.raises(NoReply):
             await asyncio.wait_for(waiting, 5)  # not the 60 s deadline
     finally:
