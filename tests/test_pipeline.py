@@ -427,9 +427,9 @@ class WatchedStore(MemoryStore):
         super().__init__("w1")
         self.waiting = asyncio.Event()
 
-    async def wait(self, key: str, timeout_s: float) -> bytes | None:
+    async def wait(self, key: str, timeout_s: float, *, fingerprint: str = "") -> bytes | None:
         self.waiting.set()
-        return await super().wait(key, timeout_s)
+        return await super().wait(key, timeout_s, fingerprint=fingerprint)
 
 
 async def test_a_repeat_while_running_gets_the_same_reply() -> None:
@@ -467,7 +467,7 @@ async def test_in_doubt_when_the_first_run_was_cut_short(redis_server: RedisServ
     dead = RedisStore(redis_server.url, "w-dead", prefix=prefix)
     async with dead:
         for ident in ("d1", "d2"):
-            await dead.claim(Once.key(None, ident), 60.0)
+            await dead.claim(Once.key(None, REPLY, ident), 60.0)
     # w-dead has stopped with both runs open; w2 gets the repeats.
     rig = standard_rig(store=RedisStore(redis_server.url, "w2", prefix=prefix))
     async with rig.pipeline:

@@ -16,7 +16,7 @@ from opentelemetry import trace
 
 from toolbus.contracts import Reply
 from toolbus.decode import Call
-from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict
+from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict, fingerprint
 from toolbus.encode import internal_reply, reply_for_call
 from toolbus.errors import Forbidden, RateLimited, ToolbusError, Unavailable
 from toolbus.execute import Executor, Outcome
@@ -129,12 +129,23 @@ class Answerer:
         return reply
 
     async def _claim(self, call: Call) -> Verdict:
-        """Deduplication by the request's own id (generated ids are never repeated)."""
-        if self._once is None or call.id_generated:
+        """Deduplication by the request's own id (generated ids are never repeated) and
+        what it asks for: the same id asking for something else is no repeat."""
+        if self._once is None or call.id_generated or call.list_tools:
             return RUN_UNCLAIMED
         deadline_s = self._executor.request_deadline_s(call)
         try:
-            return await self._once.begin(call.caller, call.id, call.tool, deadline_s)
+            asked = await self._executor.asked(call)
+        except ToolbusError as error:  # its backends did not come up in time
+            return Verdict(error=error)
+        if asked is None:  # it cannot reach its tool: nothing to claim, `execute` says why
+            return RUN_UNCLAIMED
+        tool, arguments = asked
+        key = Once.key(call.caller, call.reply_topic, call.id)
+        try:
+            return await self._once.begin(
+                key, fingerprint(tool, arguments), tool, deadline_s, provider_id=call.provider_id
+            )
         except Exception as exc:  # the store is unreachable: say so, run nothing
             log.warning("dedup store failed for %s: %s", call.id, exc)
             return Verdict(error=Unavailable("the dedup store is unreachable", store=True))

@@ -60,6 +60,10 @@ class Call:
     deadline_at: float | None = None  # time.monotonic() after which the sender stops caring
     tools_format: ToolsFormat = ToolsFormat.TOOLBUS  # on `{prefix}/tools`: the definitions' shape
     problem: ToolbusError | None = None  # what this call of a message got wrong: its answer
+    # Where its message's reply goes (a call of many has no address of its own): an
+    # anonymous caller's request ids are its reply topic's, as far as dedup goes.
+    reply_topic: str | None = None
+    provider_id: bool = False  # the id is a provider's tool-call id (`toolu_…`, `call_0`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +226,7 @@ def _one(template: Call, route: Route, wanted: Wanted, derived: str | None) -> C
         template,
         id=ident or _new_id(),
         id_generated=ident is None,
+        provider_id=wanted.id is not None,
         tool=tool,
         arguments=wanted.arguments,
         reply=None,
@@ -335,6 +340,7 @@ def _template(
         user_properties=message.user_properties,
         deadline_at=deadline,
         tools_format=request.format or ToolsFormat.TOOLBUS,
+        reply_topic=None if reply is None else reply.topic,
     )
 
 

@@ -255,17 +255,36 @@ class Executor:
                         arguments = self._guarded(tool, arguments, outcome)
                     check_arguments(tool.name, tool.validator, arguments)
             else:  # the same steps without spans: even a no-op span costs more than a step
-                settled = self._plans.settled(
-                    tool, call.arguments, call.payload_bytes, outcome.normalized
-                )
-                if settled is None:
-                    settled = self._guarded(tool, self._normalized(tool, call, outcome), outcome)
-                arguments = settled
-                check_arguments(tool.name, tool.validator, arguments)
+                arguments = self._settled(tool, call, outcome)
         except InvalidArguments as error:
             _explain(error, tool)
             raise
         return tool, arguments
+
+    async def asked(self, call: Call) -> tuple[str, dict[str, Any]] | None:
+        """What `call` asks for, as deduplication compares calls: its tool's canonical name
+        and its arguments as normalized (`Echo` is `echo`, `device_name` `deviceName`).
+        None when it cannot reach its tool: `execute` refuses it and says why. Waits for
+        backends still starting, as `execute` would; `Unavailable` when they do not come."""
+        try:
+            call = self.locate(call)
+        except ToolbusError:
+            return None
+        await self._await_startup(call)
+        try:
+            resolved, caller = self._resolve(call)
+            self._check_access(caller, resolved)
+            return resolved.name, self._settled(resolved.tool, call, Outcome())
+        except ToolbusError:
+            return None
+
+    def _settled(self, tool: Tool, call: Call, outcome: Outcome) -> dict[str, Any]:
+        """The arguments normalized, guarded and validated (the fast path when it serves)."""
+        settled = self._plans.settled(tool, call.arguments, call.payload_bytes, outcome.normalized)
+        if settled is None:
+            settled = self._guarded(tool, self._normalized(tool, call, outcome), outcome)
+        check_arguments(tool.name, tool.validator, settled)
+        return settled
 
     def _normalized(self, tool: Tool, call: Call, outcome: Outcome) -> dict[str, Any]:
         """Size and depth checked on what arrived, then keys and values normalized."""

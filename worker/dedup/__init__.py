@@ -1,13 +1,22 @@
 """Deduplication: at most one run per request id, and the same answer to every repeat.
 
-The key is (caller, id), for requests that carry their own id. Before a call runs its
-id is claimed in the store; the reply that answers it closes the claim. A repeat then:
+The key is (caller, id), for requests that carry their own id; without a caller, (reply
+topic, id): anonymous callers never share ids. Before a call runs its id is claimed in
+the store, with the call's fingerprint (its canonical tool and normalized arguments);
+the reply that answers it closes the claim. A repeat is a request under the same key
+asking for the same thing, and:
 
 - of a finished call gets the stored reply again, marked `replayed`, without a run;
 - of a call still running (here or on another worker sharing the store) waits for
   that reply, within its own deadline;
 - of a call whose worker died mid-way runs again if the tool is safe to repeat
   (`idempotent`), and otherwise gets `in_doubt`: it may or may not have taken effect.
+
+A request under a claimed key that asks for something else is no repeat, and never gets
+the record's reply: under the caller's own id it is refused (`bad_request`, `details.
+reason` `id_reused`); under a provider's tool-call id, which providers use again (OpenAI-
+compatible servers number the calls of each response `call_0`, ...), it runs: over a
+finished record, which it replaces (its own repeats are then known), else unclaimed.
 
 A call that never reached its tool (unknown name, bad arguments, server down) releases
 its claim, so a repeat runs afresh. `Once` is the policy; stores keep the records.
@@ -21,22 +30,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from toolbus.dedup.memory import MemoryStore
-from toolbus.dedup.store import Claim, DedupStore, Started
-from toolbus.errors import CallTimeout, InDoubt, ToolbusError
+from toolbus.dedup.store import Claim, DedupStore, Started, fingerprint
+from toolbus.errors import BadRequest, CallTimeout, InDoubt, ToolbusError
 
-__all__ = ["RUN_UNCLAIMED", "DedupStore", "MemoryStore", "Once", "Verdict", "open_store"]
+__all__ = [
+    "RUN_UNCLAIMED",
+    "DedupStore",
+    "MemoryStore",
+    "Once",
+    "Verdict",
+    "fingerprint",
+    "open_store",
+]
 
 log = logging.getLogger("toolbus.dedup")
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """What to do with a call: run it (`key` set when claimed), send `reply` again, or
-    answer `error` instead."""
+    """What to do with a call: run it (`key` set when claimed, with the call's
+    `fingerprint`), send `reply` again, or answer `error` instead."""
 
     key: str | None = None
     reply: bytes | None = None
     error: ToolbusError | None = None
+    fingerprint: str = ""
 
 
 RUN_UNCLAIMED = Verdict()
@@ -55,20 +73,30 @@ class Once:
         self.store, self._ttl_s, self._idempotent = store, ttl_s, idempotent
 
     @staticmethod
-    def key(caller: str | None, ident: str) -> str:
-        """The store key of a request id: ids are the caller's own, so the caller is in it."""
-        return f"{caller or ''}\x1f{ident}"
+    def key(caller: str | None, reply_topic: str | None, ident: str) -> str:
+        """The store key of a request id: ids are the caller's own, so the caller is in it;
+        without one, the reply topic is (one anonymous client must not get another's
+        replies). Callers, topics and ids hold no control characters: no two collide."""
+        if caller:
+            return f"{caller}\x1f{ident}"
+        return f"\x1f{reply_topic or ''}\x1f{ident}"
 
-    async def begin(self, caller: str | None, ident: str, tool: str, deadline_s: float) -> Verdict:
-        key = self.key(caller, ident)
+    async def begin(
+        self, key: str, asks: str, tool: str, deadline_s: float, *, provider_id: bool = False
+    ) -> Verdict:
+        """The verdict on a call under `key` that asks for `asks` (its fingerprint) of
+        `tool` (canonical: is it safe to run twice?); `provider_id`: the key's id is a
+        provider's tool-call id, which may name another call than the record's."""
         deadline = time.monotonic() + deadline_s
-        claim = await self.store.claim(key, self._ttl_s)
-        if claim.kind == "running":
-            reply = await self.store.wait(key, max(0.0, deadline - time.monotonic()))
+        claim = await self.store.claim(key, self._ttl_s, fingerprint=asks)
+        if claim.kind == "running" and claim.asks(asks):
+            remaining_s = max(0.0, deadline - time.monotonic())
+            reply = await self.store.wait(key, remaining_s, fingerprint=asks)
             if reply is not None:
                 return Verdict(reply=reply)
-            claim = await self.store.claim(key, self._ttl_s)  # released meanwhile: ours now?
-            if claim.kind == "running":
+            # Released meanwhile (ours now?), or another request's by now.
+            claim = await self.store.claim(key, self._ttl_s, fingerprint=asks)
+            if claim.kind == "running" and claim.asks(asks):
                 return Verdict(
                     error=CallTimeout(
                         "a call with this id is still running; its reply did not come in time",
@@ -77,26 +105,52 @@ class Once:
                     )
                 )
         if claim.kind == "fresh":
-            return Verdict(key=key)
+            return Verdict(key=key, fingerprint=asks)
+        if not claim.asks(asks):
+            return await self._reused(key, claim, asks, provider_id=provider_id)
         if claim.kind == "done":
             return Verdict(reply=claim.reply)
-        return await self._orphaned(key, claim, tool)
+        return await self._orphaned(key, claim, tool, asks)
 
-    async def _orphaned(self, key: str, claim: Claim, tool: str) -> Verdict:
+    async def _reused(self, key: str, claim: Claim, asks: str, *, provider_id: bool) -> Verdict:
+        """Another request under a key with a record: never the record's reply."""
+        if not provider_id:
+            return Verdict(
+                error=BadRequest(
+                    "this request id was used for a different request (another tool or "
+                    "other arguments): send a new request under a new id",
+                    reason="id_reused",
+                )
+            )
+        # A provider's id named another call before: this one runs. Over a finished
+        # record it takes the key (its own repeats are then known); a run still going
+        # or cut short keeps it (its repeats must find it), and this one runs unclaimed.
+        if claim.kind == "done" and await self.store.supersede(
+            key, claim, self._ttl_s, fingerprint=asks
+        ):
+            return Verdict(key=key, fingerprint=asks)
+        log.debug("call id under %s names another call than its record: run unclaimed", key)
+        return RUN_UNCLAIMED
+
+    async def _orphaned(self, key: str, claim: Claim, tool: str, asks: str) -> Verdict:
         started = claim.started
         assert started is not None
-        if self._idempotent(tool) and await self.store.take_over(key, started, self._ttl_s):
+        if self._idempotent(tool) and await self.store.take_over(
+            key, started, self._ttl_s, fingerprint=asks
+        ):
             log.info(
                 "repeat of %s, cut short on %s: safe to repeat, running again",
                 key,
                 started.worker_id,
             )
-            return Verdict(key=key)
+            return Verdict(key=key, fingerprint=asks)
         return Verdict(error=_in_doubt(started))
 
     async def finish(self, verdict: Verdict, reply: bytes) -> None:
         if verdict.key is not None:
-            await self.store.finish(verdict.key, reply, self._ttl_s)
+            await self.store.finish(
+                verdict.key, reply, self._ttl_s, fingerprint=verdict.fingerprint
+            )
 
     async def release(self, verdict: Verdict) -> None:
         if verdict.key is not None:

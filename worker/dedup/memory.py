@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Self
 
-from toolbus.dedup.store import Claim, Started
+from toolbus.dedup.store import UNKNOWN, Claim, Started
 
 
 @dataclass(slots=True)
@@ -23,6 +23,7 @@ class _Record:
     started: Started | None = None
     reply: bytes | None = None
     closed: asyncio.Event | None = None  # made by the first waiter: most never have one
+    fingerprint: str = UNKNOWN  # what the call asked for
 
     def close(self) -> None:
         if self.closed is not None:
@@ -68,7 +69,7 @@ class MemoryStore:
         for key in finished:
             del self._records[key]
 
-    async def claim(self, key: str, ttl_s: float) -> Claim:
+    async def claim(self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN) -> Claim:
         record = self._live(key)
         if record is None:
             self._claims += 1
@@ -76,18 +77,33 @@ class MemoryStore:
                 self._sweep()
             if len(self._records) >= self._max_records:
                 self._evict(len(self._records) - self._max_records + 1)
-            started = Started(self._me.worker_id, self._me.incarnation, time.time())
-            self._records[key] = _Record(time.monotonic() + ttl_s, started=started)
+            started = Started(self._me.worker_id, self._me.incarnation, time.time(), fingerprint)
+            self._records[key] = _Record(
+                time.monotonic() + ttl_s, started=started, fingerprint=fingerprint
+            )
             return Claim("fresh")
         if record.reply is not None:
-            return Claim("done", reply=record.reply)
-        return Claim("running", started=record.started)  # this process: alive by definition
+            return Claim("done", reply=record.reply, fingerprint=record.fingerprint)
+        # This process: alive by definition.
+        return Claim("running", started=record.started, fingerprint=record.fingerprint)
 
-    async def take_over(self, key: str, previous: Started, ttl_s: float) -> bool:
+    async def take_over(
+        self, key: str, previous: Started, ttl_s: float, *, fingerprint: str = UNKNOWN
+    ) -> bool:
         return False  # nothing here outlives its process, so nothing is ever orphaned
 
-    async def finish(self, key: str, reply: bytes, ttl_s: float) -> None:
-        record = self._records.pop(key, None) or _Record(0.0)
+    async def supersede(self, key: str, previous: Claim, ttl_s: float, *, fingerprint: str) -> bool:
+        record = self._live(key)
+        seen = (previous.reply, previous.fingerprint)
+        if record is None or record.reply is None or (record.reply, record.fingerprint) != seen:
+            return False  # changed meanwhile
+        del self._records[key]
+        return (await self.claim(key, ttl_s, fingerprint=fingerprint)).kind == "fresh"
+
+    async def finish(
+        self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = UNKNOWN
+    ) -> None:
+        record = self._records.pop(key, None) or _Record(0.0, fingerprint=fingerprint)
         record.expires_at, record.reply = time.monotonic() + ttl_s, reply
         self._records[key] = record  # at the end: evicted last, whenever it was claimed
         record.close()
@@ -97,10 +113,10 @@ class MemoryStore:
         if record is not None:
             record.close()  # waiters look again and run the call themselves
 
-    async def wait(self, key: str, timeout_s: float) -> bytes | None:
+    async def wait(self, key: str, timeout_s: float, *, fingerprint: str = UNKNOWN) -> bytes | None:
         record = self._live(key)
-        if record is None:
-            return None
+        if record is None or record.fingerprint not in (fingerprint, UNKNOWN):
+            return None  # gone, or another request's: the caller decides
         if record.reply is not None:
             return record.reply
         if record.closed is None:

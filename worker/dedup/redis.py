@@ -1,11 +1,12 @@
 """The Redis dedup store: replicas agree on request ids through one Redis.
 
 The only module that imports `redis` (the `toolbus[redis]` extra). Records are JSON
-strings under `{prefix}:dedup:{key}`, written with `SET NX EX` (claim) and closed with
-the reply; closing also publishes on `{prefix}:dedup-done:{key}` for waiters. Each
-worker process keeps `{prefix}:alive:{worker_id}` set to its incarnation, refreshed
-well within its TTL: a run whose worker's key is gone, or names another incarnation
-(the same worker_id restarted), was cut short by a dead worker.
+strings under `{prefix}:dedup:{key}`, written with `SET NX EX` (claim, the call's
+fingerprint in it: one round trip) and closed with the reply; closing also publishes
+on `{prefix}:dedup-done:{key}` for waiters. Each worker process keeps
+`{prefix}:alive:{worker_id}` set to its incarnation, refreshed well within its TTL: a
+run whose worker's key is gone, or names another incarnation (the same worker_id
+restarted), was cut short by a dead worker.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Self
 
 import redis.asyncio as aioredis
 
-from toolbus.dedup.store import Claim, Started, done_json, parse
+from toolbus.dedup.store import UNKNOWN, Claim, Done, Started, parse
 from toolbus.tasks import cancel_and_wait
 
 log = logging.getLogger("toolbus.dedup")
@@ -27,7 +28,8 @@ log = logging.getLogger("toolbus.dedup")
 HEARTBEAT_S = 2.0
 ALIVE_TTL_S = 6.0  # three heartbeats: a slow loop is not mistaken for a dead worker
 
-# Replace the record only if it still is the orphaned run we saw (compare and set).
+# Replace the record only if it still is the one we saw (compare and set): an orphaned
+# run, or a reply to another request under the same key.
 _TAKE_OVER = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
@@ -80,48 +82,61 @@ class RedisStore:
             except Exception as exc:  # Redis away for a moment: keep beating
                 log.warning("dedup heartbeat failed: %s", exc)
 
-    def _started(self) -> Started:
-        return Started(self._worker_id, self._incarnation, time.time())
+    def _started(self, fingerprint: str) -> Started:
+        return Started(self._worker_id, self._incarnation, time.time(), fingerprint)
 
-    async def claim(self, key: str, ttl_s: float) -> Claim:
-        mine = self._started().to_json()
+    async def claim(self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN) -> Claim:
+        mine = self._started(fingerprint).to_json()
         if await self._redis.set(self._key(key), mine, nx=True, px=int(ttl_s * 1000)):
             return Claim("fresh")
         raw = await self._redis.get(self._key(key))
         if raw is None:  # expired in between: try once more
-            return await self.claim(key, ttl_s)
+            return await self.claim(key, ttl_s, fingerprint=fingerprint)
         record = parse(raw)
-        if isinstance(record, bytes):
-            return Claim("done", reply=record)
+        if isinstance(record, Done):
+            return Claim("done", reply=record.reply, fingerprint=record.fingerprint)
         if await self._running(record):
-            return Claim("running", started=record)
-        return Claim("orphaned", started=record)
+            return Claim("running", started=record, fingerprint=record.fingerprint)
+        return Claim("orphaned", started=record, fingerprint=record.fingerprint)
 
     async def _running(self, record: Started) -> bool:
         """Does the incarnation that started this run still live?"""
         alive = await self._redis.get(self._alive(record.worker_id))
         return _text(alive) == record.incarnation
 
-    async def take_over(self, key: str, previous: Started, ttl_s: float) -> bool:
+    async def take_over(
+        self, key: str, previous: Started, ttl_s: float, *, fingerprint: str = UNKNOWN
+    ) -> bool:
+        return await self._replace(key, previous.to_json(), ttl_s, fingerprint)
+
+    async def supersede(self, key: str, previous: Claim, ttl_s: float, *, fingerprint: str) -> bool:
+        assert previous.reply is not None  # a `done` claim
+        seen = Done(previous.reply, previous.fingerprint).to_json()
+        return await self._replace(key, seen, ttl_s, fingerprint)
+
+    async def _replace(self, key: str, seen: str, ttl_s: float, fingerprint: str) -> bool:
         taken = await self._redis.eval(
             _TAKE_OVER,
             1,
             self._key(key),
-            previous.to_json(),
-            self._started().to_json(),
+            seen,
+            self._started(fingerprint).to_json(),
             int(ttl_s * 1000),
         )
         return bool(taken)
 
-    async def finish(self, key: str, reply: bytes, ttl_s: float) -> None:
-        await self._redis.set(self._key(key), done_json(reply), px=int(ttl_s * 1000))
+    async def finish(
+        self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = UNKNOWN
+    ) -> None:
+        done = Done(reply, fingerprint).to_json()
+        await self._redis.set(self._key(key), done, px=int(ttl_s * 1000))
         await self._redis.publish(self._channel(key), b"done")
 
     async def release(self, key: str) -> None:
         await self._redis.delete(self._key(key))
         await self._redis.publish(self._channel(key), b"released")
 
-    async def wait(self, key: str, timeout_s: float) -> bytes | None:
+    async def wait(self, key: str, timeout_s: float, *, fingerprint: str = UNKNOWN) -> bytes | None:
         pubsub = self._redis.pubsub()
         try:
             await pubsub.subscribe(self._channel(key))
@@ -132,8 +147,10 @@ class RedisStore:
                 if raw is None:
                     return None  # released (or expired): the caller may claim it afresh
                 record = parse(raw)
-                if isinstance(record, bytes):
-                    return record
+                if record.fingerprint not in (fingerprint, UNKNOWN):
+                    return None  # another request's now: the caller decides
+                if isinstance(record, Done):
+                    return record.reply
                 remaining_s = deadline - time.monotonic()
                 if remaining_s <= 0 or not await self._running(record):
                     return None  # out of time, or its worker died: the caller decides

@@ -1,29 +1,75 @@
 """Dedup records: what a store keeps per request id, and the store's contract.
 
 A request id is claimed before its call runs (`Started`, naming the worker process
-that runs it) and closed with the reply that answered it (`Done`). A later request
-with the same id then finds one of four things, as a `Claim`: nothing (it runs), a
-reply (sent again), a run still going on a live worker (wait for its reply), or a run
-whose worker died (`orphaned`: the call may or may not have taken effect).
+that runs it) and closed with the reply that answered it (`Done`). Both carry the
+call's fingerprint: what it asked for (`fingerprint`), so a later request under the
+same id is a repeat only when it asks for the same thing. A later request with the
+same id finds one of four things, as a `Claim`: nothing (it runs), a reply (sent
+again), a run still going on a live worker (wait for its reply), or a run whose worker
+died (`orphaned`: the call may or may not have taken effect).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import asdict, dataclass
-from typing import Literal, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+# A record written before records kept fingerprints: taken as the same request, as it
+# was then, for the `dedup_ttl_s` it still lives.
+UNKNOWN = ""
+
+
+def fingerprint(tool: str, arguments: dict[str, Any]) -> str:
+    """What a call asks for, as one stable value: sha256 over canonical JSON (sorted keys,
+    no spaces) of the canonical tool name and the normalized arguments. Stable across
+    processes and versions of Python, so replicas sharing a store agree on it."""
+    canonical = json.dumps(
+        {"tool": tool, "arguments": arguments},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        default=str,  # normalization leaves JSON values; anything else by its text
+    )
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
 class Started:
-    """A run in progress: which worker (and which process of it) and since when."""
+    """A run in progress: which worker (and which process of it), since when, and what
+    it was asked to do."""
 
     worker_id: str
     incarnation: str  # one per process: a restarted worker is a new incarnation
     started_at: float  # Unix time, seconds
+    fingerprint: str = UNKNOWN
 
     def to_json(self) -> str:
-        return json.dumps({"state": "started", **asdict(self)})
+        """The record as stored; byte for byte what `parse` read (take-overs compare it)."""
+        record: dict[str, Any] = {
+            "state": "started",
+            "worker_id": self.worker_id,
+            "incarnation": self.incarnation,
+            "started_at": self.started_at,
+        }
+        if self.fingerprint:
+            record["fingerprint"] = self.fingerprint
+        return json.dumps(record)
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A call answered: the reply that closed it, and what it was asked to do."""
+
+    reply: bytes
+    fingerprint: str = UNKNOWN
+
+    def to_json(self) -> str:
+        record = {"state": "done", "reply": self.reply.decode()}
+        if self.fingerprint:
+            record["fingerprint"] = self.fingerprint
+        return json.dumps(record)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,36 +79,51 @@ class Claim:
     kind: Literal["fresh", "done", "running", "orphaned"]
     reply: bytes | None = None  # for `done`
     started: Started | None = None  # for `running` and `orphaned`
+    fingerprint: str = UNKNOWN  # what the record's call asked for (not for `fresh`)
+
+    def asks(self, fingerprint: str) -> bool:
+        """Does the record hold a call that asked for the same thing as `fingerprint`?"""
+        return self.fingerprint in (fingerprint, UNKNOWN)
 
 
-def parse(raw: str | bytes) -> Started | bytes:
+def parse(raw: str | bytes) -> Started | Done:
     """A stored record: the run in progress, or the reply (JSON bytes) that closed it."""
     record = json.loads(raw)
+    held = str(record.get("fingerprint", UNKNOWN))
     if record.get("state") == "started":
-        return Started(record["worker_id"], record["incarnation"], record["started_at"])
-    return str(record["reply"]).encode()
-
-
-def done_json(reply: bytes) -> str:
-    return json.dumps({"state": "done", "reply": reply.decode()})
+        return Started(record["worker_id"], record["incarnation"], record["started_at"], held)
+    return Done(str(record["reply"]).encode(), held)
 
 
 class DedupStore(Protocol):
-    """Where workers agree on which request ids have run. `async with` opens it."""
+    """Where workers agree on which request ids have run. `async with` opens it.
+
+    `fingerprint` is what the call under `key` asks for (`fingerprint()`): kept in the
+    record, so a later call under the same key can tell a repeat from another request.
+    """
 
     async def __aenter__(self) -> DedupStore: ...
 
     async def __aexit__(self, *exc: object) -> None: ...
 
-    async def claim(self, key: str, ttl_s: float) -> Claim:
+    async def claim(self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN) -> Claim:
         """Record `key` as started by this worker unless a record exists; say what was found."""
         ...
 
-    async def take_over(self, key: str, previous: Started, ttl_s: float) -> bool:
+    async def take_over(
+        self, key: str, previous: Started, ttl_s: float, *, fingerprint: str = UNKNOWN
+    ) -> bool:
         """Replace an orphaned run's record with ours; False if another worker did first."""
         ...
 
-    async def finish(self, key: str, reply: bytes, ttl_s: float) -> None:
+    async def supersede(self, key: str, previous: Claim, ttl_s: float, *, fingerprint: str) -> bool:
+        """Replace a `done` record (`previous`, as claimed) with our run of another request
+        under the same key; False if the record changed meanwhile."""
+        ...
+
+    async def finish(
+        self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = UNKNOWN
+    ) -> None:
         """Close `key` with its reply and wake whoever waits for it."""
         ...
 
@@ -70,6 +131,7 @@ class DedupStore(Protocol):
         """Forget a claim whose call never reached its tool: a repeat may run afresh."""
         ...
 
-    async def wait(self, key: str, timeout_s: float) -> bytes | None:
-        """The reply that closes `key`, once there is one; None after `timeout_s`."""
+    async def wait(self, key: str, timeout_s: float, *, fingerprint: str = UNKNOWN) -> bytes | None:
+        """The reply that closes `key`, once there is one; None after `timeout_s`, or when
+        the record turns out to hold another request than `fingerprint`'s."""
         ...
