@@ -7,11 +7,13 @@ so runs cut short by a dead worker (orphans, take-overs) are Redis cases.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
+import redis.asyncio as aioredis
 
 from tests.harness import RedisServer
 from toolbus.dedup import DedupStore, MemoryStore, open_store
@@ -77,6 +79,43 @@ async def test_records_expire(store: DedupStore) -> None:
     async with asyncio.timeout(5):
         while (await store.claim(k, TTL_S)).kind != "fresh":
             await asyncio.sleep(0.01)  # polling a TTL: no event marks an expiry
+
+
+async def test_a_record_keeps_what_its_call_asked_for(store: DedupStore) -> None:
+    k = key()
+    assert (await store.claim(k, TTL_S, fingerprint="ask-a")).kind == "fresh"
+    running = await store.claim(k, TTL_S, fingerprint="ask-b")
+    assert (running.kind, running.fingerprint) == ("running", "ask-a")
+    assert running.asks("ask-a") and not running.asks("ask-b")
+    await store.finish(k, b"reply-a", TTL_S, fingerprint="ask-a")
+    done = await store.claim(k, TTL_S, fingerprint="ask-b")
+    assert (done.kind, done.reply, done.fingerprint) == ("done", b"reply-a", "ask-a")
+
+
+async def test_a_waiter_is_never_given_another_request_s_reply(store: DedupStore) -> None:
+    k = key()
+    await store.claim(k, TTL_S, fingerprint="ask-a")
+    async with asyncio.timeout(5):  # at once: not after its 60 s
+        assert await store.wait(k, 60.0, fingerprint="ask-b") is None
+    await store.finish(k, b"reply-a", TTL_S, fingerprint="ask-a")
+    assert await store.wait(k, 60.0, fingerprint="ask-b") is None
+    assert await store.wait(k, 60.0, fingerprint="ask-a") == b"reply-a"
+
+
+async def test_a_finished_record_is_superseded_by_one_other_request(store: DedupStore) -> None:
+    k = key()
+    await store.claim(k, TTL_S, fingerprint="ask-a")
+    await store.finish(k, b"reply-a", TTL_S, fingerprint="ask-a")
+    seen = await store.claim(k, TTL_S, fingerprint="ask-b")
+    results = await asyncio.gather(
+        store.supersede(k, seen, TTL_S, fingerprint="ask-b"),
+        store.supersede(k, seen, TTL_S, fingerprint="ask-c"),
+    )
+    assert sorted(results) == [False, True]  # compare-and-set: one takes it
+    winner = "ask-b" if results[0] else "ask-c"
+    now = await store.claim(k, TTL_S, fingerprint="ask-a")
+    assert (now.kind, now.fingerprint) == ("running", winner)
+    assert not await store.supersede(k, now, TTL_S, fingerprint="ask-a")  # not a reply
 
 
 # -- other workers: Redis only ----------------------------------------------------------
@@ -175,3 +214,26 @@ async def test_a_call_that_finishes_late_is_forgotten_last() -> None:
         await bounded.claim("new", TTL_S)  # over the bound: one finished record goes
         assert (await bounded.claim("slow", TTL_S)).kind == "done"
         assert (await bounded.claim("k1", TTL_S)).kind == "done"
+
+
+async def test_records_written_before_fingerprints_are_still_repeats(
+    workers: Callable[[str], RedisStore], redis_server: RedisServer
+) -> None:
+    """A fleet mid-upgrade: an older worker's records carry no fingerprint. They match
+    any request, as they did, and an orphaned one is still taken over exactly once."""
+    store = await workers("new").__aenter__()
+    k = key()
+    legacy_done = json.dumps({"state": "done", "reply": "{}"})
+    legacy_run = {"state": "started", "worker_id": "old", "incarnation": "i", "started_at": 1.5}
+    client = aioredis.from_url(redis_server.url)
+    try:
+        await client.set(store._key(k), legacy_done)
+        done = await store.claim(k, TTL_S, fingerprint="ask-a")
+        assert (done.kind, done.reply) == ("done", b"{}") and done.asks("ask-a")
+        await client.set(store._key(k), json.dumps(legacy_run))
+        orphan = await store.claim(k, TTL_S, fingerprint="ask-a")
+        assert orphan.kind == "orphaned" and orphan.asks("ask-a") and orphan.started is not None
+        assert await store.take_over(k, orphan.started, TTL_S, fingerprint="ask-a")
+        assert (await store.claim(k, TTL_S, fingerprint="ask-b")).fingerprint == "ask-a"
+    finally:
+        await client.aclose()

@@ -110,7 +110,8 @@ class RedisStore:
         return await self._replace(key, previous.to_json(), ttl_s, fingerprint)
 
     async def supersede(self, key: str, previous: Claim, ttl_s: float, *, fingerprint: str) -> bool:
-        assert previous.reply is not None  # a `done` claim
+        if previous.reply is None:
+            return False  # only a reply is superseded
         seen = Done(previous.reply, previous.fingerprint).to_json()
         return await self._replace(key, seen, ttl_s, fingerprint)
 
