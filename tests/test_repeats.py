@@ -82,6 +82,7 @@ async def test_a_repeat_in_other_spellings_is_a_repeat(rig: Rig) -> None:
     assert [c["rule"] for c in first["normalized"]] == ["tool_spelling", "number_to_string"]
     again = await send(rig, {"id": "s1", "arguments": {"text": "1234"}}, tool="echo")
     assert again["replayed"] is True and again["result"] == first["result"]
+    assert_id_reused(await send(rig, {"id": "s1", "tool": "echo", "arguments": {"text": 12345}}))
 
 
 async def test_an_explicit_id_beside_its_running_call_is_refused_without_waiting(
@@ -112,12 +113,14 @@ async def test_a_forged_caller_cannot_plant_a_reply_for_that_caller_s_call(rig: 
 
 async def test_a_named_caller_s_repeat_from_another_reply_topic_is_a_repeat(rig: Rig) -> None:
     """A named caller's ids are its own wherever its replies go (a client that came back
-    on a new reply topic still has its retry recognised)."""
+    on a new reply topic still has its retry recognised, and its reuse refused)."""
     body = {"caller": "hall", "id": "h1", "tool": "busy", "arguments": {"n": 1}}
     first = await send(rig, body, "tb/reply/one")
     again = await send(rig, body, "tb/reply/two")
     assert again["replayed"] is True and again["result"] == first["result"]
     assert rig.probe.calls == 1
+    other = {**body, "arguments": {"n": 2}}
+    assert_id_reused(await send(rig, other, "tb/reply/two"))
 
 
 # -- callers that name no one -----------------------------------------------------------
@@ -223,9 +226,9 @@ ASKS: list[tuple[str, dict[str, Any], tuple[str, str]]] = [
 
 requests = st.lists(
     st.tuples(
-        st.sampled_from([None, "hall", "porch"]),  # caller
+        st.sampled_from([None, None, "hall", "porch"]),  # caller (most name none)
         st.sampled_from(["tb/reply/c", "tb/reply/d"]),  # reply topic
-        st.sampled_from(["a", "b", "call_0"]),  # id
+        st.sampled_from(["a", "call_0"]),  # id: few, so that they collide
         st.sampled_from(range(len(ASKS))),  # tool and arguments
         st.booleans(),  # the id is a provider's call id (else the envelope's)
     ),
@@ -251,7 +254,7 @@ def own_result(reply: dict[str, Any], asked: tuple[str, str]) -> bool:
 
 
 @pytest.mark.parametrize("kind", ["memory", "redis"])
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sequence=requests)
 async def test_a_reply_never_carries_another_request_s_result(
     kind: str, redis_server: RedisServer, sequence: list[tuple[str | None, str, str, int, bool]]
