@@ -197,8 +197,9 @@ class Reply(_Wire):
     )
     replayed: bool = Field(
         default=False,
-        description="True when this answers a repeated request id: the stored reply of its "
-        "first run, sent again without running the tool.",
+        description="True when this answers a repeat (the same request id, from the same "
+        "caller, asking for the same tool and arguments): the stored reply of its first "
+        "run, sent again without running the tool.",
     )
 
 
