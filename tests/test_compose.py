@@ -36,7 +36,7 @@ from tests.compose_stack import (
     worker_services,
 )
 from tests.harness import measured
-from tests.mqtt import Caller
+from tests.mqtt import Caller, reply_topic_for
 from tests.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
 from tests.processes import ROOT, run_bounded
 from toolbus.config import Settings, load_settings
@@ -257,10 +257,15 @@ async def test_calls_through_the_shared_subscription_are_answered(stack: NativeS
             "deviceName": "Switch Two",
             "action": "on",
         }
-        # Redis, shared by the replicas: a request id seen once is answered from the store.
-        request_id = uuid.uuid4().hex
-        first = await caller.call_tool(topics, "echo", {"text": "once"}, id=request_id)
-        again = await caller.call_tool(topics, "echo", {"text": "once"}, id=request_id)
+        # Redis, shared by the replicas: a request id seen once is answered from the store
+        # (the same client, so the same reply topic: an anonymous client's ids are its).
+        request_id, mine = uuid.uuid4().hex, reply_topic_for(topics)
+        first = await caller.call_tool(
+            topics, "echo", {"text": "once"}, id=request_id, reply_topic=mine
+        )
+        again = await caller.call_tool(
+            topics, "echo", {"text": "once"}, id=request_id, reply_topic=mine
+        )
     assert first["ok"] and not first["replayed"]
     assert again["replayed"] and again["result"] == first["result"]
 
