@@ -280,3 +280,42 @@ async def test_a_reply_never_carries_another_request_s_result(
                 records[key] = asked
                 runs += asked[0] == "busy"
     assert rig.probe.calls == runs
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequence=requests)
+async def test_at_once_a_reply_still_never_carries_another_request_s_result(
+    kind: str, redis_server: RedisServer, sequence: list[tuple[str | None, str, str, int, bool]]
+) -> None:
+    """The same sequences sent all at once: repeats wait for running calls, reuses meet
+    them mid-run. Which request claims first is the race's; what holds regardless is
+    that each reply is its own request's result, a repeat's, or `id_reused`."""
+    rig = standard_rig(store=store_for(kind, redis_server))
+    async with rig.pipeline:
+        await asyncio.gather(
+            *(
+                rig.request(
+                    None,
+                    body_of(caller, ident, ask, provider),
+                    response_topic=topic,
+                    correlation=str(n).encode(),
+                )
+                for n, (caller, topic, ident, ask, provider) in enumerate(sequence)
+            )
+        )
+    replies = {out.correlation_data: json.loads(out.payload) for out in rig.sent.sent}
+    assert len(replies) == len(sequence)
+    keys = [((c or f"\x1f{t}"), i) for c, t, i, _, _ in sequence]
+    for n, (_, _, _, ask, provider) in enumerate(sequence):
+        reply, asked = replies[str(n).encode()], ASKS[ask][2]
+        others = [
+            ASKS[sequence[m][3]][2] for m in range(len(sequence)) if m != n and keys[m] == keys[n]
+        ]
+        if not reply["ok"]:
+            assert not provider and any(other != asked for other in others), reply
+            assert_id_reused(reply)
+            continue
+        assert own_result(reply, asked), (reply, asked)
+        if reply["replayed"]:
+            assert asked in others  # a repeat of one of them, never of another ask
