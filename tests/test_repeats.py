@@ -210,6 +210,38 @@ async def test_an_orphaned_run_of_another_request_is_not_in_doubt(
     assert rig.probe.calls == 1
 
 
+class NeverSettles:
+    """MCP servers still starting, for good; counts the waits for them."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def unsettled(self) -> list[str]:
+        return ["slow"]
+
+    def states(self) -> dict[str, str]:
+        return {"slow": "starting"}
+
+    async def wait_settled(self) -> None:
+        self.waits += 1
+        await asyncio.Event().wait()  # never: the caller's deadline ends the wait
+
+
+async def test_a_reused_id_whose_tool_is_not_known_yet_waits_once_then_is_unavailable(
+    rig: Rig,
+) -> None:
+    """What a call asks for is known only once its tool is: a tool of a server still
+    starting is waited for (once, within the call's deadline), and the id's record, of
+    another request, is not replayed meanwhile."""
+    assert (await send(rig, {"id": "w1", "tool": "echo", "arguments": {"text": "x"}}))["ok"]
+    starting = NeverSettles()
+    rig.pipeline.executor._startup = starting  # a server that never comes up
+    body = {"id": "w1", "tool": "slow_tool", "arguments": {}, "timeout_s": 0.2}
+    reply = await send(rig, body)
+    assert reply["error"]["code"] == "unavailable" and reply.get("result") is None
+    assert reply["replayed"] is False and starting.waits == 1
+
+
 # -- a reply never carries another request's result ------------------------------------
 
 # What a request may ask for, and what it asks as the worker compares it: the canonical

@@ -13,9 +13,9 @@ asking for the same thing, and:
   (`idempotent`), and otherwise gets `in_doubt`: it may or may not have taken effect.
 
 A request under a claimed key that asks for something else is no repeat, and never gets
-the record's reply: under the caller's own id it is refused (`bad_request`, `details.
-reason` `id_reused`); under a provider's tool-call id, which providers use again (OpenAI-
-compatible servers number the calls of each response `call_0`, ...), it runs: over a
+the record's reply: under the caller's own id it is refused (`bad_request`, reason
+`id_reused`); under a provider's tool-call id, which providers use again (some OpenAI-
+compatible servers number each response's calls `call_0`, ...), it runs: over a
 finished record, which it replaces (its own repeats are then known), else unclaimed.
 
 A call that never reached its tool (unknown name, bad arguments, server down) releases
