@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import textwrap
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from tests.compose_stack import (
     mosquitto_conf,
     mosquitto_port,
 )
-from tests.harness import Broker
+from tests.harness import Broker, measured
 from tests.mqtt import Caller
 from tests.otlp import OtlpReceiver, otlp_receiver
 from tests.processes import ROOT, run_bounded
@@ -223,8 +224,10 @@ async def test_the_healthcheck_passes_on_the_shipped_broker_without_logins(
 async def test_the_healthcheck_passes_on_the_hardened_broker_with_its_password(
     stack: NativeStack,
 ) -> None:
+    started = time.monotonic()
     code, output = await run_healthcheck(stack.broker.port, {HEALTH_PASSWORD: example()["health"]})
     assert code == 0, output
+    measured(f"compose broker healthcheck, logins on: {time.monotonic() - started:.2f} s wall")
     # The broker does check: without the password the same command fails.
     code, output = await run_healthcheck(stack.broker.port, {})
     assert code != 0, output
