@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 
 from tests.harness import RedisServer
-from toolbus.dedup import DedupStore, MemoryStore, open_store
+from toolbus.dedup import DedupStore, MemoryStore, Once, open_store
 from toolbus.dedup.redis import RedisStore
 
 TTL_S = 60.0
@@ -175,3 +175,20 @@ async def test_a_call_that_finishes_late_is_forgotten_last() -> None:
         await bounded.claim("new", TTL_S)  # over the bound: one finished record goes
         assert (await bounded.claim("slow", TTL_S)).kind == "done"
         assert (await bounded.claim("k1", TTL_S)).kind == "done"
+
+
+async def test_the_memory_bound_is_shared_fairly_between_callers() -> None:
+    """At the bound a record goes from a caller holding at least its even share: a flood
+    of one caller's ids forgets its own oldest, while a quieter caller keeps its calls."""
+    async with MemoryStore("w1", max_records=10) as bounded:
+        quiet = [Once.key("kitchen", f"k{n}") for n in range(3)]
+        for k in quiet:
+            await bounded.claim(k, TTL_S)
+            await bounded.finish(k, b"{}", TTL_S)
+        flood = [Once.key("garage", f"g{n}") for n in range(1000)]
+        for k in flood:
+            await bounded.claim(k, TTL_S)
+            await bounded.finish(k, b"{}", TTL_S)
+        assert [(await bounded.claim(k, TTL_S)).kind for k in quiet] == ["done"] * 3
+        assert (await bounded.claim(flood[-1], TTL_S)).kind == "done"
+        assert (await bounded.claim(flood[0], TTL_S)).kind == "fresh"  # its own oldest went

@@ -479,6 +479,23 @@ async def test_in_doubt_when_the_first_run_was_cut_short(redis_server: RedisServ
     assert rerun["ok"]  # echo is configured idempotent: safe to run again
 
 
+async def test_another_callers_flood_of_ids_does_not_forget_a_callers_call() -> None:
+    """The memory store's bound is shared fairly: 1 000 ids from garage past a bound of
+    100 forget garage's own oldest calls, never kitchen's booking (it used to run again)."""
+    probe = Probe()
+    rig = rig_for(probe_tools(probe), probe, store=MemoryStore("w1", max_records=100))
+    booking = {"id": "book-1", "caller": "kitchen", "arguments": {"n": 1, "hold_ms": 0}}
+    assert (await rig.call("busy", booking))["ok"]
+    for n in range(1000):
+        flood = {"id": f"f{n}", "caller": "garage", "arguments": {"text": "x"}}
+        assert (await rig.call("echo", flood))["ok"]
+    again = await rig.call("busy", booking)
+    assert again["ok"] and again["replayed"] is True
+    assert probe.calls == 1
+    first = await rig.call("echo", {"id": "f0", "caller": "garage", "arguments": {"text": "x"}})
+    assert first["replayed"] is False  # garage's oldest went: its own share, no more
+
+
 async def test_rate_limited_beyond_the_caller_quota_and_only_that_caller() -> None:
     probe = Probe()
     rig = rig_for(probe_tools(probe), probe, callers={"kitchen": {"rate_per_s": 0.01, "burst": 2}})
