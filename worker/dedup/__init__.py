@@ -112,11 +112,19 @@ def _in_doubt(started: Started) -> InDoubt:
     )
 
 
-def open_store(url: str, worker_id: str, *, prefix: str, max_records: int = 10_000) -> DedupStore:
+def open_store(
+    url: str,
+    worker_id: str,
+    *,
+    prefix: str,
+    max_records: int = 10_000,
+    on_emptied: Callable[[], None] = lambda: None,
+) -> DedupStore:
     """`memory` (at most `max_records` kept) or `redis://host:port/db` (the
-    `toolbus[redis]` extra; Redis bounds its memory by the TTL and its own maxmemory)."""
+    `toolbus[redis]` extra; Redis bounds its memory by the TTL and its own maxmemory).
+    `on_emptied` hears each time a Redis store is found to have lost its records."""
     if url == "memory":
         return MemoryStore(worker_id, max_records)
     from toolbus.dedup.redis import RedisStore  # noqa: PLC0415 -- only with a Redis store
 
-    return RedisStore(url, worker_id, prefix=prefix)
+    return RedisStore(url, worker_id, prefix=prefix, on_emptied=on_emptied)
