@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
@@ -202,15 +202,6 @@ async def test_the_memory_bound_is_shared_fairly_between_callers() -> None:
 # -- a Redis that loses its records -----------------------------------------------------
 
 
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    """A redis-server of this test's own, to restart (empty: it saves nothing)."""
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
-
-
 def counted(reader: InMemoryMetricReader, name: str) -> float:
     data = reader.get_metrics_data()
     return sum(
@@ -232,8 +223,9 @@ async def test_a_redis_restarted_empty_is_reported_loudly(own_redis: RedisServer
     prefix = f"t{uuid.uuid4().hex[:8]}"
     with watching("toolbus.dedup", "dedup store emptied", logging.ERROR) as emptied:
         async with (
-            open_store(own_redis.url, "a", prefix=prefix, on_emptied=metrics.dedup_store_emptied)
-            as a,
+            open_store(
+                own_redis.url, "a", prefix=prefix, on_emptied=metrics.dedup_store_emptied
+            ) as a,
             open_store(own_redis.url, "b", prefix=prefix) as b,
         ):
             k = key()
