@@ -397,3 +397,38 @@ async def test_stdio_servers_inherit_the_otel_settings(
         )
         assert endpoint["result"]["text"] == "http://x:4318"
         assert sampler["result"]["text"] == "always_off"
+
+
+async def test_a_call_refused_while_its_server_is_down_can_be_sent_again_under_its_id(
+    broker: Broker, caller_for_faults: Caller
+) -> None:
+    """`unavailable` because the session was down means the tool was never asked: the
+    id is not answered for good, so the requester's retry runs once the server is back
+    (it used to be replayed `unavailable` for `dedup_ttl_s`)."""
+    from tests.harness import free_port
+
+    port = free_port()
+    server = await start_http_demo(port)
+    try:
+        settings = make_settings(
+            broker,
+            mcp={"startup_base_delay_s": 0.05, "recovery_max_delay_s": 0.5},
+            mcpServers={"web": {"url": f"http://127.0.0.1:{port}/mcp", "connect_timeout_s": 5}},
+        )
+        switch = {"device_name": "Switch One", "command": "on"}
+        async with running_worker(settings) as worker:
+            assert settings.dedup_store == "memory"  # the default: ids are deduplicated
+            states = ServerStates(caller_for_faults, worker, "web")
+            await stop_process(server)
+            await states.until("degraded")
+            down = await call(caller_for_faults, worker, "control_zwave_device", switch, id="b1")
+            assert down["error"]["code"] == "unavailable" and down["replayed"] is False
+            server = await start_http_demo(port)
+            await states.until("ready")
+            again = await call(caller_for_faults, worker, "control_zwave_device", switch, id="b1")
+            assert again["ok"] and again["replayed"] is False, again
+            # Answered for good now: a third send is the stored reply, not a second run.
+            third = await call(caller_for_faults, worker, "control_zwave_device", switch, id="b1")
+            assert third["ok"] and third["replayed"] is True
+    finally:
+        await stop_process(server)

@@ -145,6 +145,7 @@ def build_worker(
             worker_id,
             prefix=settings.topic_prefix,
             max_records=settings.dedup_max_records,
+            on_emptied=metrics.dedup_store_emptied,
         ),
         settings.dedup_ttl_s,
         executor.idempotent,

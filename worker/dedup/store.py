@@ -13,6 +13,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Literal, Protocol
 
+KEY_SEP = "\x1f"  # between the caller and the request id in a store key (`Once.key`)
+
 
 @dataclass(frozen=True, slots=True)
 class Started:

@@ -365,11 +365,13 @@ class McpServer:
         async with plan.slots:
             current = self._current
             if current is None or current.ended.is_set():
-                raise Unavailable(
+                refused = Unavailable(
                     f"MCP server {self.name} is {self.state}"
                     + (f": {self.last_error}" if self.last_error else ""),
                     server=self.name,
                 )
+                refused.reached_tool = False  # nothing was sent: a repeat may run it
+                raise refused
             result = await send(current, plan, arguments)
         return checked_result(result, self.name, self.max_result_bytes)
 
