@@ -13,12 +13,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import pytest_asyncio
 
-from tests.harness import Broker
+from tests.harness import DEMO_SERVER, Broker
 from tests.mqtt import Caller
 from tests.processes import run_bounded, start_serve
 from tests.tool_definitions import checked_name
+from toolbus.backends.mcp import McpBackend
+from toolbus.backends.mcp.server import McpServer
+from toolbus.cli import main
+from toolbus.config import Settings
+from toolbus.registry import Registry
 from toolbus.service import Worker
 
 ROOT = Path(__file__).parent.parent
@@ -79,14 +85,41 @@ async def test_call_prints_the_reply_and_exits_by_outcome(
     assert code == 1 and json.loads(out)["error"]["code"] == "unknown_tool"
 
 
+async def test_call_sends_what_the_user_typed(broker: Broker, demo_worker: Worker) -> None:
+    """`key=value` is text, always; `key:=JSON` is JSON; options may stand between pairs."""
+    env = cli_env(demo_worker.topics.prefix)
+    code, out, err = await run_cli(
+        "call",
+        "echo",
+        "text=true",
+        "--timeout",
+        "20",
+        'data:={"n": 5, "on": true, "tags": ["a"], "none": null}',
+        "--broker",
+        broker.url,
+        env=env,
+    )
+    assert code == 0, err
+    assert json.loads(out)["result"]["structured"] == {
+        "text": "true",
+        "data": {"n": 5, "on": True, "tags": ["a"], "none": None},
+    }
+    # Text that would read as JSON's NaN or a number stays text: nothing invalid is sent.
+    code, out, err = await run_cli(
+        "call", "echo", "text=NaN", "data=1e400", "--broker", broker.url, env=env
+    )
+    assert code == 0, err
+    assert json.loads(out)["result"]["structured"] == {"text": "NaN", "data": "1e400"}
+
+
 async def test_call_with_a_number_for_a_string_parameter(
     broker: Broker, demo_worker: Worker
 ) -> None:
-    # `text=1234` parses as the number 1234; echo's `text` is a string.
+    # `text:=1234` sends the number 1234; echo's `text` is a string.
     code, out, _ = await run_cli(
         "call",
         "echo",
-        "text=1234",
+        "text:=1234",
         "--broker",
         broker.url,
         env=cli_env(demo_worker.topics.prefix),
@@ -97,6 +130,39 @@ async def test_call_with_a_number_for_a_string_parameter(
     assert [(n["path"], n["rule"]) for n in reply["normalized"]] == [
         ("arguments.text", "number_to_string")
     ]
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        (["text:=NaN"], "text:=NaN"),
+        (["text:=-Infinity"], "text:=-Infinity"),
+        (["data:=[1e400]"], "data:=[1e400]"),
+        (["text:=nope"], "text:=nope"),
+        (["--json", '{"text": NaN}'], "--json"),
+        (["--json", '{"data": {"x": 1e999}}'], "--json"),
+        (["--json", "{"], "--json"),
+        (["--json", "[1]"], "--json"),
+    ],
+)
+def test_call_refuses_what_has_no_json_form_naming_it(
+    given: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A usage error (exit 2) before anything is sent, naming the pair or the flag. The
+    broker is a closed port: a value that slipped through would fail otherwise (4)."""
+    closed = f"mqtt://127.0.0.1:{_closed_port()}"
+    with pytest.raises(SystemExit) as refused:
+        main(["call", "echo", *given, "--broker", closed, "--timeout", "2"])
+    assert refused.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+async def test_a_refused_pair_exits_2_from_the_command_line(broker: Broker) -> None:
+    code, out, err = await run_cli(
+        "call", "echo", "text:=NaN", "--broker", broker.url, env=cli_env("unused")
+    )
+    assert (code, out) == (2, "")
+    assert "text:=NaN" in err
 
 
 async def test_tools_lists_definitions(broker: Broker, demo_worker: Worker) -> None:

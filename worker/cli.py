@@ -23,12 +23,33 @@ from typing import Any
 from pydantic import ValidationError
 
 from toolbus import __version__
+from toolbus.cli_values import json_object, pair
 from toolbus.config.problems import ConfigError
 from toolbus.contracts import ToolsFormat
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_REPLY, EXIT_BROKER = 0, 1, 2, 3, 4
 SCHEMAS_DIR = Path("schemas")
 ASYNCAPI_PATH = Path("docs/asyncapi.yaml")
+
+
+class _IntermixedParser(argparse.ArgumentParser):
+    """A subcommand's parser whose positionals and options may come in any order
+    (`toolbus call echo --timeout 5 text=hi`). argparse does that only in
+    `parse_intermixed_args`, which refuses a parser with subcommands, so each
+    subcommand's parser (none has subcommands) parses itself that way."""
+
+    _inner = False
+
+    def parse_known_args(  # type: ignore[override]  # typeshed overloads; same signature
+        self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._inner:  # the two passes `parse_known_intermixed_args` makes
+            return super().parse_known_args(args, namespace)
+        self._inner = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inner = False
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,7 +61,9 @@ def _parser() -> argparse.ArgumentParser:
         "unreachable or refusing. `toolbus COMMAND --help` for each command.",
     )
     parser.add_argument("--version", action="version", version=f"toolbus {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, help="what to do")
+    sub = parser.add_subparsers(
+        dest="command", required=True, help="what to do", parser_class=_IntermixedParser
+    )
 
     def config_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", type=Path, help="config file (TOML or JSON)")
@@ -64,9 +87,21 @@ def _parser() -> argparse.ArgumentParser:
     config_flags(call)
     call.add_argument("tool", help="the tool's name, or any alias or spelling that resolves")
     call.add_argument(
-        "pairs", nargs="*", metavar="key=value", help="arguments; values as JSON or text"
+        "pairs",
+        nargs="*",
+        default=[],  # none is fine: argparse would call a `*` without a default required
+        type=pair,
+        metavar="key=value|key:=JSON",
+        help='arguments: key=value sends the text value (n=5 sends "5"); key:=JSON sends '
+        "the JSON value (n:=5, on:=true); options may stand between them",
     )
-    call.add_argument("--json", dest="json_args", help="arguments as a JSON object")
+    call.add_argument(
+        "--json",
+        dest="json_args",
+        type=json_object,
+        metavar="OBJECT",
+        help="arguments as a JSON object (pairs given too win over its keys)",
+    )
     call.add_argument(
         "--timeout",
         type=float,

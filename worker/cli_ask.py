@@ -15,30 +15,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from toolbus import cli_values
 from toolbus.cli import EXIT_BROKER, EXIT_ERROR, EXIT_NO_REPLY, EXIT_OK, _settings
 from toolbus.client import Client, Retry
 from toolbus.contracts import ToolsFormat
 from toolbus.errors import NoReply, ToolbusError
 from toolbus.transport import TransportError
-
-
-def parse_pairs(pairs: list[str], json_args: str | None) -> dict[str, Any]:
-    """`key=value` pairs (value parsed as JSON when it is JSON, else text) over `--json`."""
-    arguments: dict[str, Any] = {}
-    if json_args:
-        loaded = json.loads(json_args)
-        if not isinstance(loaded, dict):
-            raise ValueError("--json must be a JSON object")
-        arguments.update(loaded)
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"argument {pair!r} is not key=value")
-        try:
-            arguments[key] = json.loads(value)
-        except ValueError:
-            arguments[key] = value
-    return arguments
 
 
 def _client(args: argparse.Namespace, settings: Any) -> Client:
@@ -80,8 +62,8 @@ def _request(args: argparse.Namespace, topic_suffix: str, body: dict[str, Any]) 
 
 
 def call(args: argparse.Namespace) -> int:
-
-    arguments = parse_pairs(args.pairs, args.json_args)
+    """The reply as JSON; the exit code by its outcome."""
+    arguments = cli_values.arguments(args.pairs, args.json_args)
     settings = _settings(args)
     client = _client(args, settings)
 

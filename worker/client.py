@@ -153,6 +153,7 @@ class Client:
 
         `id` (random by default) is what a repeat is known by: the same id sent again,
         by this client's retries or by you later, is answered from the first run.
+        Arguments with no JSON form (NaN, infinities) raise `ValueError`, unsent.
         """
         ident = id or uuid.uuid4().hex
         body: dict[str, Any] = {"id": ident, "arguments": dict(arguments or {})}
@@ -278,7 +279,8 @@ class Client:
             raise ValueError("timeout_s must be positive")
         return await self._requester.request(
             topic,
-            json.dumps(body, separators=(",", ":")).encode(),
+            # Never NaN or Infinity on the wire: Python writes them, JSON has no such thing.
+            json.dumps(body, separators=(",", ":"), allow_nan=False).encode(),
             parse,
             timeout_s=deadline_s,
             grace_s=REPLY_GRACE_S,
