@@ -34,7 +34,13 @@ def _client(args: argparse.Namespace, settings: Any) -> Client:
         retry=Retry(getattr(args, "attempts", 3), getattr(args, "retry_interval", 5.0)),
         connect_timeout_s=min(timeout_s, 10.0),
         timeout_s=timeout_s,  # 0 or below: the Client refuses it, a usage error
+        on_resend=_tell_resend,
     )
+
+
+def _tell_resend(send: int, sends: int) -> None:
+    """The user waits on: say why nothing has come yet, and that it is sent again."""
+    print(f"toolbus: no reply yet, sending again ({send}/{sends})", file=sys.stderr, flush=True)
 
 
 def _talk(settings: Any, talk: Any) -> Any:
