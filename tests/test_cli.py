@@ -332,7 +332,15 @@ async def test_tools_in_a_providers_format(broker: Broker, demo_worker: Worker) 
     assert code == 0
     names = {checked_name("anthropic", definition) for definition in json.loads(out)}
     assert {"echo", "datetime", "control_zwave_device"} <= names
-    code, out, _ = await run_cli("tools", "--format", "openai", "--broker", broker.url, env=env)
-    assert code == 0 and "datetime" in out
+    code, out, _ = await run_cli(
+        "tools", "--broker", broker.url, "--format", "openai", "--json", env=env
+    )
+    assert code == 0
+    assert "datetime" in {checked_name("openai", definition) for definition in json.loads(out)}
+    code, out, _ = await run_cli("tools", "--broker", broker.url, env=env)
+    assert code == 0
+    with pytest.raises(ValueError):  # noqa: PT011 -- a table, not JSON, is the point
+        json.loads(out)
+    assert "control_zwave_device" in out and "mcp:devices" in out
     code, _, _ = await run_cli("tools", "--format", "gemini", "--broker", broker.url, env=env)
     assert code == 2

@@ -130,12 +130,15 @@ def _parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds to wait for a worker, and for the broker connection (10 s at most)",
     )
-    tools.add_argument("--json", action="store_true", help="print the raw definitions")
+    tools.add_argument(
+        "--json", action="store_true", help="print our definitions as JSON, not as a table"
+    )
     tools.add_argument(
         "--format",
         choices=[f.value for f in ToolsFormat],
         default=ToolsFormat.TOOLBUS.value,
-        help="the definitions' shape: ours, or what a provider's SDK takes (default toolbus)",
+        help="the definitions' shape: ours (default; a table unless --json), or what a "
+        "provider's SDK takes, printed as that JSON",
     )
 
     from toolbus.healthcheck import add_arguments as health_arguments

@@ -90,7 +90,7 @@ def call(args: argparse.Namespace) -> int:
 
 
 def tools(args: argparse.Namespace) -> int:
-
+    """Ours as a table (`--json`: as JSON); a provider's format as JSON, for its SDK."""
     reply = _request(args, "tools", {"format": args.format})
     if isinstance(reply, int):
         return reply
@@ -98,22 +98,19 @@ def tools(args: argparse.Namespace) -> int:
         print(reply.model_dump_json(indent=2), file=sys.stderr)
         return EXIT_ERROR
     definitions: list[dict[str, Any]] = reply.result.structured["tools"]
-    if args.json:
+    ours = args.format == ToolsFormat.TOOLBUS
+    # A provider's format is asked for to be pasted into its SDK's `tools=`: JSON.
+    if args.json or not ours:
         print(json.dumps(definitions, indent=2))
         return EXIT_OK
-    ours = args.format == ToolsFormat.TOOLBUS
-    table = Table("tool", *(["origin"] if ours else []), "parameters", "description")
+    table = Table("tool", "origin", "parameters", "description")
     for tool in definitions:
-        # Chat Completions and Ollama nest the definition under `function`.
-        inner: dict[str, Any] = tool.get("function", tool)
-        schema = inner.get("inputSchema") or inner.get("input_schema") or inner.get("parameters")
-        schema = schema or {}
+        schema = tool.get("inputSchema") or {}
         required = set(schema.get("required", []))
         params = ", ".join(
             f"{name}{'' if name in required else '?'}" for name in schema.get("properties", {})
         )
-        origin = [tool["origin"]] if ours else []
-        table.add_row(inner["name"], *origin, params, (inner.get("description") or "")[:80])
+        table.add_row(tool["name"], tool["origin"], params, (tool.get("description") or "")[:80])
     # Piped: rich would fit the table to 80 columns and cut names that a grep needs.
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     return EXIT_OK
