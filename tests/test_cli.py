@@ -324,11 +324,76 @@ async def test_mappings_with_the_bundled_config() -> None:
     assert code == 1
 
 
-async def test_tools_in_a_providers_format(broker: Broker, demo_worker: Worker) -> None:
-    env = cli_env(demo_worker.topics.prefix)
-    code, out, _ = await run_cli(
-        "tools", "--format", "anthropic", "--json", "--broker", broker.url, env=env
+def log_events(stderr: str) -> list[dict[str, Any]]:
+    """The JSON log lines among a command's stderr lines (`TOOLBUS_LOG_FORMAT=json`)."""
+    events = []
+    for line in stderr.splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue  # the command's own lines, for a person
+    return [e for e in events if isinstance(e, dict)]
+
+
+async def test_mappings_says_what_it_read_and_which_server_is_down(tmp_path: Path) -> None:
+    """A server whose command does not exist is down at its first attempt (no retries),
+    told by name, and `mappings` exits 1; what the live server offers is printed."""
+    config = tmp_path / "mcp.json"
+    missing = tmp_path / "no-such-server"
+    config.write_text(
+        json.dumps({"mcpServers": {"devices": DEMO_SERVER, "ghost": {"command": str(missing)}}})
     )
+    env = cli_env("unused")
+    code, out, err = await run_cli("mappings", "--mcp-config", str(config), env=env)
+    assert code == 1, err
+    assert "## control_zwave_device" in out and "## echo" in out
+    assert str(config) in err.splitlines()[0]  # which configuration, before anything else
+    down = [e for e in log_events(err) if e.get("server") == "ghost"]
+    assert [(e["event"], e["attempts"]) for e in down] == [("mcp server down", 1)]
+    told = [line for line in err.splitlines()[1:] if "ghost" in line and line[:1] != "{"]
+    assert len(told) == 1 and str(missing) in told[0]  # the server, and why it is down
+
+    # Asked about a tool of the live server only: the missing one was not asked about.
+    code, out, err = await run_cli(
+        "mappings", "ControlZwaveDevice", "--mcp-config", str(config), env=env
+    )
+    assert code == 0, err
+    assert out.startswith("## control_zwave_device")
+
+
+async def test_a_missing_command_is_retried_by_a_worker_not_by_mappings() -> None:
+    """The pair: a worker keeps its start-up attempts for a command that does not exist
+    (it may be installed while it runs); the one-shot look gives up at the first."""
+    settings = Settings.model_validate(
+        {
+            "mcpServers": {"ghost": {"command": str(ROOT / "no-such-server")}},
+            "mcp": {"startup_base_delay_s": 0.01, "startup_attempts": 3},
+        }
+    )
+    attempts: dict[bool, list[int]] = {True: [], False: []}
+    for retry, seen in attempts.items():
+
+        def down(server: McpServer, seen: list[int] = seen) -> None:
+            if server.state == "down":  # attempts now: the start-up's, not a later retry's
+                seen.append(server.attempts)
+
+        backend = McpBackend(
+            settings.mcp_servers,
+            Registry(),
+            settings.tools,
+            settings.mcp,
+            listeners=[down],
+            retry_missing_command=retry,
+        )
+        async with backend, asyncio.timeout(30):
+            await backend.wait_settled()
+    assert attempts == {True: [3], False: [1]}
+
+
+async def test_tools_in_a_providers_format(broker: Broker, demo_worker: Worker) -> None:
+    """A provider's format prints its JSON, --json or not; ours is a table unless --json."""
+    env = cli_env(demo_worker.topics.prefix)
+    code, out, _ = await run_cli("tools", "--format", "anthropic", "--broker", broker.url, env=env)
     assert code == 0
     names = {checked_name("anthropic", definition) for definition in json.loads(out)}
     assert {"echo", "datetime", "control_zwave_device"} <= names

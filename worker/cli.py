@@ -160,10 +160,11 @@ def _parser() -> argparse.ArgumentParser:
         "--asyncapi", type=Path, default=ASYNCAPI_PATH, help="the AsyncAPI document's path"
     )
 
-    mappings = sub.add_parser("mappings", help="print every accepted spelling per tool (Markdown)")
-    mappings.add_argument("tool", nargs="?", help="one tool (any name that resolves)")
-    mappings.add_argument("--config", type=Path, help="config file (TOML or JSON)")
-    mappings.add_argument("--mcp-config", type=Path, help="MCP client config file with mcpServers")
+    from toolbus.mappings_command import add_arguments as mappings_arguments
+
+    mappings_arguments(
+        sub.add_parser("mappings", help="print every accepted spelling per tool (Markdown)")
+    )
 
     from toolbus.bench.command import add_arguments as bench_arguments
 
@@ -322,33 +323,9 @@ def _schemas(args: argparse.Namespace) -> int:
 
 
 def _mappings(args: argparse.Namespace) -> int:
-    """Starts the configured MCP servers (no broker needed) and prints what they accept."""
-    from toolbus.backends.local import load_entry_points
-    from toolbus.backends.mcp import McpBackend
-    from toolbus.errors import UnknownTool
-    from toolbus.normalization.mappings import render
-    from toolbus.observability.logs import setup_logging
-    from toolbus.tools import BUILTIN_TOOLS
-    from toolbus.wiring import build_executor, build_registry
+    from toolbus.mappings_command import run
 
-    settings = _settings(args)
-    setup_logging("WARNING", settings.log_format)
-    registry = build_registry([*BUILTIN_TOOLS, *load_entry_points()], settings)
-    executor = build_executor(settings, registry)
-
-    async def discover() -> None:
-        backend = McpBackend(settings.mcp_servers, registry, settings.tools, settings.mcp)
-        budget_s = max((c.connect_timeout_s for c in settings.mcp_servers.values()), default=0) + 5
-        async with backend, asyncio.timeout(budget_s):
-            await backend.wait_settled()
-
-    asyncio.run(discover())
-    try:
-        print(render(registry, executor.normalizer, args.tool))
-    except UnknownTool as exc:
-        print(f"toolbus: {exc.message}", file=sys.stderr)
-        return EXIT_ERROR
-    return EXIT_OK
+    return run(args, _settings(args), os.environ)
 
 
 def _health(args: argparse.Namespace) -> int:
