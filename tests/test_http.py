@@ -264,7 +264,7 @@ async def test_toolbus_serve_with_http_port(broker: Broker, tmp_path: Path) -> N
         # took none of the worker's signals (uvicorn's own handling would close it at once
         # while the worker drains on).
         held = asyncio.create_task(
-            run_cli("call", "record", "key=a", f"hold_s={HOLD_S}", "--broker", broker.url, env=env)
+            run_cli("call", "record", "key=a", f"hold_s:={HOLD_S}", "--broker", broker.url, env=env)
         )
         await serve.wait_for("record started a")
         os.kill(serve.pid, signal.SIGTERM)
