@@ -7,7 +7,8 @@ Exit codes of `call`/`tools`: 0 ok, 1 the tool or worker answered with an error,
 exits 2 on a configuration error and 4 when the broker refuses it at the first connect
 (its certificate fails verification, or it rejects the credentials). A configuration
 error is printed one problem per line (see `toolbus.config.problems`). `call` and
-`tools` live in `cli_ask`.
+`tools` live in `cli_ask` (what `call` was typed as, in `cli_values`); `status` and
+`mappings` in their `*_command` modules, with their own exit codes.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="toolbus",
         description="Execute AI tool calls arriving over MQTT, and talk to the workers that do.",
         epilog="Exit codes: 0 ok; 1 the tool or worker answered with an error (health: "
-        "unhealthy); 2 usage or configuration error; 3 no reply in time; 4 broker "
+        "unhealthy; mappings: unknown tool or a server down); 2 usage or configuration "
+        "error; 3 no reply in time (status --once: no worker online); 4 broker "
         "unreachable or refusing. `toolbus COMMAND --help` for each command.",
     )
     parser.add_argument("--version", action="version", version=f"toolbus {__version__}")
@@ -112,7 +114,8 @@ def _parser() -> argparse.ArgumentParser:
         "--attempts",
         type=int,
         default=3,
-        help="sends in all, the same id each time, while no reply comes (1: no re-send)",
+        help="sends in all, the same id each time, while no reply comes (1: no re-send); "
+        "each re-send is told on stderr",
     )
     call.add_argument(
         "--retry-interval",
