@@ -69,6 +69,10 @@ async def test_call_prints_the_reply_and_exits_by_outcome(
         "action": "dim",
         "level": 40,
     }
+    # brightness=40 came as the text "40" (key=value is text): the schema's integer made it.
+    assert ("arguments.level", "string_to_integer") in {
+        (n["path"], n["rule"]) for n in reply["normalized"]
+    }
 
     code, out, _ = await run_cli(
         "call",
