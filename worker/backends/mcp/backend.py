@@ -27,6 +27,8 @@ class McpBackend:
         policy: `[mcp]`: start-up attempts, recovery backoff, health checks, limits.
         child_env: environment for stdio servers (e.g. `OTEL_*`); a server's own env wins.
         listeners: called with a server on each change of its state.
+        retry_missing_command: False for a one-shot look (`toolbus mappings`): a server
+            whose command does not exist is `down` at its first attempt, not its last.
     """
 
     def __init__(
@@ -38,6 +40,7 @@ class McpBackend:
         *,
         child_env: Mapping[str, str] | None = None,
         listeners: Sequence[StateListener] = (),
+        retry_missing_command: bool = True,
     ) -> None:
         policy = policy or McpPolicy()
         self.listeners = list(listeners)
@@ -51,6 +54,7 @@ class McpBackend:
                 on_state=self._state_changed,
                 rank=rank,
                 child_env=child_env,
+                retry_missing_command=retry_missing_command,
             )
             for rank, (name, cfg) in enumerate(configs.items())
             if not cfg.disabled

@@ -3,6 +3,10 @@
 Start-up makes `[mcp].startup_attempts` attempts with doubling delays; after that a
 server is retried for as long as the worker runs, with capped, jittered backoff. Either
 way a stopping worker ends the waiting at once (tenacity, with our stop and sleep).
+
+A command that does not exist is retried too: a worker keeps its promise of attempts
+and backoff (the server may be installed while it runs). A one-shot run that only looks
+(`toolbus mappings`) asks `retry_missing_command=False`: no wait for what cannot start.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
-    retry_if_not_exception_type,
+    retry_if_exception,
     stop_after_attempt,
     wait_exponential,
     wait_random_exponential,
@@ -44,8 +48,11 @@ def connect_attempts(
     startup: bool,
     stopping: asyncio.Event,
     before_sleep: Callable[[RetryCallState], None],
+    retry_missing_command: bool = True,
 ) -> AsyncRetrying:
-    """The attempts to (re)connect: bounded at start-up, unbounded but capped after."""
+    """The attempts to (re)connect: bounded at start-up, unbounded but capped after.
+    Without `retry_missing_command`, a start-up whose command does not exist ends at its
+    first failure (the later, background attempts keep their backoff)."""
     wait = (
         wait_exponential(multiplier=policy.startup_base_delay_s, exp_base=2)
         if startup
@@ -55,14 +62,26 @@ def connect_attempts(
     )
     stopped = stop_when(stopping.is_set)
     stop = stop_after_attempt(policy.startup_attempts) | stopped if startup else stopped
+    give_up_missing = startup and not retry_missing_command
+
+    def worth_retrying(exc: BaseException) -> bool:
+        return not isinstance(exc, Stopping) and not (give_up_missing and missing_command(exc))
+
     return AsyncRetrying(
         stop=stop,
         wait=wait,
-        retry=retry_if_not_exception_type(Stopping),
+        retry=retry_if_exception(worth_retrying),
         sleep=_sleep_unless(stopping),
         before_sleep=before_sleep,
         reraise=True,
     )
+
+
+def missing_command(exc: BaseException) -> bool:
+    """The server's command (or its working directory) does not exist: ENOENT at spawn."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(missing_command(inner) for inner in exc.exceptions)
+    return isinstance(exc, FileNotFoundError)
 
 
 def _sleep_unless(stopping: asyncio.Event) -> Callable[[float], Awaitable[None]]:

@@ -63,8 +63,10 @@ class McpServer:
         on_state: StateListener,
         rank: int = 0,
         child_env: Mapping[str, str] | None = None,
+        retry_missing_command: bool = True,
     ) -> None:
         self.name = name
+        self._retry_missing_command = retry_missing_command  # see `retry.connect_attempts`
         self._child_env = dict(child_env or {})  # e.g. OTEL_*: the server's own env wins
         self.origin = f"mcp:{name}"
         self.config = config
@@ -76,6 +78,7 @@ class McpServer:
         self.bad_stdout_lines = 0
         self.tool_names: list[str] = []
         self.connects = 0
+        self.attempts = 0  # of the current (re)connect: what a report of `down` counts
         self._current: Session | None = None
         self._on_state = on_state
         self._settled = asyncio.Event()
@@ -128,6 +131,8 @@ class McpServer:
                 except Stopping:
                     break
                 except Exception as exc:  # start-up exhausted: degrade, keep trying
+                    if self._stop.is_set():
+                        break  # cut short by the stop: no failure of the server's to report
                     self._report_startup_failure(exc)
                     startup = False
                     continue
@@ -141,13 +146,17 @@ class McpServer:
 
     async def _connect(self, startup: bool) -> asyncio.Task[str]:
         retrying = connect_attempts(
-            self.policy, startup=startup, stopping=self._stop, before_sleep=self._log_retry
+            self.policy,
+            startup=startup,
+            stopping=self._stop,
+            before_sleep=self._log_retry,
+            retry_missing_command=self._retry_missing_command,
         )
         async for attempt in retrying:
             with attempt:
                 if self._stop.is_set():
                     raise Stopping
-                number = attempt.retry_state.attempt_number
+                self.attempts = number = attempt.retry_state.attempt_number
                 lifetime = await self._open_in_own_task()
                 if number > 1:
                     log.info("mcp connected", extra={"server": self.name, "attempt": number})
@@ -231,7 +240,7 @@ class McpServer:
             "mcp server down",
             extra={
                 "server": self.name,
-                "attempts": self.policy.startup_attempts,
+                "attempts": self.attempts,
                 "error": reason,
                 "stderr_tail": list(self.stderr_tail),
                 "tools": have,  # what the worker still serves, degraded
