@@ -27,6 +27,7 @@ from mcp.client import IncomingMessage
 from mcp.shared.exceptions import MCPError
 from mcp_types import Tool as ListedTool
 from mcp_types import ToolListChangedNotification
+from opentelemetry import trace
 from tenacity import RetryCallState
 
 from toolbus.backends.mcp.call import TRANSPORT_ERRORS, CallPlan, call_plan, send
@@ -63,8 +64,11 @@ class McpServer:
         on_state: StateListener,
         rank: int = 0,
         child_env: Mapping[str, str] | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self.name = name
+        # The worker's tracer: a call's CLIENT span lands where its message's spans do.
+        self._tracer = tracer or trace.get_tracer("toolbus.mcp")
         self._child_env = dict(child_env or {})  # e.g. OTEL_*: the server's own env wins
         self.origin = f"mcp:{name}"
         self.config = config
@@ -370,7 +374,7 @@ class McpServer:
                     + (f": {self.last_error}" if self.last_error else ""),
                     server=self.name,
                 )
-            result = await send(current, plan, arguments)
+            result = await send(current, plan, arguments, self._tracer)
         return checked_result(result, self.name, self.max_result_bytes)
 
     async def _on_message(self, message: IncomingMessage) -> None:
