@@ -9,8 +9,10 @@ checked by trace id and parent span id, on the settled fast path and the full pa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,9 @@ from opentelemetry.trace import SpanKind
 from tests.harness import DEMO_SERVER, SPAN_ENDS, Broker, make_settings, running_worker
 from tests.mqtt import Caller, call_topic, reply_topic_for
 from tests.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
+from tests.processes import Serve, serve_env
 from toolbus.service import Worker
+from toolbus.topics import Topics
 
 CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CALLER_SPAN = "b7ad6b7169203331"
@@ -268,3 +272,35 @@ async def test_the_client_span_is_made_with_the_workers_tracer(broker: Broker) -
     assert client.kind is SpanKind.CLIENT
     assert client.parent is not None and client.parent.span_id == execute.context.span_id
     assert format(client.context.trace_id, "032x") == trace_id
+
+
+async def test_a_worker_that_records_nothing_passes_the_callers_context_on(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """No exporter, no SDK: no span is made, yet the caller's trace context and baggage
+    reach the server's `_meta`, the server's span a child of the caller's."""
+    prefix = f"bare{uuid.uuid4().hex[:8]}"
+    servers = tmp_path / "mcp.json"
+    servers.write_text(json.dumps({"mcpServers": {"context": CONTEXT_SERVER}}))
+    env = serve_env(topic_prefix=prefix)  # no OTEL_*: nothing recorded
+    flags = ("--broker", broker.url, "--mcp-config", str(servers))
+    async with Serve(env, *flags) as serve, Caller(broker.url) as caller:
+        await caller.subscribe(f"{prefix}/status/workers/+")
+        async with asyncio.timeout(30):
+            while True:
+                status = json.loads((await caller.next_message()).payload)
+                if status["servers"].get("context", {}).get("state") == "ready":
+                    break
+        reply = await caller.call_tool(
+            Topics(prefix, "toolbus", (f"{prefix}/reply/",)),
+            "trace_context",
+            {},
+            traceparent=TRACEPARENT,
+            baggage=BAGGAGE,
+        )
+        assert await serve.exit_code(stop=True) == 0
+    assert reply["ok"] and reply["trace_id"] == CALLER_TRACE
+    seen = reply["result"]["structured"]
+    assert seen["meta"]["traceparent"] == TRACEPARENT
+    assert (seen["trace_id"], seen["parent_span_id"]) == (CALLER_TRACE, CALLER_SPAN)
+    assert _baggage(seen["meta"]["baggage"]) == BAGGAGE_ENTRIES
