@@ -231,11 +231,16 @@ class NativeStack:
         listen = command[-1]
         args = [*command[:-1], f"127.0.0.1:{self.demo_port}"]
         assert listen.startswith("0.0.0.0:")  # in its container, every interface: here, loopback
+        env = serve_env()
+        environment = self.compose["services"]["demo-mcp"].get("environment", {})
+        env.update({key: self.rewrite(str(value)) for key, value in environment.items()})
+        env["OTEL_BSP_SCHEDULE_DELAY"] = "100"  # as the workers': spans leave at once
         self._demo = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "toolbus",
             *args,
+            env=env,
             stdout=asyncio.subprocess.DEVNULL,  # uvicorn's request log
             stderr=asyncio.subprocess.PIPE,
         )

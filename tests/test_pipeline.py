@@ -215,6 +215,22 @@ async def test_a_311_reply_goes_to_reply_to_with_the_body_id(rig: Rig) -> None:
     assert reply["traceparent"].startswith("00-")  # a 3.1.1 caller cannot read properties
 
 
+async def test_a_311_callers_trace_goes_on_through_a_refusal(rig: Rig) -> None:
+    trace_id = "ab" * 16
+    body = {
+        "reply_to": "tb/reply/old",
+        "traceparent": f"00-{trace_id}-{'cd' * 8}-01",
+        "tracestate": "vendor=x",
+        "text": "hi",  # not under `arguments`: refused before it is a call
+    }
+    await rig.request("echo", body, response_topic=None)
+    [out] = rig.sent.on("tb/reply/old")
+    reply = json.loads(out.payload)
+    assert reply["error"]["code"] == "bad_request"
+    assert reply["trace_id"] == trace_id
+    assert (reply["traceparent"].split("-")[1], reply["tracestate"]) == (trace_id, "vendor=x")
+
+
 # -- every error code ----------------------------------------------------------------
 
 

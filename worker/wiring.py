@@ -134,6 +134,7 @@ def build_worker(
         settings.mcp,
         child_env=child_env,
         listeners=[status.server_changed],
+        tracer=tracer,
     )
     metrics = Metrics(meter, server_states=mcp.states)
     executor = build_executor(

@@ -27,6 +27,7 @@ from mcp.client import IncomingMessage
 from mcp.shared.exceptions import MCPError
 from mcp_types import Tool as ListedTool
 from mcp_types import ToolListChangedNotification
+from opentelemetry import trace
 from tenacity import RetryCallState
 
 from toolbus.backends.mcp.call import TRANSPORT_ERRORS, CallPlan, call_plan, send
@@ -64,9 +65,11 @@ class McpServer:
         rank: int = 0,
         child_env: Mapping[str, str] | None = None,
         retry_missing_command: bool = True,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self.name = name
         self._retry_missing_command = retry_missing_command  # see `retry.connect_attempts`
+        self._tracer = tracer or trace.get_tracer("toolbus.mcp")  # the CLIENT span's: the worker's
         self._child_env = dict(child_env or {})  # e.g. OTEL_*: the server's own env wins
         self.origin = f"mcp:{name}"
         self.config = config
@@ -381,7 +384,7 @@ class McpServer:
                 )
                 refused.reached_tool = False  # nothing was sent: a repeat may run it
                 raise refused
-            result = await send(current, plan, arguments)
+            result = await send(current, plan, arguments, self._tracer)
         return checked_result(result, self.name, self.max_result_bytes)
 
     async def _on_message(self, message: IncomingMessage) -> None:
