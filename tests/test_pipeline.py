@@ -519,9 +519,7 @@ async def test_a_reply_survives_a_stalled_redis_and_is_written_once_it_is_back(
             began = time.monotonic()
             async with asyncio.timeout(30):  # one bounded write, then the reply leaves
                 await first
-            measured(
-                f"reply with Redis frozen (1 s write bound): {time.monotonic() - began:.2f} s"
-            )
+            measured(f"reply with Redis frozen (1 s write bound): {time.monotonic() - began:.2f} s")
             answered = rig.reply()
             assert answered["ok"] and answered["replayed"] is False
             assert store.kept() == 1
