@@ -134,6 +134,8 @@ class McpServer:
                 except Stopping:
                     break
                 except Exception as exc:  # start-up exhausted: degrade, keep trying
+                    if self._stop.is_set():
+                        break  # the retries ended because the worker stops: nothing failed
                     self._report_startup_failure(exc)
                     startup = False
                     continue
