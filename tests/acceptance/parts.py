@@ -63,10 +63,11 @@ def fails_first(state: Path, starts: int) -> dict[str, Any]:
 
 
 async def call(
-    caller: Caller, worker: Worker, tool: str, arguments: dict[str, Any], **body: Any
+    client: Caller, worker: Worker, tool: str, arguments: dict[str, Any], /, **body: Any
 ) -> dict[str, Any]:
-    """One call over MQTT, as a caller sends it; the parsed reply."""
-    return await caller.call_tool(worker.topics, tool, arguments, **body)
+    """One call over MQTT, as a caller sends it (`body`: more fields, e.g. `caller`); the
+    parsed reply."""
+    return await client.call_tool(worker.topics, tool, arguments, **body)
 
 
 def renames(reply: dict[str, Any]) -> dict[str, tuple[str, str]]:
