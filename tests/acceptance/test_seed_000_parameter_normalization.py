@@ -55,8 +55,9 @@ async def test_builtin_tools_get_their_arguments_unchanged(caller: Caller, worke
     """Seeds 000_a217e9feb91caaff.txt, 001_a4be83c33a199967.txt: "Built-in tools are not affected".
 
     Local tools (built in or installed) name their own parameters: no key is respelled,
-    even one an MCP tool would have had renamed (`max_results`). The seed's `search` and
-    `volume` are local tools here (toolbus's own built-ins are `datetime` and `echo`).
+    even one an MCP tool would have had renamed (`max_results`). Deliberate difference:
+    the seed's `search` and `volume` are not toolbus built-ins (those are `datetime` and
+    `echo`); they are local tools here, as a deployment would install them.
     """
     search = await call(caller, worker, "search", {"query": "weather", "max_results": 3})
     assert search["ok"], search

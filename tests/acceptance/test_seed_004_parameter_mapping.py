@@ -101,19 +101,17 @@ CONFIG = {
 }
 
 # The document's "Correct External API Call", and its "Internal TypeScript Object".
-LOCATION = {"file": "src/services/ApiService.ts", "line": 145, "functionName": "fetchData"}
-EXTERNAL = {
+SEED_FINDING: dict[str, Any] = {
+    "type": "performance",
+    "severity": "medium",
+    "location": {"file": "src/services/ApiService.ts", "line": 145, "functionName": "fetchData"},
+    "description": "Synchronous database call in async function",
+    "evidence": ["Line 145: db.query() should be await db.query()"],
+}
+EXTERNAL: dict[str, Any] = {
     "analysisContext": {
         "attempted_approaches": ["Analyzed main function flow", "Checked error handling patterns"],
-        "partial_findings": [
-            {
-                "type": "performance",
-                "severity": "medium",
-                "location": LOCATION,
-                "description": "Synchronous database call in async function",
-                "evidence": ["Line 145: db.query() should be await db.query()"],
-            }
-        ],
+        "partial_findings": [SEED_FINDING],
         "stuck_description": "Unable to trace execution path through Promise.all() chains",
         "code_scope": {
             "files": ["src/services/ApiService.ts", "src/utils/DatabaseUtil.ts"],
@@ -124,9 +122,9 @@ EXTERNAL = {
         },
     }
 }
-INTERNAL = {
+INTERNAL: dict[str, Any] = {
     "attemptedApproaches": ["Analyzed main function flow", "Checked error handling patterns"],
-    "partialFindings": EXTERNAL["analysisContext"]["partial_findings"],
+    "partialFindings": [SEED_FINDING],
     "stuckPoints": ["Unable to trace execution path through Promise.all() chains"],
     "focusArea": EXTERNAL["analysisContext"]["code_scope"],
     "analysisBudgetRemaining": 60,
@@ -185,7 +183,7 @@ async def test_partial_findings(caller: Caller, worker: Worker) -> None:
     Each finding is checked against the Finding schema; an invalid one is skipped and
     reported (`lenient_drop`), the call goes on.
     """
-    findings = [*EXTERNAL["analysisContext"]["partial_findings"], {"type": "bug"}]
+    findings = [SEED_FINDING, {"type": "bug"}]
     reply = await escalate(caller, worker, context(partial_findings=findings))
     assert received(reply)["partialFindings"] == INTERNAL["partialFindings"]
     assert "lenient_drop" in {rule for _, rule in report(reply).values()}, reply["normalized"]
@@ -288,10 +286,9 @@ async def test_findings_take_the_array_limit(caller: Caller, worker: Worker) -> 
     is 100, not 50 (`[tools.NAME.parameters."analysisContext.partialFindings"]
     max_array_length = 50` sets the seed's): 51 pass, 101 are refused.
     """
-    finding = EXTERNAL["analysisContext"]["partial_findings"][0]
-    fifty_one = await escalate(caller, worker, context(partial_findings=[finding] * 51))
+    fifty_one = await escalate(caller, worker, context(partial_findings=[SEED_FINDING] * 51))
     assert len(received(fifty_one)["partialFindings"]) == 51
-    too_many = await escalate(caller, worker, context(partial_findings=[finding] * 101))
+    too_many = await escalate(caller, worker, context(partial_findings=[SEED_FINDING] * 101))
     assert [rule for _, rule, _ in violations(too_many)] == ["max_array_length"]
 
 
