@@ -1,11 +1,13 @@
 """Seeds 000 (the spec delta) and 001 (the spec, which repeats it): MCP tool parameter name
 normalization, over MQTT, against the demo Z-Wave MCP server (camelCase parameters
-`deviceName`, `action`, `level`) and the bundled static map."""
+`deviceName`, `action`, `level`) with the bundled static map, and a third-party MCP server
+(the MCP project's server-everything, TypeScript SDK, camelCase too)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest_asyncio
 
@@ -17,11 +19,14 @@ from toolbus.service import Worker
 
 
 @pytest_asyncio.fixture(scope="module")
-async def worker(broker: Broker) -> AsyncIterator[Worker]:
-    """The demo device server with the bundled static map, and the seed's built-ins."""
-    settings = make_settings(broker, mcpServers={"devices": DEMO_SERVER})
-    async with running_worker(settings, [SEARCH, VOLUME]) as running:
-        assert running.mcp.states() == {"devices": "ready"}
+async def worker(broker: Broker, everything_server: dict[str, Any]) -> AsyncIterator[Worker]:
+    """The demo device server with the bundled static map, a third-party server, and the
+    seed's built-ins."""
+    servers = {"devices": DEMO_SERVER, "everything": everything_server}
+    async with running_worker(
+        make_settings(broker, mcpServers=servers), [SEARCH, VOLUME]
+    ) as running:
+        assert running.mcp.states() == {"devices": "ready", "everything": "ready"}
         yield running
 
 
@@ -32,7 +37,8 @@ async def test_snake_case_arguments_reach_the_mcp_server_in_camel_case(
     "Snake_case to camelCase conversion for MCP tools".
 
     The tool list shows the server's own camelCase schema (toolbus does not rewrite it);
-    an AI that answers in snake_case anyway still reaches the server in camelCase.
+    an AI that answers in snake_case anyway still reaches the server in camelCase, on the
+    demo server as on a third-party one (whose tool names use hyphens: any spelling works).
     """
     [listed] = [
         t for t in await caller.list_tools(worker.topics) if t["name"] == "control_zwave_device"
@@ -49,6 +55,15 @@ async def test_snake_case_arguments_reach_the_mcp_server_in_camel_case(
     sensor = await call(caller, worker, "get_device_sensor_data", {"device_name": "Hallway Sensor"})
     assert sensor["ok"], sensor
     assert renames(sensor) == {"device_name": ("deviceName", "snake_to_camel")}
+    annotated = await call(
+        caller, worker, "get_annotated_message", {"message_type": "success", "include_image": False}
+    )
+    assert (annotated["ok"], annotated["tool"]) == (True, "get-annotated-message"), annotated
+    assert annotated["result"]["text"] == "Operation completed successfully"
+    assert renames(annotated) == {
+        "message_type": ("messageType", "snake_to_camel"),
+        "include_image": ("includeImage", "snake_to_camel"),
+    }
 
 
 async def test_builtin_tools_get_their_arguments_unchanged(caller: Caller, worker: Worker) -> None:

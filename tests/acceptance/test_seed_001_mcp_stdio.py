@@ -1,14 +1,16 @@
 """Seed 001, the tool-execution spec: MCP servers keep stdout for JSON-RPC and log on
 stderr; the client stays up when a server breaks either rule; a server out of reach is
-`unavailable`. The demo server spoken to directly, and through a worker; a misbehaving
-server; the demo server over HTTP, killed."""
+`unavailable`. The demo server and a third-party one (server-everything, TypeScript SDK)
+spoken to directly; the demo server through a worker; a misbehaving server; the demo
+server over HTTP, killed."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,13 +25,45 @@ from tests.mqtt import Caller
 from tests.processes import start_http_demo, stop_process
 from toolbus.service import Worker
 
-EXCHANGE_S = 30.0  # the whole direct conversation with the demo server
+EXCHANGE_S = 30.0  # the whole direct conversation with a server
+EXIT_S = 5.0  # for a server to end once its stdin closes, before it is killed
+
+
+@dataclass(frozen=True)
+class Server:
+    """An MCP server to speak to directly: how to start it, a call, what it logs."""
+
+    argv: tuple[str, ...]
+    call: dict[str, Any]  # tools/call params
+    debug_line: bytes  # diagnostic output it writes (on stderr, as it must)
+    answered: Callable[[dict[str, Any]], bool]  # the call's result is right
+
+
+def _server(kind: str, request: pytest.FixtureRequest) -> Server:
+    if kind == "demo":
+        return Server(
+            (str(DEMO_SERVER["command"]), *DEMO_SERVER["args"]),
+            {
+                "name": "control_zwave_device",
+                "arguments": {"deviceName": "Switch One", "action": "on"},
+            },
+            b"control_zwave_device received deviceName, action",
+            lambda result: result["structuredContent"]["device"]["state"] == "on",
+        )
+    everything = request.getfixturevalue("everything_server")  # third-party: TypeScript SDK
+    return Server(
+        (everything["command"], *everything["args"]),
+        {"name": "get-sum", "arguments": {"a": 2, "b": 3}},
+        b"Starting default (STDIO) server",
+        lambda result: result["content"][0]["text"] == "The sum of 2 and 3 is 5.",
+    )
 
 
 @dataclass
 class Conversation:
-    """Everything the demo server wrote while answering initialize, tools/list, a call."""
+    """Everything a server wrote while answering initialize, tools/list and a call."""
 
+    server: Server
     stdout: list[bytes] = field(default_factory=list)
     stderr: bytes = b""
 
@@ -50,19 +84,18 @@ async def _answer(
             return
 
 
-@pytest_asyncio.fixture(scope="module")
-async def conversation() -> AsyncIterator[Conversation]:
-    """`toolbus demo-server` over stdio, driven by hand as any MCP client would."""
-    command = DEMO_SERVER["command"]
-    assert isinstance(command, str)
+@pytest_asyncio.fixture(scope="module", params=["demo", "everything"])
+async def conversation(request: pytest.FixtureRequest) -> AsyncIterator[Conversation]:
+    """An MCP server over stdio (toolbus's demo server; the MCP project's reference
+    server-everything), driven by hand as any MCP client would."""
+    server = _server(request.param, request)
     proc = await asyncio.create_subprocess_exec(
-        command,
-        *DEMO_SERVER["args"],
+        *server.argv,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    talk = Conversation()
+    talk = Conversation(server)
     requests: list[dict[str, Any]] = [
         {
             "jsonrpc": "2.0",
@@ -76,22 +109,19 @@ async def conversation() -> AsyncIterator[Conversation]:
         },
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
-        {
-            "jsonrpc": "2.0",
-            "id": 3,
-            "method": "tools/call",
-            "params": {
-                "name": "control_zwave_device",
-                "arguments": {"deviceName": "Switch One", "action": "on"},
-            },
-        },
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": server.call},
     ]
     try:
         async with asyncio.timeout(EXCHANGE_S):
-            for request in requests:
-                await _answer(proc, request, talk.stdout)
+            for message in requests:
+                await _answer(proc, message, talk.stdout)
             assert proc.stdin is not None
-            proc.stdin.close()  # end of input: the server ends
+            proc.stdin.close()  # end of input: a server ends, or is ended
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(EXIT_S):
+                    await proc.wait()
+            if proc.returncode is None:
+                proc.kill()
             rest, talk.stderr = await proc.communicate()
             talk.stdout += rest.splitlines(keepends=True)
     finally:
@@ -100,9 +130,13 @@ async def conversation() -> AsyncIterator[Conversation]:
 
 
 def test_a_server_writes_its_debug_output_to_stderr(conversation: Conversation) -> None:
-    """Seed 001_a4be83c33a199967.txt: "Debug logs use stderr"."""
-    assert b"control_zwave_device received deviceName, action" in conversation.stderr
-    assert not any(b"received deviceName" in line for line in conversation.stdout)
+    """Seed 001_a4be83c33a199967.txt: "Debug logs use stderr".
+
+    Shown by toolbus's demo server and by a third-party one (TypeScript SDK).
+    """
+    line = conversation.server.debug_line
+    assert line in conversation.stderr
+    assert not any(line in out for out in conversation.stdout)
 
 
 def test_json_rpc_answers_are_lines_on_stdout(conversation: Conversation) -> None:
@@ -113,7 +147,7 @@ def test_json_rpc_answers_are_lines_on_stdout(conversation: Conversation) -> Non
     answers = [json.loads(line) for line in conversation.stdout]
     assert all(line.endswith(b"\n") for line in conversation.stdout)
     assert [a["id"] for a in answers if "id" in a] == [1, 2, 3]
-    assert answers[-1]["result"]["structuredContent"]["device"]["state"] == "on"
+    assert conversation.server.answered(answers[-1]["result"]), answers[-1]
 
 
 def test_every_stdout_line_is_json_rpc(conversation: Conversation) -> None:
