@@ -89,14 +89,16 @@ async def test_startup_retries_until_the_server_comes_up(broker: Broker, tmp_pat
     settings = make_settings(
         broker, mcpServers={"flaky": misbehaving(tmp_path, TB_FAIL_STARTS="2")}
     )
-    with watching("toolbus.mcp", "mcp connected") as succeeded:
+    with watching("toolbus.mcp", "MCP connection succeeded on attempt") as succeeded:
         async with running_worker(settings) as worker:
             assert worker.mcp.states() == {"flaky": "ready"}
             assert succeeded.seen.is_set()
     assert (tmp_path / "starts").read_text() == "3"
-    [connected] = [r for r in succeeded.records if r.getMessage() == "mcp connected"]
+    [connected] = [r for r in succeeded.records if "succeeded on attempt" in r.getMessage()]
     assert (vars(connected)["server"], vars(connected)["attempt"]) == ("flaky", 3)
-    failures = [r for r in succeeded.records if r.getMessage() == "mcp connect failed"]
+    failures = [
+        r for r in succeeded.records if "attempt" in r.getMessage() and "failed (" in r.getMessage()
+    ]
     assert [(r.levelno, vars(r)["attempt"]) for r in failures] == [
         (logging.WARNING, 1),
         (logging.WARNING, 2),
@@ -109,7 +111,7 @@ async def test_startup_failure_degrades_then_recovers_in_the_background(
 ) -> None:
     settings = make_settings(broker, mcpServers={"late": misbehaving(tmp_path, TB_FAIL_STARTS="5")})
     with (
-        watching("toolbus.mcp", "mcp server down", logging.ERROR) as failed,
+        watching("toolbus.mcp", "MCP connection failed after", logging.ERROR) as failed,
         watching("toolbus.service", "mcp server state") as changes,
     ):
         async with running_worker(settings) as worker:

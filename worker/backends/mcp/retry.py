@@ -7,13 +7,18 @@ way a stopping worker ends the waiting at once (tenacity, with our stop and slee
 A command that does not exist is retried too: a worker keeps its promise of attempts
 and backoff (the server may be installed while it runs). A one-shot run that only looks
 (`toolbus mappings`) asks `retry_missing_command=False`: no wait for what cannot start.
+
+The start-up attempts' log lines say what happened in their text, in the words of the
+seed operators know ("MCP connection succeeded on attempt 2", "MCP connection failed
+after 3 attempts", "degraded mode (local tools only)"), and carry the same data in fields.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Iterable
 
 from tenacity import (
     AsyncRetrying,
@@ -26,6 +31,9 @@ from tenacity import (
 from tenacity.stop import stop_base
 
 from toolbus.config import McpPolicy
+from toolbus.registry import Registry
+
+log = logging.getLogger("toolbus.mcp")
 
 
 class Stopping(Exception):
@@ -91,3 +99,60 @@ def _sleep_unless(stopping: asyncio.Event) -> Callable[[float], Awaitable[None]]
                 await stopping.wait()
 
     return sleep
+
+
+def log_connected(server: str, attempt: int) -> None:
+    """A start-up or recovery attempt after the first succeeded."""
+    log.info(
+        "MCP connection succeeded on attempt %d (server %s)",
+        attempt,
+        server,
+        extra={"server": server, "attempt": attempt},
+    )
+
+
+def log_failed_attempt(server: str, attempt: int, error: str | None, delay_s: float) -> None:
+    """An attempt failed; the next one comes after `delay_s`."""
+    log.warning(
+        "MCP connection attempt %d failed (server %s): %s; retrying in %.1f s",
+        attempt,
+        server,
+        error,
+        delay_s,
+        extra={
+            "server": server,
+            "attempt": attempt,
+            "error": error,
+            "retry_in_s": round(delay_s, 3),
+        },
+    )
+
+
+def log_exhausted(
+    server: str, attempts: int, reason: str, stderr_tail: Iterable[str], registry: Registry
+) -> None:
+    """Start-up attempts exhausted: why, the server's last stderr lines, what to check and
+    what the worker still serves ("local tools only" only when that is true)."""
+    tail = list(stderr_tail)
+    have = registry.names()
+    mcp_left = any(tool.server is not None for tool in registry.tools())
+    hint = f"check the MQTT broker and MCP server configuration (mcpServers.{server})"
+    log.error(
+        "MCP connection failed after %d attempts (server %s): %s. MCP server stderr: %s. "
+        "Continuing in degraded mode (%s): %s; retried in the background. Hint: %s",
+        attempts,
+        server,
+        reason,
+        " | ".join(tail) or "(empty)",
+        "local tools and other MCP servers" if mcp_left else "local tools only",
+        ", ".join(have) or "no tools",
+        hint,
+        extra={
+            "server": server,
+            "attempts": attempts,
+            "error": reason,
+            "stderr_tail": tail,
+            "tools": have,  # what the worker still serves, degraded
+            "hint": hint,
+        },
+    )

@@ -33,7 +33,13 @@ from tenacity import RetryCallState
 from toolbus.backends.mcp.call import TRANSPORT_ERRORS, CallPlan, call_plan, send
 from toolbus.backends.mcp.convert import bad_line, checked_result, describe, to_tool
 from toolbus.backends.mcp.http import open_http
-from toolbus.backends.mcp.retry import Stopping, connect_attempts
+from toolbus.backends.mcp.retry import (
+    Stopping,
+    connect_attempts,
+    log_connected,
+    log_exhausted,
+    log_failed_attempt,
+)
 from toolbus.backends.mcp.session import Ending, Session, list_tools
 from toolbus.backends.mcp.stdio import CLOSE_DEADLINE_S, open_stdio
 from toolbus.config import McpPolicy, McpServerConfig, ToolSettings, tool_settings
@@ -135,7 +141,7 @@ class McpServer:
                     break
                 except Exception as exc:  # start-up exhausted: degrade, keep trying
                     if self._stop.is_set():
-                        break  # cut short by the stop: no failure of the server's to report
+                        break  # the retries ended because the worker stops: nothing failed
                     self._report_startup_failure(exc)
                     startup = False
                     continue
@@ -162,7 +168,7 @@ class McpServer:
                 self.attempts = number = attempt.retry_state.attempt_number
                 lifetime = await self._open_in_own_task()
                 if number > 1:
-                    log.info("mcp connected", extra={"server": self.name, "attempt": number})
+                    log_connected(self.name, number)
                 return lifetime
         raise Stopping  # unreachable: reraise=True re-raises the last failure
 
@@ -225,32 +231,12 @@ class McpServer:
         error = state.outcome.exception() if state.outcome else None
         delay = state.next_action.sleep if state.next_action else 0.0
         self.last_error = describe(error) if error else None
-        log.warning(
-            "mcp connect failed",
-            extra={
-                "server": self.name,
-                "attempt": state.attempt_number,
-                "error": self.last_error,
-                "retry_in_s": round(delay, 3),
-            },
-        )
+        log_failed_attempt(self.name, state.attempt_number, self.last_error, delay)
 
     def _report_startup_failure(self, exc: BaseException) -> None:
         reason = describe(exc)
         self._set_state("down", reason)
-        have = self._registry.names()
-        log.error(
-            "mcp server down",
-            extra={
-                "server": self.name,
-                "attempts": self.attempts,
-                "error": reason,
-                "stderr_tail": list(self.stderr_tail),
-                "tools": have,  # what the worker still serves, degraded
-                "hint": f"check that the command or URL in mcpServers.{self.name} starts on "
-                "its own; the server is retried in the background",
-            },
-        )
+        log_exhausted(self.name, self.attempts, reason, self.stderr_tail, self._registry)
 
     async def _open(self) -> Session:
         ending = Ending()
