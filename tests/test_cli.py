@@ -353,7 +353,9 @@ async def test_mappings_says_what_it_read_and_which_server_is_down(tmp_path: Pat
     assert "## control_zwave_device" in out and "## echo" in out
     assert str(config) in err.splitlines()[0]  # which configuration, before anything else
     down = [e for e in log_events(err) if e.get("server") == "ghost"]
-    assert [(e["event"], e["attempts"]) for e in down] == [("mcp server down", 1)]
+    assert [(e["event"].split(" (")[0], e["attempts"]) for e in down] == [
+        ("MCP connection failed after 1 attempt", 1)
+    ]
     told = [line for line in err.splitlines()[1:] if "ghost" in line and line[:1] != "{"]
     assert len(told) == 1 and str(missing) in told[0]  # the server, and why it is down
 

@@ -138,9 +138,10 @@ def log_exhausted(
     mcp_left = any(tool.server is not None for tool in registry.tools())
     hint = f"check the MQTT broker and MCP server configuration (mcpServers.{server})"
     log.error(
-        "MCP connection failed after %d attempts (server %s): %s. MCP server stderr: %s. "
+        "MCP connection failed after %d %s (server %s): %s. MCP server stderr: %s. "
         "Continuing in degraded mode (%s): %s; retried in the background. Hint: %s",
         attempts,
+        "attempt" if attempts == 1 else "attempts",
         server,
         reason,
         " | ".join(tail) or "(empty)",
