@@ -18,7 +18,7 @@ import pytest_asyncio
 
 from tests.harness import DEMO_SERVER, Broker
 from tests.mqtt import Caller
-from tests.processes import run_bounded, start_serve
+from tests.processes import Serve, install_plugin, run_bounded, start_serve
 from tests.tool_definitions import checked_name
 from toolbus.backends.mcp import McpBackend
 from toolbus.backends.mcp.server import McpServer
@@ -30,6 +30,8 @@ from toolbus.service import Worker
 ROOT = Path(__file__).parent.parent
 BIN = Path(sys.executable).parent
 CLI_TIMEOUT_S = 60.0
+# A stop whose broker is gone: the 2 s call, then nothing waited for (not 30 s a message).
+STOPPED_AT_ONCE_S = 15.0
 
 
 def cli_env(prefix: str, extra_path: Path | None = None) -> dict[str, str]:
@@ -415,3 +417,38 @@ async def test_tools_in_a_providers_format(broker: Broker, demo_worker: Worker) 
     assert "control_zwave_device" in out and "mcp:devices" in out
     code, _, _ = await run_cli("tools", "--format", "gemini", "--broker", broker.url, env=env)
     assert code == 2
+
+
+async def test_sigint_as_the_broker_goes_stops_at_once_and_cleanly(tmp_path: Path) -> None:
+    """Ctrl-C while the broker goes too (`make run`'s broker used to share its process
+    group): a worker draining a call when its broker dies answers nothing more and
+    publishes no `offline` (no connection will come back), exits as soon as the call
+    is done, not after a publish timeout per message, and logs no error."""
+    own = Broker(tmp_path)
+    own.start()
+    prefix = f"sigint{uuid.uuid4().hex[:8]}"
+    plugin = install_plugin(tmp_path / "plugin", "tb_slow", SLOW_PLUGIN, {"slow": "tb_slow:slow"})
+    env = cli_env(prefix, plugin)
+    env["TOOLBUS_PUBLISH_TIMEOUT_S"] = "30"  # a wait for a reconnect would take this long
+    try:
+        async with Serve(env, "--broker", own.url) as served:
+            await served.wait_for("subscribed to")
+            async with Caller(own.url) as caller:
+                await caller.publish(
+                    f"{prefix}/call/slow",
+                    json.dumps({"id": "s", "arguments": {"seconds": 2.0}}),
+                    response_topic=f"{prefix}/reply/sigint",
+                )
+            await served.wait_for("slow started")
+            os.kill(served.pid, signal.SIGINT)
+            await served.wait_for('"stopping"')
+            own.kill()
+            async with asyncio.timeout(STOPPED_AT_ONCE_S):
+                code = await served.exit_code()
+        assert code == 0
+        assert "worker" in served.output and "stopped" in served.output
+        errors = [line for line in served.stderr if '"level":"error"' in line]
+        assert errors == []
+        assert "never retrieved" not in served.output
+    finally:
+        own.kill()
