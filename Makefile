@@ -13,7 +13,7 @@ BROKER_PORT ?= 1883
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: FORCE python-info bench-tracing bench-logging bench-normalize bench-flood bench-mcp-output bench-client compose-check check-tree asyncapi-parser bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary
+.PHONY: FORCE python-info bench-tracing bench-logging bench-normalize bench-flood bench-mcp-output bench-client compose-check check-tree asyncapi-parser mcp-everything bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary
 
 # The package installs in strict editable mode: a tree of links to worker/ that imports as
 # `toolbus`, which mypy and editors can read (the default mode's import hook they cannot).
@@ -48,6 +48,11 @@ redis-binary:
 # npm installs the versions tools/asyncapi/package-lock.json pins into .tools/asyncapi.
 asyncapi-parser:
 	@scripts/ensure-asyncapi
+
+# The MCP project's reference server-everything (a third-party MCP server), which the
+# acceptance tests run: npm installs tools/mcp-everything's pins into .tools/mcp-everything.
+mcp-everything:
+	@scripts/ensure-mcp-everything
 
 # Starts a local broker on $(BROKER_PORT) unless something already listens there.
 broker: mosquitto-binary
@@ -87,11 +92,11 @@ $(NODE_RED_STAMP):
 
 # Every test, the `integration` ones (Phoenix, Node-RED) included. Extra pytest
 # arguments: make test PYTEST_ARGS='-k normalize -x'
-test: $(STAMP) mosquitto-clients redis-binary asyncapi-parser $(PHOENIX_STAMP) $(NODE_RED_STAMP)
+test: $(STAMP) mosquitto-clients redis-binary asyncapi-parser mcp-everything $(PHOENIX_STAMP) $(NODE_RED_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The quick loop: everything but the `integration` tests (no Phoenix or Node-RED install).
-test-quick: $(STAMP) mosquitto-clients redis-binary asyncapi-parser
+test-quick: $(STAMP) mosquitto-clients redis-binary asyncapi-parser mcp-everything
 	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
 
 # What CI runs first: nothing tracked may point outside the tree or sit under an ignored path.
