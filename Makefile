@@ -1,6 +1,10 @@
 # toolbus: `make run` starts a worker with the bundled defaults, `make test` runs every test.
 # Both set up .venv first; both make sure a mosquitto binary exists.
-PYTHON ?= python3.11
+# The first Python >= 3.11 on PATH (scripts/find-python), found before the virtualenv's
+# bin goes first on PATH below; `make PYTHON=python3.12 ...` names one instead.
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell scripts/find-python 2>/dev/null)
+endif
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -9,7 +13,7 @@ BROKER_PORT ?= 1883
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: FORCE bench-tracing bench-logging bench-normalize bench-flood bench-mcp-output bench-client compose-check check-tree asyncapi-parser bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary
+.PHONY: FORCE python-info bench-tracing bench-logging bench-normalize bench-flood bench-mcp-output bench-client compose-check check-tree asyncapi-parser mcp-everything bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary
 
 # The package installs in strict editable mode: a tree of links to worker/ that imports as
 # `toolbus`, which mypy and editors can read (the default mode's import hook they cannot).
@@ -45,6 +49,11 @@ redis-binary:
 asyncapi-parser:
 	@scripts/ensure-asyncapi
 
+# The MCP project's reference server-everything (a third-party MCP server), which the
+# acceptance tests run: npm installs tools/mcp-everything's pins into .tools/mcp-everything.
+mcp-everything:
+	@scripts/ensure-mcp-everything
+
 # Starts a local broker on $(BROKER_PORT) unless something already listens there.
 broker: mosquitto-binary
 	@scripts/local-broker start $(BROKER_PORT)
@@ -52,8 +61,14 @@ broker: mosquitto-binary
 stop-broker:
 	@scripts/local-broker stop $(BROKER_PORT)
 
-run: $(STAMP) broker
-	$(BIN)/toolbus serve --config config/toolbus.toml
+# Its first line says which Python the worker runs on. The worker talks to the broker on
+# $(BROKER_PORT), unless TOOLBUS_BROKER_URL names another.
+run: python-info $(STAMP) broker
+	TOOLBUS_BROKER_URL="$${TOOLBUS_BROKER_URL:-mqtt://localhost:$(BROKER_PORT)}" $(BIN)/toolbus serve --config config/toolbus.toml
+
+# The virtualenv's Python once it exists, else the one it will be made with.
+python-info:
+	@scripts/find-python --say $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 
 # A tracing backend for the end-to-end tracing test, in a venv of its own (its pins are its own).
 # A stamp, not the phoenix binary, marks it done: an install cut short is redone, not trusted.
@@ -77,11 +92,11 @@ $(NODE_RED_STAMP):
 
 # Every test, the `integration` ones (Phoenix, Node-RED) included. Extra pytest
 # arguments: make test PYTEST_ARGS='-k normalize -x'
-test: $(STAMP) mosquitto-clients redis-binary asyncapi-parser $(PHOENIX_STAMP) $(NODE_RED_STAMP)
+test: $(STAMP) mosquitto-clients redis-binary asyncapi-parser mcp-everything $(PHOENIX_STAMP) $(NODE_RED_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The quick loop: everything but the `integration` tests (no Phoenix or Node-RED install).
-test-quick: $(STAMP) mosquitto-clients redis-binary asyncapi-parser
+test-quick: $(STAMP) mosquitto-clients redis-binary asyncapi-parser mcp-everything
 	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
 
 # What CI runs first: nothing tracked may point outside the tree or sit under an ignored path.

@@ -18,7 +18,7 @@ import re
 import shlex
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +118,16 @@ def mounted(service: dict[str, Any], target: str) -> Path:
     raise AssertionError(f"nothing is mounted at {target}")
 
 
+@dataclass(frozen=True)
+class Logins:
+    """A broker that checks logins, as docs/deployment.md hardens the stack."""
+
+    conf: Callable[[str], str]  # the native mosquitto.conf -> hardened
+    worker_env: dict[str, str]  # added to every worker's environment, compose addresses
+    files: dict[str, Path]  # container paths -> the test's files
+    watcher: tuple[str, str]  # a login, password that may read the status topics
+
+
 @dataclass
 class NativeWorker:
     service: str
@@ -134,10 +144,16 @@ class NativeStack:
     """The compose services as local processes; `async with` starts and stops them."""
 
     def __init__(
-        self, directory: Path, collector: OtlpReceiver, env: Mapping[str, str] | None = None
+        self,
+        directory: Path,
+        collector: OtlpReceiver,
+        env: Mapping[str, str] | None = None,
+        *,
+        logins: Logins | None = None,
     ) -> None:
         self.compose = load_compose(env)
         self.directory = directory
+        self.logins = logins
         self.broker = Broker(directory)
         self.redis = RedisServer()
         self.demo_port = free_port()
@@ -166,6 +182,8 @@ class NativeStack:
     def rewrite(self, text: str) -> str:
         for compose_address, here in self.addresses.items():
             text = text.replace(compose_address, here)
+        for container_path, file in (self.logins.files if self.logins else {}).items():
+            text = text.replace(container_path, str(file))
         left = [name for name in self.compose["services"] if f"//{name}" in text]
         assert not left, f"an address of the compose network no process here serves: {left}"
         return text
@@ -177,7 +195,8 @@ class NativeStack:
         config.write_text(self.rewrite(mounted(service, config_path).read_text()))
         env = serve_env()
         env.update(image_env())
-        env.update({key: self.rewrite(str(value)) for key, value in service["environment"].items()})
+        environment = {**service["environment"], **(self.logins.worker_env if self.logins else {})}
+        env.update({key: self.rewrite(str(value)) for key, value in environment.items()})
         http_port = free_port()
         # Loopback and a port of its own here: in a container, 0.0.0.0 is the container's.
         env.update(TOOLBUS_HTTP_PORT=str(http_port), TOOLBUS_HTTP_HOST="127.0.0.1")
@@ -194,7 +213,8 @@ class NativeStack:
         )
 
     async def __aenter__(self) -> NativeStack:
-        self.broker.config.write_text(mosquitto_conf(self.broker.port, self.directory))
+        conf = mosquitto_conf(self.broker.port, self.directory)
+        self.broker.config.write_text(self.logins.conf(conf) if self.logins else conf)
         self.broker.start()
         self.redis.start()
         await self._start_demo()
@@ -211,11 +231,16 @@ class NativeStack:
         listen = command[-1]
         args = [*command[:-1], f"127.0.0.1:{self.demo_port}"]
         assert listen.startswith("0.0.0.0:")  # in its container, every interface: here, loopback
+        env = serve_env()
+        environment = self.compose["services"]["demo-mcp"].get("environment", {})
+        env.update({key: self.rewrite(str(value)) for key, value in environment.items()})
+        env["OTEL_BSP_SCHEDULE_DELAY"] = "100"  # as the workers': spans leave at once
         self._demo = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "toolbus",
             *args,
+            env=env,
             stdout=asyncio.subprocess.DEVNULL,  # uvicorn's request log
             stderr=asyncio.subprocess.PIPE,
         )
@@ -227,7 +252,8 @@ class NativeStack:
     async def _wait_online(self) -> None:
         """Until every worker's retained status says `online` (bounded)."""
         waiting = {w.worker_id for w in self.workers.values()}
-        async with Caller(self.broker.url) as watcher:
+        login, password = self.logins.watcher if self.logins else (None, None)
+        async with Caller(self.broker.url, username=login, password=password) as watcher:
             for worker_id in waiting:
                 await watcher.subscribe(self.topics.status(worker_id))
             async with asyncio.timeout(RUN_BOUND_S):

@@ -5,6 +5,7 @@ The helpers behind them live in `tests/harness.py`; import those from there.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,17 @@ def redis_server() -> Iterator[RedisServer]:
     server = RedisServer()
     server.start()
     yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A redis-server of the test's own, to freeze or restart (empty: it saves nothing)."""
+    server = RedisServer()
+    server.start()
+    yield server
+    if server.process is not None and server.process.poll() is None:
+        server.process.send_signal(signal.SIGCONT)  # a test that froze it and failed
     server.stop()
 
 

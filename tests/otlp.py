@@ -13,7 +13,7 @@ import gzip
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -30,6 +30,10 @@ class ReceivedSpan:
     name: str
     trace_id: str
     resource: dict[str, str]
+    span_id: str = ""
+    parent_span_id: str = ""  # empty for a root span
+    kind: int = 0  # OTLP's SpanKind: 2 SERVER, 3 CLIENT, 4 PRODUCER, 5 CONSUMER
+    attributes: dict[str, str] = field(default_factory=dict)  # string values only
 
 
 class _Server(ThreadingHTTPServer):
@@ -59,6 +63,10 @@ class _Handler(BaseHTTPRequestHandler):
                 span.name,
                 span.trace_id.hex(),
                 {a.key: a.value.string_value for a in resource_spans.resource.attributes},
+                span_id=span.span_id.hex(),
+                parent_span_id=span.parent_span_id.hex(),
+                kind=span.kind,
+                attributes={a.key: a.value.string_value for a in span.attributes},
             )
             for resource_spans in request.resource_spans
             for scope_spans in resource_spans.scope_spans

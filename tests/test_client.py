@@ -169,6 +169,9 @@ async def test_toolbus_call_sends_again_when_no_reply_comes(
     code, out, err = await asyncio.wait_for(calling, 30)
     assert code == 0, err
     assert json.loads(out)["result"]["text"] == "answered"
+    # The user, waiting, is told of the one re-send (the words are the issue's).
+    told = [line for line in err.splitlines() if "sending again" in line]
+    assert told == ["toolbus: no reply yet, sending again (2/3)"]
     once = await run_cli("call", "echo", *flags, "--attempts", "0", env=cli_env(prefix))
     assert once[0] == 2  # a usage error, before anything is sent
 

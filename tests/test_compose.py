@@ -45,7 +45,8 @@ from toolbus.healthcheck import get
 from toolbus.observability.sdk import exporter_choice
 
 PROFILE = "observability"
-TRACING_ON = {"OTEL_TRACES_EXPORTER": "otlp"}  # as docs/deployment.md starts the profile
+TRACING_ON = {"OTEL_TRACES_EXPORTER": "otlp"}
+OTLP_SERVER = 2  # OTLP's SpanKind for a server span, as the receiver keeps it  # as docs/deployment.md starts the profile
 
 
 def services(env: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
@@ -178,7 +179,7 @@ def test_the_collector_receives_where_the_workers_export_and_sends_to_jaeger() -
     every = services(TRACING_ON)
     collector = yaml.safe_load(COLLECTOR_CONFIG.read_text())
     http_receiver = collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"]
-    for name, service in workers(TRACING_ON).items():
+    for name, service in [*workers(TRACING_ON).items(), ("demo-mcp", every["demo-mcp"])]:
         env = service["environment"]
         endpoint = urlsplit(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
         assert endpoint.hostname == "otel-collector" and "otel-collector" in every, name
@@ -196,7 +197,8 @@ def test_the_collector_receives_where_the_workers_export_and_sends_to_jaeger() -
 
 def test_tracing_is_off_unless_the_profile_is_asked_for_it() -> None:
     for env, traces in (({}, "none"), (TRACING_ON, "otlp")):
-        for service in workers(env).values():
+        # The demo server too: its span of each call joins the worker's trace.
+        for service in [*workers(env).values(), services(env)["demo-mcp"]]:
             environment = {k: str(v) for k, v in service["environment"].items()}
             assert exporter_choice(environment, "TRACES") == traces
             assert exporter_choice(environment, "METRICS") == "none"  # Prometheus scrapes
@@ -205,8 +207,10 @@ def test_tracing_is_off_unless_the_profile_is_asked_for_it() -> None:
 def test_the_broker_saves_its_sessions_and_sends_without_delay() -> None:
     lines = {line.strip() for line in MOSQUITTO_CONF.read_text().splitlines()}
     assert {"persistence true", "set_tcp_nodelay true"} <= lines
-    healthcheck = services()["mosquitto"]["healthcheck"]["test"]
-    assert healthcheck[:2] == ["CMD", "mosquitto_sub"] and "$SYS/broker/version" in healthcheck
+    # A login, a subscription and a delivery (tests/test_compose_hardening.py runs it).
+    kind, command = services()["mosquitto"]["healthcheck"]["test"]
+    assert kind == "CMD-SHELL" and command.startswith("mosquitto_sub ")
+    assert "'$SYS/broker/uptime'" in command
 
 
 # -- the same configuration, running --------------------------------------------------
@@ -287,14 +291,26 @@ async def test_spans_of_both_replicas_reach_the_collector(
         return [s for s in spans if s.trace_id in traces]
 
     def every_trace_ended(spans: list[ReceivedSpan]) -> bool:
-        # A message's `process` span ends last, just after its reply has left.
-        return {s.trace_id for s in mine(spans) if s.name.startswith("process ")} == traces
+        # A message's `process` span ends last, just after its reply has left; the demo
+        # server's spans come from another process, in their own time.
+        ended = {s.trace_id for s in mine(spans) if s.name.startswith("process ")}
+        served = {s.trace_id for s in mine(spans) if s.resource["service.name"] != "toolbus"}
+        return ended == served == traces
 
     spans = mine(await collector.wait_for(every_trace_ended))
-    assert {s.resource["service.name"] for s in spans} == {"toolbus"}
+    assert {s.resource["service.name"] for s in spans} == {"toolbus", "toolbus-demo-devices"}
     calls = [s for s in spans if s.name == "execute_tool control_zwave_device"]
     assert {s.resource["service.instance.id"] for s in calls} == ids
-    assert {s.trace_id for s in spans if s.name == "tools/call control_zwave_device"} == traces
+    # Each call's MCP leg over streamable HTTP: ours, the SDK's beneath it, the server's.
+    by_id = {s.span_id: s for s in spans}
+    ours = [s for s in spans if s.attributes.get("toolbus.mcp.server") == "devices"]
+    assert {s.trace_id for s in ours} == traces
+    for client in ours:
+        assert by_id[client.parent_span_id].name == "execute_tool control_zwave_device"
+        [sdk] = [s for s in spans if s.parent_span_id == client.span_id]
+        [server] = [s for s in spans if s.parent_span_id == sdk.span_id]
+        assert (server.name, server.kind) == ("tools/call control_zwave_device", OTLP_SERVER)
+        assert server.resource["service.name"] == "toolbus-demo-devices"
 
 
 async def test_each_worker_serves_its_metrics_and_passes_its_healthcheck(

@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 
 from tests.harness import RedisServer
-from toolbus.dedup import DedupStore, MemoryStore, open_store
+from tests.logwait import watching
+from toolbus.dedup import DedupStore, MemoryStore, Once, open_store
 from toolbus.dedup.redis import RedisStore
+from toolbus.observability.metrics import Metrics
 
 TTL_S = 60.0
 
@@ -237,3 +242,67 @@ async def test_records_written_before_fingerprints_are_still_repeats(
         assert (await store.claim(k, TTL_S, fingerprint="ask-b")).fingerprint == "ask-a"
     finally:
         await client.aclose()
+
+
+async def test_the_memory_bound_is_shared_fairly_between_callers() -> None:
+    """At the bound a record goes from a caller holding at least its even share: a flood
+    of one caller's ids forgets its own oldest, while a quieter caller keeps its calls."""
+    async with MemoryStore("w1", max_records=10) as bounded:
+        quiet = [Once.key("kitchen", None, f"k{n}") for n in range(3)]
+        for k in quiet:
+            await bounded.claim(k, TTL_S)
+            await bounded.finish(k, b"{}", TTL_S)
+        flood = [Once.key("garage", None, f"g{n}") for n in range(1000)]
+        for k in flood:
+            await bounded.claim(k, TTL_S)
+            await bounded.finish(k, b"{}", TTL_S)
+        assert [(await bounded.claim(k, TTL_S)).kind for k in quiet] == ["done"] * 3
+        assert (await bounded.claim(flood[-1], TTL_S)).kind == "done"
+        assert (await bounded.claim(flood[0], TTL_S)).kind == "fresh"  # its own oldest went
+
+
+# -- a Redis that loses its records -----------------------------------------------------
+
+
+def counted(reader: InMemoryMetricReader, name: str) -> float:
+    data = reader.get_metrics_data()
+    return sum(
+        point.value
+        for resource in (data.resource_metrics if data else [])
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == name
+        for point in metric.data.data_points
+        if isinstance(point, NumberDataPoint)
+    )
+
+
+async def test_a_redis_restarted_empty_is_reported_loudly(own_redis: RedisServer) -> None:
+    """Its records are gone, so repeats of earlier calls run again: that cannot be undone,
+    but each worker says so in one ERROR line and counts it (it used to be silent)."""
+    reader = InMemoryMetricReader()
+    metrics = Metrics(MeterProvider(metric_readers=[reader]).get_meter("test"))
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    with watching("toolbus.dedup", "dedup store emptied", logging.ERROR) as emptied:
+        async with (
+            open_store(
+                own_redis.url, "a", prefix=prefix, on_emptied=metrics.dedup_store_emptied
+            ) as a,
+            open_store(own_redis.url, "b", prefix=prefix) as b,
+        ):
+            k = key()
+            await a.claim(k, TTL_S)
+            await a.finish(k, b"{}", TTL_S)
+            assert (await b.claim(k, TTL_S)).kind == "done"
+            own_redis.stop()
+            own_redis.start()  # on the same port, with nothing
+            async with asyncio.timeout(30):  # a heartbeat or two (2 s each), then the line
+                while len(emptied.records) < 2:
+                    emptied.seen.clear()
+                    await emptied.seen.wait()
+            assert (await b.claim(k, TTL_S)).kind == "fresh"  # the loss the line reports
+    lines = [vars(r) for r in emptied.records if r.levelno == logging.ERROR]
+    assert len(lines) == 2  # one per worker, once each
+    assert all(line["epoch_was"] != line["epoch_now"] for line in lines)
+    assert lines[0]["epoch_now"] == lines[1]["epoch_now"]  # the first to notice made it
+    assert counted(reader, "toolbus.dedup.store_emptied") == 1  # a's metrics (b has none)

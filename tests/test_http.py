@@ -85,6 +85,18 @@ async def test_healthz_and_readyz_of_a_ready_worker(broker: Broker) -> None:
         assert "devices ready" in out
 
 
+async def test_health_of_a_url_without_a_path_asks_its_readyz(broker: Broker) -> None:
+    """`--url http://host:port` probes /readyz; a URL with a path, that path."""
+    async with running_worker(make_settings(broker)) as worker, listening(worker) as base:
+        for given in (base, f"{base}/"):
+            code, out, err = await run_cli("health", "--url", given, env=cli_env("x"))
+            assert code == EXIT_HEALTHY, err
+            assert out.startswith(f"{base}/readyz: 200")
+        code, _, err = await run_cli("health", "--url", f"{base}/no-such-path", env=cli_env("x"))
+        assert code == EXIT_UNHEALTHY
+        assert f"{base}/no-such-path answered 404" in err
+
+
 async def test_readyz_follows_the_broker(tmp_path: Path) -> None:
     """503 while the broker is not there yet, 200 once subscribed, 503 when it goes."""
     own = Broker(tmp_path)  # not started yet: nothing listens on its port
@@ -252,7 +264,7 @@ async def test_toolbus_serve_with_http_port(broker: Broker, tmp_path: Path) -> N
         # took none of the worker's signals (uvicorn's own handling would close it at once
         # while the worker drains on).
         held = asyncio.create_task(
-            run_cli("call", "record", "key=a", f"hold_s={HOLD_S}", "--broker", broker.url, env=env)
+            run_cli("call", "record", "key=a", f"hold_s:={HOLD_S}", "--broker", broker.url, env=env)
         )
         await serve.wait_for("record started a")
         os.kill(serve.pid, signal.SIGTERM)

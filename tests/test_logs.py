@@ -19,11 +19,14 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
+from tests.normalize_cases import mcp_tool
 from tests.test_pipeline import Rig, rig_for, standard_rig
 from tests.tools import Probe, probe_tools
 from toolbus.call_log import LOGGED_NAME_CHARS, LOGGED_NAMES, log_call
 from toolbus.decode import Call
 from toolbus.observability.logs import json_formatter, log_handler
+from toolbus.registry import Registry
+from toolbus.tools import BUILTIN_TOOLS
 
 CALL_FIELDS = {"call_id", "tool", "outcome", "duration_ms", "caller", "argument_bytes"}
 LINE_FIELDS = {"ts", "level", "logger", "event"}
@@ -342,3 +345,25 @@ async def test_a_rejected_message_line_has_the_topic_and_code() -> None:
         await rig.request(None, b"not json at all")
     [line] = [line for line in json_lines(out) if line["event"] == "rejected message"]
     assert (line["topic"], line["code"]) == ("tb/call", "bad_request")
+
+
+@pytest.mark.parametrize("other_server", [False, True])
+def test_the_mcp_start_up_failure_says_it_in_its_text_and_its_fields(other_server: bool) -> None:
+    """The seed's words are the line's text, not only its fields; "local tools only"
+    only while no other MCP server's tool is served."""
+    from toolbus.backends.mcp.retry import log_exhausted  # here: it loads the mcp SDK
+
+    registry = Registry()
+    registry.register_all(tool.to_tool() for tool in BUILTIN_TOOLS)
+    if other_server:
+        registry.register(mcp_tool("lamp"))
+    with written("json", "toolbus.mcp") as out:
+        log_exhausted("zwave", 3, "ConnectionError: exit 2", ["no broker"], registry)
+    [line] = json_lines(out)
+    assert line["event"].startswith(
+        "MCP connection failed after 3 attempts (server zwave): ConnectionError: exit 2. "
+        "MCP server stderr: no broker. Continuing in degraded mode ("
+    )
+    assert ("degraded mode (local tools only)" in line["event"]) is not other_server
+    assert "Hint: check the MQTT broker and MCP server configuration" in line["event"]
+    assert (line["server"], line["attempts"], line["stderr_tail"]) == ("zwave", 3, ["no broker"])

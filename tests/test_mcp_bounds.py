@@ -184,7 +184,7 @@ async def test_a_start_up_failure_names_the_exit_code(broker: Broker, tmp_path: 
     settings = make_settings(
         broker, mcpServers={"broken": misbehaving(tmp_path, TB_FAIL_STARTS="9")}
     )
-    with watching("toolbus.mcp", "mcp server down", logging.ERROR) as failed:
+    with watching("toolbus.mcp", "MCP connection failed after", logging.ERROR) as failed:
         async with running_worker(settings) as worker:
             assert worker.mcp.states() == {"broken": "down"}
             assert failed.seen.is_set()

@@ -89,14 +89,16 @@ async def test_startup_retries_until_the_server_comes_up(broker: Broker, tmp_pat
     settings = make_settings(
         broker, mcpServers={"flaky": misbehaving(tmp_path, TB_FAIL_STARTS="2")}
     )
-    with watching("toolbus.mcp", "mcp connected") as succeeded:
+    with watching("toolbus.mcp", "MCP connection succeeded on attempt") as succeeded:
         async with running_worker(settings) as worker:
             assert worker.mcp.states() == {"flaky": "ready"}
             assert succeeded.seen.is_set()
     assert (tmp_path / "starts").read_text() == "3"
-    [connected] = [r for r in succeeded.records if r.getMessage() == "mcp connected"]
+    [connected] = [r for r in succeeded.records if "succeeded on attempt" in r.getMessage()]
     assert (vars(connected)["server"], vars(connected)["attempt"]) == ("flaky", 3)
-    failures = [r for r in succeeded.records if r.getMessage() == "mcp connect failed"]
+    failures = [
+        r for r in succeeded.records if "attempt" in r.getMessage() and "failed (" in r.getMessage()
+    ]
     assert [(r.levelno, vars(r)["attempt"]) for r in failures] == [
         (logging.WARNING, 1),
         (logging.WARNING, 2),
@@ -109,7 +111,7 @@ async def test_startup_failure_degrades_then_recovers_in_the_background(
 ) -> None:
     settings = make_settings(broker, mcpServers={"late": misbehaving(tmp_path, TB_FAIL_STARTS="5")})
     with (
-        watching("toolbus.mcp", "mcp server down", logging.ERROR) as failed,
+        watching("toolbus.mcp", "MCP connection failed after", logging.ERROR) as failed,
         watching("toolbus.service", "mcp server state") as changes,
     ):
         async with running_worker(settings) as worker:
@@ -397,3 +399,38 @@ async def test_stdio_servers_inherit_the_otel_settings(
         )
         assert endpoint["result"]["text"] == "http://x:4318"
         assert sampler["result"]["text"] == "always_off"
+
+
+async def test_a_call_refused_while_its_server_is_down_can_be_sent_again_under_its_id(
+    broker: Broker, caller_for_faults: Caller
+) -> None:
+    """`unavailable` because the session was down means the tool was never asked: the
+    id is not answered for good, so the requester's retry runs once the server is back
+    (it used to be replayed `unavailable` for `dedup_ttl_s`)."""
+    from tests.harness import free_port
+
+    port = free_port()
+    server = await start_http_demo(port)
+    try:
+        settings = make_settings(
+            broker,
+            mcp={"startup_base_delay_s": 0.05, "recovery_max_delay_s": 0.5},
+            mcpServers={"web": {"url": f"http://127.0.0.1:{port}/mcp", "connect_timeout_s": 5}},
+        )
+        switch = {"device_name": "Switch One", "command": "on"}
+        async with running_worker(settings) as worker:
+            assert settings.dedup_store == "memory"  # the default: ids are deduplicated
+            states = ServerStates(caller_for_faults, worker, "web")
+            await stop_process(server)
+            await states.until("degraded")
+            down = await call(caller_for_faults, worker, "control_zwave_device", switch, id="b1")
+            assert down["error"]["code"] == "unavailable" and down["replayed"] is False
+            server = await start_http_demo(port)
+            await states.until("ready")
+            again = await call(caller_for_faults, worker, "control_zwave_device", switch, id="b1")
+            assert again["ok"] and again["replayed"] is False, again
+            # Answered for good now: a third send is the stored reply, not a second run.
+            third = await call(caller_for_faults, worker, "control_zwave_device", switch, id="b1")
+            assert third["ok"] and third["replayed"] is True
+    finally:
+        await stop_process(server)

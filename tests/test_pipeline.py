@@ -12,6 +12,7 @@ import asyncio
 import base64
 import datetime as dt
 import json
+import signal
 import time
 import uuid
 from dataclasses import dataclass
@@ -24,13 +25,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.harness import ListPublisher, RedisServer
+from tests.harness import ListPublisher, RedisServer, measured
 from tests.tools import Probe, probe_tools, quits
 from toolbus.addresses import ReplyAddress
 from toolbus.backends.local import LocalTool, tool
 from toolbus.config import Settings
 from toolbus.contracts import ErrorCode, Reply, ToolResult
 from toolbus.dedup import DedupStore, MemoryStore, Once
+from toolbus.dedup.kept import KeptReplies
 from toolbus.dedup.redis import RedisStore
 from toolbus.encode import outbound_reply
 from toolbus.errors import ToolFailed
@@ -211,6 +213,22 @@ async def test_a_311_reply_goes_to_reply_to_with_the_body_id(rig: Rig) -> None:
     reply = json.loads(out.payload)
     assert (reply["id"], reply["id_generated"], reply["ok"]) == ("abc-1", False, True)
     assert reply["traceparent"].startswith("00-")  # a 3.1.1 caller cannot read properties
+
+
+async def test_a_311_callers_trace_goes_on_through_a_refusal(rig: Rig) -> None:
+    trace_id = "ab" * 16
+    body = {
+        "reply_to": "tb/reply/old",
+        "traceparent": f"00-{trace_id}-{'cd' * 8}-01",
+        "tracestate": "vendor=x",
+        "text": "hi",  # not under `arguments`: refused before it is a call
+    }
+    await rig.request("echo", body, response_topic=None)
+    [out] = rig.sent.on("tb/reply/old")
+    reply = json.loads(out.payload)
+    assert reply["error"]["code"] == "bad_request"
+    assert reply["trace_id"] == trace_id
+    assert (reply["traceparent"].split("-")[1], reply["tracestate"]) == (trace_id, "vendor=x")
 
 
 # -- every error code ----------------------------------------------------------------
@@ -477,6 +495,64 @@ async def test_in_doubt_when_the_first_run_was_cut_short(redis_server: RedisServ
     assert doubt["error"]["details"]["worker_id"] == "w-dead"
     assert rig.probe.calls == 0  # not run again: it may have taken effect
     assert rerun["ok"]  # echo is configured idempotent: safe to run again
+
+
+async def test_a_reply_survives_a_stalled_redis_and_is_written_once_it_is_back(
+    own_redis: RedisServer,
+) -> None:
+    """Redis frozen (SIGSTOP) while a call runs: the reply still leaves, a repeat here is
+    answered from what this worker kept, and once Redis is back the reply is written, so
+    no worker later reports the finished call running or in doubt (15 finished calls
+    stayed `started` after a 20 s stall: `timeout` for 600 s, or `in_doubt`)."""
+    assert own_redis.process is not None
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    store = KeptReplies(
+        RedisStore(own_redis.url, "w1", prefix=prefix, timeout_s=0.5), write_timeout_s=1.0
+    )
+    rig = standard_rig(store=store)
+    async with rig.pipeline, RedisStore(own_redis.url, "w2", prefix=prefix) as other:
+        first = asyncio.create_task(rig.request("gate", {"id": "s1"}), name="first")
+        await rig.probe.wait_active(1)
+        own_redis.process.send_signal(signal.SIGSTOP)
+        try:
+            rig.probe.release.set()
+            began = time.monotonic()
+            async with asyncio.timeout(30):  # one bounded write, then the reply leaves
+                await first
+            measured(f"reply with Redis frozen (1 s write bound): {time.monotonic() - began:.2f} s")
+            answered = rig.reply()
+            assert answered["ok"] and answered["replayed"] is False
+            assert store.kept() == 1
+            again = await rig.call("gate", {"id": "s1"})  # the store still frozen
+            assert again["ok"] and again["replayed"] is True
+        finally:
+            own_redis.process.send_signal(signal.SIGCONT)
+        async with asyncio.timeout(30):
+            await store.all_written()
+        seen = await other.claim(Once.key(None, REPLY, "s1"), 60.0)
+        assert seen.kind == "done" and seen.reply is not None
+        assert json.loads(seen.reply)["ok"] is True
+    assert rig.probe.calls == 1
+    # The worker gone, a new incarnation of w1 finds the call answered, not cut short.
+    async with RedisStore(own_redis.url, "w1", prefix=prefix) as restarted:
+        assert (await restarted.claim(Once.key(None, REPLY, "s1"), 60.0)).kind == "done"
+
+
+async def test_another_callers_flood_of_ids_does_not_forget_a_callers_call() -> None:
+    """The memory store's bound is shared fairly: 1 000 ids from garage past a bound of
+    100 forget garage's own oldest calls, never kitchen's booking (it used to run again)."""
+    probe = Probe()
+    rig = rig_for(probe_tools(probe), probe, store=MemoryStore("w1", max_records=100))
+    booking = {"id": "book-1", "caller": "kitchen", "arguments": {"n": 1, "hold_ms": 0}}
+    assert (await rig.call("busy", booking))["ok"]
+    for n in range(1000):
+        flood = {"id": f"f{n}", "caller": "garage", "arguments": {"text": "x"}}
+        assert (await rig.call("echo", flood))["ok"]
+    again = await rig.call("busy", booking)
+    assert again["ok"] and again["replayed"] is True
+    assert probe.calls == 1
+    first = await rig.call("echo", {"id": "f0", "caller": "garage", "arguments": {"text": "x"}})
+    assert first["replayed"] is False  # garage's oldest went: its own share, no more
 
 
 async def test_rate_limited_beyond_the_caller_quota_and_only_that_caller() -> None:

@@ -28,7 +28,8 @@ async def test_the_transformation_is_logged_without_values() -> None:
     ] == [
         (
             logging.DEBUG,
-            "normalized",
+            "normalized control_zwave_device: "
+            "{device_name: ..., command: ...} -> {deviceName: ..., action: ...}",
             "control_zwave_device",
             "{device_name: ..., command: ...} -> {deviceName: ..., action: ...}",
         )

@@ -162,6 +162,23 @@ async def test_status_once_json_then_a_killed_worker_is_offline_by_its_will(
         assert gone.since is None  # the will's: when it went is unknown
         assert gone.servers == {}
 
+        # Shown, but no worker is online: a script's check fails (3, as no reply would).
+        code, out, err = await run_cli(
+            "status", "--once", "--json", "--broker", broker.url, env=cli_env(prefix)
+        )
+        assert code == 3, err
+        assert [w["state"] for w in json.loads(out)["workers"]] == ["offline"]
+
+
+async def test_status_once_exits_3_when_no_worker_is_there(broker: Broker) -> None:
+    env = cli_env(unique_prefix())
+    code, out, err = await run_cli("status", "--once", "--broker", broker.url, env=env)
+    assert code == 3, err
+    assert out  # the (empty) snapshot is shown all the same
+    code, out, err = await run_cli("status", "--json", "--broker", broker.url, env=env)
+    assert code == 3, err
+    assert json.loads(out) == {"workers": [], "servers": []}
+
 
 async def test_statuses_come_back_after_a_broker_restart(tmp_path: Path) -> None:
     own = Broker(tmp_path)  # no persistence: the restarted broker has no retained message

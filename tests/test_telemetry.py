@@ -280,3 +280,40 @@ def test_injected_headers_are_what_the_w3c_propagator_writes(state: str, flags: 
     finally:
         context_api.detach(token)
     assert inject_headers() == ()
+
+
+def test_baggage_comes_in_with_a_valid_traceparent_only() -> None:
+    from opentelemetry import baggage
+
+    from toolbus.observability.propagation import MAX_BAGGAGE_CHARS
+
+    tenant = ("baggage", "tenant=kitchen")
+    for properties, fields in (
+        ([("traceparent", TRACEPARENT), tenant], None),
+        ([], dict([("traceparent", TRACEPARENT), tenant])),
+    ):
+        context = extract_context(properties, fields)
+        assert context is not None and baggage.get_all(context) == {"tenant": "kitchen"}
+    assert extract_context([tenant], None) is None  # no trace to carry it
+    assert extract_context([("traceparent", "garbage"), tenant], None) is None
+    too_long = ("baggage", "k=" + "v" * MAX_BAGGAGE_CHARS)
+    context = extract_context([("traceparent", TRACEPARENT), too_long], None)
+    assert context is not None and dict(baggage.get_all(context)) == {}  # the trace stays
+
+
+def test_injected_headers_carry_the_current_baggage() -> None:
+    from opentelemetry import baggage
+    from opentelemetry import context as context_api
+
+    from toolbus.observability.propagation import inject_headers
+
+    incoming = extract_context([("traceparent", TRACEPARENT), ("baggage", "a=1,b=x%20y")], None)
+    assert incoming is not None
+    token = context_api.attach(incoming)
+    try:
+        headers = dict(inject_headers())
+        assert headers["traceparent"] == TRACEPARENT
+        again = extract_context(list(headers.items()), None)
+        assert again is not None and baggage.get_all(again) == {"a": "1", "b": "x y"}
+    finally:
+        context_api.detach(token)

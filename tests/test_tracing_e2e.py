@@ -26,7 +26,8 @@ from tests.test_cli import ROOT, cli_env, wait_ready
 
 PHOENIX = ROOT / ".venv-phoenix" / "bin" / "phoenix"
 TRACE = "5b8aa5a2d2c872e8321cf37308d69df2"
-TRACEPARENT = f"00-{TRACE}-051581bf3cb55c13-01"
+CALLER_SPAN = "051581bf3cb55c13"
+TRACEPARENT = f"00-{TRACE}-{CALLER_SPAN}-01"
 
 pytestmark = pytest.mark.integration
 
@@ -78,6 +79,17 @@ def spans_of(phoenix: str, trace_id: str) -> list[dict[str, Any]]:
     return [s for s in data if s["context"]["trace_id"] == trace_id]
 
 
+# One call in the schema's shape (the settled fast path), one with a value to shape (the
+# full path): each its own trace from the caller.
+CALLS = {
+    "a" * 32: ("get_device_sensor_data", {"deviceName": "Hallway Sensor"}),
+    "b" * 32: (
+        "control_zwave_device",
+        {"device_name": "Living Room Lamp", "command": "dim", "brightness": "30"},
+    ),
+}
+
+
 async def test_one_trace_from_the_caller_to_the_mcp_server(broker: Broker, phoenix: str) -> None:
     prefix = f"otel{uuid.uuid4().hex[:8]}"
     env = {
@@ -88,49 +100,70 @@ async def test_one_trace_from_the_caller_to_the_mcp_server(broker: Broker, phoen
         "OTEL_BSP_SCHEDULE_DELAY": "100",
     }
     serve = await start_serve(broker.url, env, stderr=asyncio.subprocess.DEVNULL)
+    reply_topic = f"{prefix}/reply/e2e"
     try:
         async with Caller(broker.url) as caller:
             await wait_ready(caller, prefix)
-            reply_topic = f"{prefix}/reply/e2e"
             await caller.subscribe(reply_topic)
-            body = {"arguments": {"device_name": "Hallway Sensor"}}
-            await caller.publish(
-                f"{prefix}/call/get_device_sensor_data",
-                json.dumps(body),
-                response_topic=reply_topic,
-                correlation=b"e2e",
-                user_properties=(("traceparent", TRACEPARENT),),
-            )
-            reply = json.loads((await caller.next_message()).payload)
-        assert reply["ok"] and reply["trace_id"] == TRACE
+            for trace_id, (tool, arguments) in CALLS.items():
+                await caller.publish(
+                    f"{prefix}/call/{tool}",
+                    json.dumps({"arguments": arguments}),
+                    response_topic=reply_topic,
+                    correlation=trace_id.encode(),
+                    user_properties=(
+                        ("traceparent", TRACEPARENT.replace(TRACE, trace_id)),
+                        ("tracestate", "vendor=e2e"),
+                        ("baggage", "tenant=kitchen"),
+                    ),
+                )
+                reply = json.loads((await caller.next_message()).payload)
+                assert reply["ok"] and reply["trace_id"] == trace_id, reply
     finally:
         serve.send_signal(signal.SIGTERM)  # shutdown flushes the batched spans
         async with asyncio.timeout(30):
             assert await serve.wait() == 0
 
+    for trace_id, (tool, _) in CALLS.items():
+        await _check_trace(phoenix, trace_id, prefix, tool, reply_topic)
+
+
+async def _check_trace(
+    phoenix: str, trace_id: str, prefix: str, tool: str, reply_topic: str
+) -> None:
+    """caller -> process -> execute_tool -> tools/call (ours) -> MCP send (the SDK's) ->
+    tools/call (the server's), each link by trace id and parent span id."""
     # Phoenix stores what it accepted asynchronously: no event to wait on, so ask again
     # (bounded) until the demo server's span, the last to arrive, is there.
     async with asyncio.timeout(60):
         while True:
-            found = await asyncio.to_thread(spans_of, phoenix, TRACE)
-            by_id = {s["context"]["span_id"]: s for s in found}
-            calls = [s for s in found if s["name"] == "tools/call get_device_sensor_data"]
+            found = await asyncio.to_thread(spans_of, phoenix, trace_id)
+            calls = [s for s in found if s["name"] == f"tools/call {tool}"]
             if len(calls) == 2:
                 break
             await asyncio.sleep(0.5)
 
-    def parent(span: dict[str, Any]) -> dict[str, Any]:
-        return by_id[span["parent_id"]]
+    def one(name: str) -> dict[str, Any]:
+        [span] = [s for s in found if s["name"] == name]
+        return span
 
-    consumer = next(
-        s for s in found if s["name"] == f"process {prefix}/call/get_device_sensor_data"
-    )
-    assert consumer["parent_id"] == "051581bf3cb55c13"  # the caller's span
-    ours = next(s for s in calls if s["attributes"].get("toolbus.mcp.server") == "devices")
-    theirs = next(s for s in calls if s is not ours)
-    assert parent(ours)["name"] == "execute_tool get_device_sensor_data"
-    assert parent(parent(ours)) is consumer
+    def span_id(span: dict[str, Any]) -> str:
+        return str(span["context"]["span_id"])
+
+    assert {s["context"]["trace_id"] for s in found} == {trace_id}
+    consumer = one(f"process {prefix}/call/{tool}")
+    assert consumer["parent_id"] == CALLER_SPAN
+    execute = one(f"execute_tool {tool}")
+    assert execute["parent_id"] == span_id(consumer)
+    # Ours is the worker's MCP client span; the server's names the protocol it spoke.
+    [ours] = [s for s in calls if s["attributes"].get("toolbus.mcp.server") == "devices"]
+    [theirs] = [s for s in calls if "mcp.protocol.version" in s["attributes"]]
+    assert ours["parent_id"] == span_id(execute)
+    assert ours["attributes"]["mcp.method.name"] == "tools/call"
+    assert ours["attributes"]["gen_ai.tool.name"] == tool
+    sdk = one(f"MCP send tools/call {tool}")  # the SDK's, which writes the request's _meta
+    assert sdk["parent_id"] == span_id(ours)
     # The demo server (another process) continued the trace from the request's _meta.
-    assert parent(theirs)["name"] == "MCP send tools/call get_device_sensor_data"
-    assert parent(parent(theirs)) is ours
-    assert any(s["name"] == f"send {reply_topic}" for s in found)
+    assert theirs["parent_id"] == span_id(sdk)
+    assert theirs["attributes"]["gen_ai.tool.name"] == tool
+    assert one(f"send {reply_topic}")["parent_id"] == span_id(consumer)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
+import logging
 import signal
 import time
 import uuid
@@ -289,3 +291,74 @@ def test_a_refused_subscription_is_found_in_the_suback() -> None:
     assert refused_filters(filters, granted) == [("$share/toolbus/toolbus/tools/#", 0x87)]
     assert refused_filters(filters, [1, 0x80]) == [(filters[1], 0x80)]  # MQTT 3.1.1's failure
     assert refused_filters(filters, [0, 1]) == []
+
+
+async def test_an_unsubscribe_waiting_for_its_unsuback_fails_when_the_broker_dies(
+    tmp_path: Path,
+) -> None:
+    """A worker stopping as its broker stops unsubscribes first: once the connection is
+    lost that fails at once, not after the connection's own 30 s bound."""
+    own = Broker(tmp_path)
+    own.start()
+    try:
+        url = BrokerUrl.from_url(own.url)
+        async with MqttConnection(url, timeout_s=30) as conn:
+            await conn.subscribe(["t/#"])
+            assert own.process is not None
+            own.process.send_signal(signal.SIGSTOP)
+            waiting = asyncio.create_task(conn.unsubscribe(["t/#"]))
+            done, _ = await asyncio.wait({waiting}, timeout=0.3)
+            assert not done  # no UNSUBACK from a stopped broker
+            own.kill()
+            started = time.monotonic()
+            with pytest.raises(TransportError):
+                async with asyncio.timeout(10):
+                    await waiting
+            assert time.monotonic() - started < 5
+    finally:
+        own.kill()
+
+
+async def test_a_connection_lost_while_nobody_reads_leaves_no_error_unretrieved(
+    tmp_path: Path,
+) -> None:
+    """aiomqtt keeps the loss in a future only its message stream reads; a connection
+    closed after its loss reads it, or asyncio logs "Future exception was never
+    retrieved" (a worker that stops as its broker goes logged two)."""
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    own = Broker(tmp_path)
+    own.start()
+    try:
+        conn = MqttConnection(BrokerUrl.from_url(own.url))
+        async with conn:
+            own.kill()
+            with pytest.raises(TransportError):  # fails once paho has seen the loss
+                async with asyncio.timeout(10):
+                    await conn.publish(Outbound(topic="t/x", payload=b"1"))
+        del conn
+        gc.collect()
+        assert unhandled == []
+    finally:
+        loop.set_exception_handler(previous)
+        own.kill()
+
+
+async def test_paho_logs_a_dropped_connection_as_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """paho says "failed to receive on socket" at ERROR when a broker resets the
+    connection; the worker logs the loss itself and reconnects, so it is a warning.
+    paho's other errors keep their level."""
+    conn = MqttConnection(BrokerUrl.from_url("mqtt://127.0.0.1:1"))
+    inner = paho_of(conn._client)
+    with caplog.at_level(logging.WARNING, logger="mqtt"):
+        reset = ConnectionResetError(104, "Connection reset by peer")
+        inner._easy_log(paho.MQTT_LOG_ERR, "failed to receive on socket: %s", reset)
+        inner._easy_log(paho.MQTT_LOG_ERR, "Caught exception in on_socket_open: %s", reset)
+    assert [(r.name, r.levelno) for r in caplog.records] == [
+        ("mqtt", logging.WARNING),
+        ("mqtt", logging.ERROR),
+    ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import re
 import time
@@ -17,12 +18,22 @@ from typing import Any
 
 import pytest
 
-from tests.harness import DEMO_SERVER, Broker, free_port, make_settings, running_worker
+from tests.harness import (
+    DEMO_SERVER,
+    Broker,
+    free_port,
+    make_settings,
+    measured,
+    running_worker,
+)
+from tests.logwait import watching
 from tests.mqtt import Caller, call_topic, correlation_of, reply_topic_for
 from tests.tools import Probe, probe_tools, quits
 from toolbus.config import Settings
 from toolbus.service import Worker
 from toolbus.wiring import build_worker
+
+STOPPED_AT_ONCE_S = 10.0  # a third of the publish timeout these tests set
 
 
 async def device_state(caller: Caller, worker: Worker, name: str) -> dict[str, Any]:
@@ -447,3 +458,41 @@ async def test_a_cancelled_start_leaves_nothing_running() -> None:
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(worker.__aenter__(), timeout=0.3)
     assert [t for t in asyncio.all_tasks() if t.get_name() == "worker:cancelled-start"] == []
+
+
+async def test_a_stop_while_the_broker_is_down_gives_late_replies_up_at_once(
+    tmp_path: Path, probe: Probe
+) -> None:
+    """Stopped while its broker is gone: a call that ends within the grace period has no
+    connection to reply on, and none will come (the worker stops, it does not
+    reconnect). Its reply is lost at once, with a warning, not after `publish_timeout_s`
+    of waiting for a reconnect; nothing is logged as an error."""
+    own = Broker(tmp_path)  # a broker of this test's own: it gets killed
+    own.start()
+    try:
+        settings = make_settings(own, shutdown_grace_s=10.0, publish_timeout_s=30.0)
+        with watching("toolbus", level=logging.WARNING) as logged:
+            async with running_worker(settings, probe_tools(probe)) as worker:
+                async with Caller(own.url) as caller:
+                    await caller.publish(
+                        call_topic(worker.topics, "gate"),
+                        json.dumps({"id": "late"}),
+                        response_topic=reply_topic_for(worker.topics),
+                    )
+                    await probe.wait_active(1)
+                with watching("toolbus.service", "connection lost") as lost:
+                    own.kill()
+                    async with asyncio.timeout(10):
+                        await lost.seen.wait()
+                opener = asyncio.create_task(open_gate_when_draining(worker, probe))
+                started = time.monotonic()
+                async with asyncio.timeout(STOPPED_AT_ONCE_S):
+                    await worker.__aexit__(None, None, None)
+            await opener
+        measured(f"stop with the broker gone, a call in flight: {time.monotonic() - started:.2f} s")
+        assert probe.active == 0  # the call ran to its end
+        lost_replies = [r for r in logged.records if r.name == "toolbus.publisher"]
+        assert [r.levelno for r in lost_replies] == [logging.WARNING]
+        assert [r for r in logged.records if r.levelno >= logging.ERROR] == []
+    finally:
+        own.kill()

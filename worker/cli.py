@@ -7,7 +7,8 @@ Exit codes of `call`/`tools`: 0 ok, 1 the tool or worker answered with an error,
 exits 2 on a configuration error and 4 when the broker refuses it at the first connect
 (its certificate fails verification, or it rejects the credentials). A configuration
 error is printed one problem per line (see `toolbus.config.problems`). `call` and
-`tools` live in `cli_ask`.
+`tools` live in `cli_ask` (what `call` was typed as, in `cli_values`); `status` and
+`mappings` in their `*_command` modules, with their own exit codes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from toolbus import __version__
+from toolbus.cli_values import json_object, pair
 from toolbus.config.problems import ConfigError
 from toolbus.contracts import ToolsFormat
 
@@ -31,16 +33,39 @@ SCHEMAS_DIR = Path("schemas")
 ASYNCAPI_PATH = Path("docs/asyncapi.yaml")
 
 
+class _IntermixedParser(argparse.ArgumentParser):
+    """A subcommand's parser whose positionals and options may come in any order
+    (`toolbus call echo --timeout 5 text=hi`). argparse does that only in
+    `parse_intermixed_args`, which refuses a parser with subcommands, so each
+    subcommand's parser (none has subcommands) parses itself that way."""
+
+    _inner = False
+
+    def parse_known_args(  # type: ignore[override]  # typeshed overloads; same signature
+        self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._inner:  # the two passes `parse_known_intermixed_args` makes
+            return super().parse_known_args(args, namespace)
+        self._inner = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inner = False
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="toolbus",
         description="Execute AI tool calls arriving over MQTT, and talk to the workers that do.",
         epilog="Exit codes: 0 ok; 1 the tool or worker answered with an error (health: "
-        "unhealthy); 2 usage or configuration error; 3 no reply in time; 4 broker "
+        "unhealthy; mappings: unknown tool or a server down); 2 usage or configuration "
+        "error; 3 no reply in time (status --once: no worker online); 4 broker "
         "unreachable or refusing. `toolbus COMMAND --help` for each command.",
     )
     parser.add_argument("--version", action="version", version=f"toolbus {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, help="what to do")
+    sub = parser.add_subparsers(
+        dest="command", required=True, help="what to do", parser_class=_IntermixedParser
+    )
 
     def config_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", type=Path, help="config file (TOML or JSON)")
@@ -64,9 +89,21 @@ def _parser() -> argparse.ArgumentParser:
     config_flags(call)
     call.add_argument("tool", help="the tool's name, or any alias or spelling that resolves")
     call.add_argument(
-        "pairs", nargs="*", metavar="key=value", help="arguments; values as JSON or text"
+        "pairs",
+        nargs="*",
+        default=[],  # none is fine: argparse would call a `*` without a default required
+        type=pair,
+        metavar="key=value|key:=JSON",
+        help='arguments: key=value sends the text value (n=5 sends "5"); key:=JSON sends '
+        "the JSON value (n:=5, on:=true); options may stand between them",
     )
-    call.add_argument("--json", dest="json_args", help="arguments as a JSON object")
+    call.add_argument(
+        "--json",
+        dest="json_args",
+        type=json_object,
+        metavar="OBJECT",
+        help="arguments as a JSON object (pairs given too win over its keys)",
+    )
     call.add_argument(
         "--timeout",
         type=float,
@@ -77,7 +114,8 @@ def _parser() -> argparse.ArgumentParser:
         "--attempts",
         type=int,
         default=3,
-        help="sends in all, the same id each time, while no reply comes (1: no re-send)",
+        help="sends in all, the same id each time, while no reply comes (1: no re-send); "
+        "each re-send is told on stderr",
     )
     call.add_argument(
         "--retry-interval",
@@ -95,12 +133,15 @@ def _parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds to wait for a worker, and for the broker connection (10 s at most)",
     )
-    tools.add_argument("--json", action="store_true", help="print the raw definitions")
+    tools.add_argument(
+        "--json", action="store_true", help="print our definitions as JSON, not as a table"
+    )
     tools.add_argument(
         "--format",
         choices=[f.value for f in ToolsFormat],
         default=ToolsFormat.TOOLBUS.value,
-        help="the definitions' shape: ours, or what a provider's SDK takes (default toolbus)",
+        help="the definitions' shape: ours (default; a table unless --json), or what a "
+        "provider's SDK takes, printed as that JSON",
     )
 
     from toolbus.healthcheck import add_arguments as health_arguments
@@ -122,10 +163,11 @@ def _parser() -> argparse.ArgumentParser:
         "--asyncapi", type=Path, default=ASYNCAPI_PATH, help="the AsyncAPI document's path"
     )
 
-    mappings = sub.add_parser("mappings", help="print every accepted spelling per tool (Markdown)")
-    mappings.add_argument("tool", nargs="?", help="one tool (any name that resolves)")
-    mappings.add_argument("--config", type=Path, help="config file (TOML or JSON)")
-    mappings.add_argument("--mcp-config", type=Path, help="MCP client config file with mcpServers")
+    from toolbus.mappings_command import add_arguments as mappings_arguments
+
+    mappings_arguments(
+        sub.add_parser("mappings", help="print every accepted spelling per tool (Markdown)")
+    )
 
     from toolbus.bench.command import add_arguments as bench_arguments
 
@@ -284,33 +326,9 @@ def _schemas(args: argparse.Namespace) -> int:
 
 
 def _mappings(args: argparse.Namespace) -> int:
-    """Starts the configured MCP servers (no broker needed) and prints what they accept."""
-    from toolbus.backends.local import load_entry_points
-    from toolbus.backends.mcp import McpBackend
-    from toolbus.errors import UnknownTool
-    from toolbus.normalization.mappings import render
-    from toolbus.observability.logs import setup_logging
-    from toolbus.tools import BUILTIN_TOOLS
-    from toolbus.wiring import build_executor, build_registry
+    from toolbus.mappings_command import run
 
-    settings = _settings(args)
-    setup_logging("WARNING", settings.log_format)
-    registry = build_registry([*BUILTIN_TOOLS, *load_entry_points()], settings)
-    executor = build_executor(settings, registry)
-
-    async def discover() -> None:
-        backend = McpBackend(settings.mcp_servers, registry, settings.tools, settings.mcp)
-        budget_s = max((c.connect_timeout_s for c in settings.mcp_servers.values()), default=0) + 5
-        async with backend, asyncio.timeout(budget_s):
-            await backend.wait_settled()
-
-    asyncio.run(discover())
-    try:
-        print(render(registry, executor.normalizer, args.tool))
-    except UnknownTool as exc:
-        print(f"toolbus: {exc.message}", file=sys.stderr)
-        return EXIT_ERROR
-    return EXIT_OK
+    return run(args, _settings(args), os.environ)
 
 
 def _health(args: argparse.Namespace) -> int:

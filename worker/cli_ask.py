@@ -15,30 +15,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from toolbus import cli_values
 from toolbus.cli import EXIT_BROKER, EXIT_ERROR, EXIT_NO_REPLY, EXIT_OK, _settings
 from toolbus.client import Client, Retry
 from toolbus.contracts import ToolsFormat
 from toolbus.errors import NoReply, ToolbusError
 from toolbus.transport import TransportError
-
-
-def parse_pairs(pairs: list[str], json_args: str | None) -> dict[str, Any]:
-    """`key=value` pairs (value parsed as JSON when it is JSON, else text) over `--json`."""
-    arguments: dict[str, Any] = {}
-    if json_args:
-        loaded = json.loads(json_args)
-        if not isinstance(loaded, dict):
-            raise ValueError("--json must be a JSON object")
-        arguments.update(loaded)
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"argument {pair!r} is not key=value")
-        try:
-            arguments[key] = json.loads(value)
-        except ValueError:
-            arguments[key] = value
-    return arguments
 
 
 def _client(args: argparse.Namespace, settings: Any) -> Client:
@@ -52,7 +34,13 @@ def _client(args: argparse.Namespace, settings: Any) -> Client:
         retry=Retry(getattr(args, "attempts", 3), getattr(args, "retry_interval", 5.0)),
         connect_timeout_s=min(timeout_s, 10.0),
         timeout_s=timeout_s,  # 0 or below: the Client refuses it, a usage error
+        on_resend=_tell_resend,
     )
+
+
+def _tell_resend(send: int, sends: int) -> None:
+    """The user waits on: say why nothing has come yet, and that it is sent again."""
+    print(f"toolbus: no reply yet, sending again ({send}/{sends})", file=sys.stderr, flush=True)
 
 
 def _talk(settings: Any, talk: Any) -> Any:
@@ -80,8 +68,8 @@ def _request(args: argparse.Namespace, topic_suffix: str, body: dict[str, Any]) 
 
 
 def call(args: argparse.Namespace) -> int:
-
-    arguments = parse_pairs(args.pairs, args.json_args)
+    """The reply as JSON; the exit code by its outcome."""
+    arguments = cli_values.arguments(args.pairs, args.json_args)
     settings = _settings(args)
     client = _client(args, settings)
 
@@ -102,7 +90,7 @@ def call(args: argparse.Namespace) -> int:
 
 
 def tools(args: argparse.Namespace) -> int:
-
+    """Ours as a table (`--json`: as JSON); a provider's format as JSON, for its SDK."""
     reply = _request(args, "tools", {"format": args.format})
     if isinstance(reply, int):
         return reply
@@ -110,22 +98,19 @@ def tools(args: argparse.Namespace) -> int:
         print(reply.model_dump_json(indent=2), file=sys.stderr)
         return EXIT_ERROR
     definitions: list[dict[str, Any]] = reply.result.structured["tools"]
-    if args.json:
+    ours = args.format == ToolsFormat.TOOLBUS
+    # A provider's format is asked for to be pasted into its SDK's `tools=`: JSON.
+    if args.json or not ours:
         print(json.dumps(definitions, indent=2))
         return EXIT_OK
-    ours = args.format == ToolsFormat.TOOLBUS
-    table = Table("tool", *(["origin"] if ours else []), "parameters", "description")
+    table = Table("tool", "origin", "parameters", "description")
     for tool in definitions:
-        # Chat Completions and Ollama nest the definition under `function`.
-        inner: dict[str, Any] = tool.get("function", tool)
-        schema = inner.get("inputSchema") or inner.get("input_schema") or inner.get("parameters")
-        schema = schema or {}
+        schema = tool.get("inputSchema") or {}
         required = set(schema.get("required", []))
         params = ", ".join(
             f"{name}{'' if name in required else '?'}" for name in schema.get("properties", {})
         )
-        origin = [tool["origin"]] if ours else []
-        table.add_row(inner["name"], *origin, params, (inner.get("description") or "")[:80])
+        table.add_row(tool["name"], tool["origin"], params, (tool.get("description") or "")[:80])
     # Piped: rich would fit the table to 80 columns and cut names that a grep needs.
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     return EXIT_OK

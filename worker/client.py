@@ -65,6 +65,8 @@ class Client:
         timeout_s: each request's deadline unless the call gives one. It travels as
             the request's MQTT expiry: the worker stops the call then and answers
             `timeout` (`CallTimeout`); with no answer at all, `NoReply`.
+        on_resend: called before each repeat of an unanswered request with that send's
+            number and the sends allowed (`2, 3`): `toolbus call` tells its user.
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class Client:
         client_id: str | None = None,
         connect_timeout_s: float = 10.0,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        on_resend: Callable[[int, int], None] | None = None,
     ) -> None:
         if caller_identity not in ("claim", "topic"):
             raise ValueError("caller_identity is `claim` or `topic`, as the workers have it")
@@ -99,6 +102,7 @@ class Client:
             client_id=client_id,
             retry=retry,
             connect_timeout_s=connect_timeout_s,
+            on_resend=on_resend,
         )
 
     async def __aenter__(self) -> Self:
@@ -153,6 +157,7 @@ class Client:
 
         `id` (random by default) is what a repeat is known by: the same id sent again,
         by this client's retries or by you later, is answered from the first run.
+        Arguments with no JSON form (NaN, infinities) raise `ValueError`, unsent.
         """
         ident = id or uuid.uuid4().hex
         body: dict[str, Any] = {"id": ident, "arguments": dict(arguments or {})}
@@ -278,7 +283,8 @@ class Client:
             raise ValueError("timeout_s must be positive")
         return await self._requester.request(
             topic,
-            json.dumps(body, separators=(",", ":")).encode(),
+            # Never NaN or Infinity on the wire: Python writes them, JSON has no such thing.
+            json.dumps(body, separators=(",", ":"), allow_nan=False).encode(),
             parse,
             timeout_s=deadline_s,
             grace_s=REPLY_GRACE_S,

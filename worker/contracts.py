@@ -119,6 +119,9 @@ class Options(_Wire):
         default=None, max_length=512, description="W3C trace context, for MQTT 3.1.1 callers."
     )
     tracestate: str | None = Field(default=None, max_length=512)
+    baggage: str | None = Field(
+        default=None, max_length=8192, description="W3C baggage, for MQTT 3.1.1 callers."
+    )
     publish_trace: bool | None = Field(
         default=None,
         description="Publish this call's spans as OTLP JSON on `{reply_topic}/trace`.",
@@ -195,6 +198,12 @@ class Reply(_Wire):
     traceparent: str | None = Field(
         default=None, description="W3C context of the reply, for MQTT 3.1.1 callers."
     )
+    tracestate: str | None = Field(
+        default=None, description="W3C trace state of the reply, for MQTT 3.1.1 callers."
+    )
+    baggage: str | None = Field(
+        default=None, description="W3C baggage of the reply, for MQTT 3.1.1 callers."
+    )
     replayed: bool = Field(
         default=False,
         description="True when this answers a repeat (the same request id, from the same "
@@ -227,6 +236,12 @@ class CallsReply(_Wire):
     trace_id: str | None = Field(default=None, description="The trace this message belongs to.")
     traceparent: str | None = Field(
         default=None, description="W3C context of the reply, for MQTT 3.1.1 callers."
+    )
+    tracestate: str | None = Field(
+        default=None, description="W3C trace state of the reply, for MQTT 3.1.1 callers."
+    )
+    baggage: str | None = Field(
+        default=None, description="W3C baggage of the reply, for MQTT 3.1.1 callers."
     )
 
 

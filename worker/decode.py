@@ -31,6 +31,7 @@ from toolbus.errors import BadRequest, Forbidden, ToolbusError
 from toolbus.formats import envelope
 from toolbus.formats.incoming import ENVELOPE, Shape, Wanted, read, strict_json
 from toolbus.messages import Inbound
+from toolbus.observability.propagation import TRACE_HEADERS
 from toolbus.topics import Route, Topics
 from toolbus.untrusted import may_hold_surrogates, shown, surrogate_path, text_problem
 
@@ -54,7 +55,7 @@ class Call:
     list_tools: bool = False
     topic_path: bool = False  # the tool came from the topic (and may be `caller/tool`)
     payload_bytes: int = 0  # size of the message that carried the call
-    trace_fields: dict[str, str] = field(default_factory=dict)  # body traceparent/tracestate
+    trace_fields: dict[str, str] = field(default_factory=dict)  # body trace context, baggage
     publish_trace: bool = False
     user_properties: tuple[tuple[str, str], ...] = field(default=())
     deadline_at: float | None = None  # time.monotonic() after which the sender stops caring
@@ -91,6 +92,7 @@ class Rejected:
     id: str
     reply: ReplyAddress | None = None
     id_generated: bool = False
+    trace_fields: dict[str, str] = field(default_factory=dict)  # as a Call's, when readable
 
 
 def decode(
@@ -133,7 +135,13 @@ def decode(
             ident, generated = raw_id, False
         else:
             ident, generated = _new_id(), True
-        return Rejected(error, message.topic, message.payload, ident, reply, generated)
+        # A 3.1.1 caller's trace goes on through its refusal, as it would through a call.
+        fields = (
+            {k: v for k in TRACE_HEADERS if isinstance(v := body.get(k), str)}
+            if isinstance(body, dict)
+            else {}
+        )
+        return Rejected(error, message.topic, message.payload, ident, reply, generated, fields)
 
 
 def _enveloped(
@@ -332,11 +340,7 @@ def _template(
             k == PUBLISH_TRACE_PROPERTY and v.lower() in ("1", "true")
             for k, v in message.user_properties
         ),
-        trace_fields={
-            k: v
-            for k, v in (("traceparent", request.traceparent), ("tracestate", request.tracestate))
-            if v
-        },
+        trace_fields={k: v for k in TRACE_HEADERS if (v := getattr(request, k))},
         user_properties=message.user_properties,
         deadline_at=deadline,
         tools_format=request.format or ToolsFormat.TOOLBUS,

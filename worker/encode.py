@@ -98,9 +98,9 @@ def outbound_reply(
     trace_headers: tuple[tuple[str, str], ...] = (),
 ) -> Outbound:
     """The reply as a publish; an MQTT 3.1.1 caller (no correlation data) gets the
-    trace context in the body too, since it cannot read user properties."""
+    trace context and baggage in the body too, since it cannot read user properties."""
     if trace_headers and address.correlation_data is None:
-        reply = reply.model_copy(update={"traceparent": dict(trace_headers).get("traceparent")})
+        reply = reply.model_copy(update=dict(trace_headers))
     return Outbound(
         topic=address.topic,
         payload=reply.model_dump_json(by_alias=True, exclude_none=True).encode(),

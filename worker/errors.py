@@ -40,6 +40,9 @@ from toolbus.contracts import ErrorBody, ErrorCode, Reply
 
 class ToolbusError(Exception):
     code: ClassVar[ErrorCode]
+    # False when the tool was certainly never asked (an MCP server's session was down when
+    # the call came): its request id is left free to run again, not answered for good.
+    reached_tool: bool = True
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)

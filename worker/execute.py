@@ -65,7 +65,7 @@ class Outcome:
     error: ToolbusError | None = None
     normalized: list[Change] = field(default_factory=list)
     duration_ms: float = 0.0
-    invoked: bool = False  # the tool was called: it may have taken effect
+    invoked: bool = False  # the tool was asked: it may have taken effect
 
     @property
     def ok(self) -> bool:
@@ -173,6 +173,7 @@ class Executor:
                 outcome.result = await self._run(tool, arguments, self.deadline_s(call, tool))
             except ToolbusError as error:
                 outcome.error = error
+                outcome.invoked = outcome.invoked and error.reached_tool
                 mark_failed(span, error.code.value, error)
             except Exception as exc:
                 log.exception("internal error in call %s to %s", call.id, call.tool)

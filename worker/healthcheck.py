@@ -25,8 +25,9 @@ DEFAULT_TIMEOUT_S = 3.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
-        help="what to GET (default: http://{http_host}:{http_port}/readyz from the settings, "
-        "127.0.0.1 for a worker bound to 0.0.0.0)",
+        help="what to GET: a URL without a path asks its /readyz (default: "
+        "http://{http_host}:{http_port}/readyz from the settings, 127.0.0.1 for a worker "
+        "bound to 0.0.0.0)",
     )
     parser.add_argument(
         "--timeout",
@@ -43,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """0 when the URL answers 200, else 1 with the reason on stderr."""
-    url = args.url or _url_from_settings(args.config)
+    url = readyz_unless_a_path(args.url) if args.url else _url_from_settings(args.config)
     if url is None:
         return EXIT_UNHEALTHY
     try:
@@ -58,6 +59,14 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_HEALTHY
     print(f"toolbus health: {url} answered {status}{summary}", file=sys.stderr)
     return EXIT_UNHEALTHY
+
+
+def readyz_unless_a_path(url: str) -> str:
+    """`http://host:port` (or `.../`) asks the worker's /readyz; a URL with a path, that path."""
+    parts = urlsplit(url)
+    if parts.path in ("", "/"):
+        return parts._replace(path="/readyz").geturl()
+    return url
 
 
 def default_url(host: str, port: int) -> str:

@@ -35,7 +35,7 @@ from toolbus.inflight import Slots
 from toolbus.messages import Inbound, Outbound
 from toolbus.observability.export import COLLECTOR, TraceCollector, descendants, otlp_json
 from toolbus.observability.metrics import Metrics
-from toolbus.observability.propagation import extract_context, inject_headers
+from toolbus.observability.propagation import carrying_baggage, extract_context, inject_headers
 from toolbus.observability.spans import (
     child_span,
     default_tracer,
@@ -136,26 +136,28 @@ class Pipeline:
         answered = False
         try:
             decoded = decode(message, self.topics, self._max_payload_bytes, self._max_calls)
-            fields = None if isinstance(decoded, Rejected) else decoded.trace_fields
-            context = extract_context(message.user_properties, fields)
+            context = extract_context(message.user_properties, decoded.trace_fields)
             if context is None and records_nothing(self._tracer):
                 # No SDK and no caller's trace to pass on: no span at all, not even a no-op
                 # one (three of them cost a fifth of a local call).
                 await self._dispatch(message, decoded)
                 answered = True
                 return
-            with self._tracer.start_as_current_span(
-                f"process {shown(message.topic)}",
-                context=context,
-                kind=trace.SpanKind.CONSUMER,
-                attributes=messaging_attributes(
-                    "process",
-                    shown(message.topic),
-                    decoded.id,
-                    self._worker_id,
-                    **{"messaging.message.body.size": len(message.payload)},
-                ),
-            ) as span:
+            with (
+                carrying_baggage(context),
+                self._tracer.start_as_current_span(
+                    f"process {shown(message.topic)}",
+                    context=context,
+                    kind=trace.SpanKind.CONSUMER,
+                    attributes=messaging_attributes(
+                        "process",
+                        shown(message.topic),
+                        decoded.id,
+                        self._worker_id,
+                        **{"messaging.message.body.size": len(message.payload)},
+                    ),
+                ) as span,
+            ):
                 traced = self._trace_wanted(decoded)
                 if traced:
                     self._collector.watch(span.get_span_context().trace_id)

@@ -3,6 +3,10 @@
 A reply must survive a broker blip: `publish` waits for the connection the worker
 re-establishes and retries a failed publish, all within `publish_timeout_s`; only
 then is the message given up, with an error in the log. It never raises.
+
+Once the worker is stopping no connection follows the current one (`last_connection`):
+a publish that finds it gone gives the message up at once, with a warning, instead of
+waiting out its bound for a reconnect that will not come.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ class ConnectionPublisher:
         self._timeout_s = timeout_s
         self._conn: MqttConnection | None = None
         self._connected = asyncio.Event()
+        self._last = False  # stopping: no connection follows the current one
+        self._changed = asyncio.Event()  # set on attach and on `last_connection`
 
     @property
     def connected(self) -> bool:
@@ -39,11 +45,21 @@ class ConnectionPublisher:
         """The worker connected: publish through `conn` from now on."""
         self._conn = conn
         self._connected.set()
+        self._changed.set()
 
     def detach(self) -> None:
         """The connection is gone: publishes wait for the next one."""
         self._connected.clear()
+        self._changed.clear()
         self._conn = None
+
+    def last_connection(self) -> None:
+        """The worker is stopping: the current connection (if any) is the last one."""
+        self._last = True
+        self._changed.set()  # wakes the publishes waiting for a reconnect
+
+    def _gone_for_good(self, conn: MqttConnection | None) -> bool:
+        return self._last and (conn is None or not conn.connected)
 
     async def publish(self, out: Outbound) -> None:
         if (problem := topic_problem(out.topic)) is not None:
@@ -60,9 +76,16 @@ class ConnectionPublisher:
         try:
             while True:
                 conn = self._conn
+                if self._gone_for_good(conn):
+                    log.warning(
+                        "could not publish to %s: the broker connection is gone and the "
+                        "worker is stopping: message lost",
+                        out.topic,
+                    )
+                    return
                 if conn is None or not self._connected.is_set():
                     async with asyncio.timeout_at(deadline):
-                        await self._connected.wait()
+                        await self._changed.wait()
                     continue
                 remaining_s = deadline - loop.time()
                 if remaining_s <= 0:
@@ -70,6 +93,8 @@ class ConnectionPublisher:
                 try:
                     await conn.publish(out, timeout_s=remaining_s)
                 except TransportError as exc:
+                    if self._gone_for_good(conn):
+                        continue  # said once, above
                     log.debug("publish to %s failed (%s); retrying", out.topic, exc)
                     await asyncio.sleep(min(RETRY_PUBLISH_DELAY_S, remaining_s))
                 else:

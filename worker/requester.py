@@ -69,6 +69,8 @@ class Requester:
         client_id: the MQTT client identifier.
         retry: when and how often a request is sent again.
         connect_timeout_s: bound on the first connection (and each acknowledgement).
+        on_resend: called before each repeat with its send's number and the sends
+            allowed (2, 3 for the second of three), e.g. to tell a waiting user.
     """
 
     def __init__(
@@ -79,8 +81,10 @@ class Requester:
         client_id: str,
         retry: Retry,
         connect_timeout_s: float,
+        on_resend: Callable[[int, int], None] | None = None,
     ) -> None:
         self._broker = broker
+        self._on_resend = on_resend
         self._retry = retry
         self.client_id = client_id
         self.reply_topic = reply_topic
@@ -153,6 +157,8 @@ class Requester:
                 if attempt:
                     self.resent += 1
                     log.info("no reply to %s yet: sending it again (%d)", what, attempt + 1)
+                    if self._on_resend is not None:
+                        self._on_resend(attempt + 1, self._retry.attempts)
                 await self._send(
                     Outbound(
                         topic=topic,

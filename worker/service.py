@@ -255,13 +255,13 @@ class Worker:
 
     def _ack(self, message: Inbound) -> None:
         """Answered: acknowledge it, on the connection it came from if that one is live."""
-        conn = self._conn
-        if conn is None or not conn.ack(message):
+        if (conn := self._conn) is None or not conn.ack(message):
             log.debug("answered a request from an earlier connection: the broker resends it")
 
     async def _begin_stopping(self) -> None:
         self.draining.set()
         self.pipeline.stopping()  # calls cancelled from here on answer `unavailable`
+        self._publisher.last_connection()  # no reconnect now: a lost one is lost for good
         await self._status.pause()  # no heartbeat while draining: `stop` says the last word
 
     async def _finish_handlers(self, deadline: float | None = None) -> None:

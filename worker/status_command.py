@@ -4,7 +4,9 @@ Imported whenever `toolbus` builds its parser, so it imports nothing heavy at th
 the view (rich, the transport) loads only when `status` runs. `--once` prints a
 snapshot and exits; `--json` prints it as JSON for scripts (implies `--once`); otherwise
 a live view until Ctrl-C (see `status_view`). Exit codes: 0 shown, 2 a usage or
-configuration error (cli.py), 4 the broker cannot be reached within `--timeout`.
+configuration error (cli.py), 3 (`--once`, `--json`) shown but no worker is online:
+nobody would answer a call, as `toolbus call`'s 3 says, 4 the broker cannot be reached
+within `--timeout`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import argparse
 import asyncio
 import sys
 
-EXIT_OK, EXIT_BROKER = 0, 4  # as cli.py's
+EXIT_OK, EXIT_NO_WORKER, EXIT_BROKER = 0, 3, 4  # as cli.py's (3: its EXIT_NO_REPLY)
 
 
 def add_arguments(status: argparse.ArgumentParser) -> None:
@@ -22,7 +24,9 @@ def add_arguments(status: argparse.ArgumentParser) -> None:
         "servers (state at each worker, last error) from the retained status topics."
     )
     status.add_argument(
-        "--once", action="store_true", help="print a snapshot once the retained statuses are in"
+        "--once",
+        action="store_true",
+        help="print a snapshot once the retained statuses are in; exit 3 when no worker is online",
     )
     status.add_argument(
         "--json", action="store_true", help="print the snapshot as JSON (implies --once)"
@@ -47,16 +51,18 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, None, broker_url=args.broker)
     # Only the prefix matters here (wiring.topics_for would import the whole worker).
     topics = Topics(settings.topic_prefix, settings.shared_group, settings.allowed_reply_prefixes)
-    if args.once or args.json:
-        view = once(settings.broker, topics, args.timeout, as_json=args.json)
-    else:
-        view = live(settings.broker, topics, args.timeout)
     try:
-        asyncio.run(view)
+        if not (args.once or args.json):
+            asyncio.run(live(settings.broker, topics, args.timeout))  # until Ctrl-C
+            return EXIT_OK
+        pool = asyncio.run(once(settings.broker, topics, args.timeout, as_json=args.json))
     except (TransportError, TimeoutError) as exc:
         why = str(exc) or f"no connection within {args.timeout} s"
         print(f"toolbus: cannot reach the broker at {settings.broker}: {why}", file=sys.stderr)
         return EXIT_BROKER
     except KeyboardInterrupt:
-        pass  # the live view's way out
+        return EXIT_OK  # the live view's way out
+    if not any(worker.state == "online" for worker in pool.workers()):
+        print(f"toolbus: no worker online under {topics.prefix}/", file=sys.stderr)
+        return EXIT_NO_WORKER
     return EXIT_OK

@@ -30,14 +30,15 @@ REFRESH_S = 1.0  # the live view's redraw without news: ages advance, expired ro
 RECONNECT_MAX_DELAY_S = 10.0
 
 
-async def once(broker: BrokerUrl, topics: Topics, timeout_s: float, *, as_json: bool) -> None:
-    """Print what is retained now, as tables or (`as_json`) JSON."""
+async def once(broker: BrokerUrl, topics: Topics, timeout_s: float, *, as_json: bool) -> Pool:
+    """Print what is retained now, as tables or (`as_json`) JSON; the pool shown."""
     pool = await snapshot(broker, topics, timeout_s=timeout_s)
     if as_json:
         print(json.dumps(pool.to_json(), indent=2))
     else:
         # Piped: rich would fit the table to 80 columns and cut names that a grep needs.
         Console(width=None if sys.stdout.isatty() else 200).print(render(pool, topics))
+    return pool
 
 
 async def live(broker: BrokerUrl, topics: Topics, timeout_s: float) -> None:

@@ -134,6 +134,7 @@ def build_worker(
         settings.mcp,
         child_env=child_env,
         listeners=[status.server_changed],
+        tracer=tracer,
     )
     metrics = Metrics(meter, server_states=mcp.states)
     executor = build_executor(
@@ -145,6 +146,7 @@ def build_worker(
             worker_id,
             prefix=settings.topic_prefix,
             max_records=settings.dedup_max_records,
+            on_emptied=metrics.dedup_store_emptied,
         ),
         settings.dedup_ttl_s,
         executor.idempotent,

@@ -15,7 +15,7 @@ from toolbus.asyncapi.providers import APPENDED, DEFINITIONS, REQUESTS
 from toolbus.asyncapi.wire import COMPONENT_SCHEMAS, wire_ref
 from toolbus.contracts import ReplyFormat
 from toolbus.decode import PUBLISH_TRACE_PROPERTY
-from toolbus.observability.propagation import MAX_HEADER_CHARS
+from toolbus.observability.propagation import MAX_BAGGAGE_CHARS, MAX_HEADER_CHARS
 from toolbus.untrusted import MAX_ECHO_BYTES
 
 BINDING_VERSION = "0.2.0"  # of the AsyncAPI MQTT bindings
@@ -34,19 +34,20 @@ _CORRELATION_DATA = {
 _TRACE_CONTEXT = {
     "traceparent": {"type": "string", "maxLength": MAX_HEADER_CHARS},
     "tracestate": {"type": "string", "maxLength": MAX_HEADER_CHARS},
+    "baggage": {"type": "string", "maxLength": MAX_BAGGAGE_CHARS},
 }
 _REQUEST_HEADERS = {
     "type": "object",
-    "description": "MQTT v5 user properties. W3C trace context (`traceparent`, "
-    "`tracestate`; MQTT 3.1.1 callers put them in the body), and "
+    "description": "MQTT v5 user properties. W3C trace context and baggage (`traceparent`, "
+    "`tracestate`, `baggage`; MQTT 3.1.1 callers put them in the body), and "
     f"`{PUBLISH_TRACE_PROPERTY}: 1` to have the call's spans published on "
     "`{reply_topic}/trace`.",
     "properties": {**_TRACE_CONTEXT, PUBLISH_TRACE_PROPERTY: {"const": "1"}},
 }
 _REPLY_HEADERS = {
     "type": "object",
-    "description": "MQTT v5 user properties: the W3C trace context of the reply (MQTT 3.1.1 "
-    "callers get `traceparent` in the body).",
+    "description": "MQTT v5 user properties: the W3C trace context and baggage of the reply "
+    "(MQTT 3.1.1 callers get them in the body).",
     "properties": _TRACE_CONTEXT,
 }
 _TRACE_HEADERS = {

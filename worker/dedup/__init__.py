@@ -19,7 +19,8 @@ compatible servers number each response's calls `call_0`, ...), it runs: over a
 finished record, which it replaces (its own repeats are then known), else unclaimed.
 
 A call that never reached its tool (unknown name, bad arguments, server down) releases
-its claim, so a repeat runs afresh. `Once` is the policy; stores keep the records.
+its claim, so a repeat runs afresh. A reply the store fails to take is kept by the
+worker and written again (`kept.py`). `Once` is the policy; stores keep the records.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from toolbus.dedup.kept import KeptReplies
 from toolbus.dedup.memory import MemoryStore
 from toolbus.dedup.store import Claim, DedupStore, Started, fingerprint
 from toolbus.errors import BadRequest, CallTimeout, InDoubt, ToolbusError
@@ -166,11 +168,22 @@ def _in_doubt(started: Started) -> InDoubt:
     )
 
 
-def open_store(url: str, worker_id: str, *, prefix: str, max_records: int = 10_000) -> DedupStore:
+def open_store(
+    url: str,
+    worker_id: str,
+    *,
+    prefix: str,
+    max_records: int = 10_000,
+    on_emptied: Callable[[], None] = lambda: None,
+) -> DedupStore:
     """`memory` (at most `max_records` kept) or `redis://host:port/db` (the
-    `toolbus[redis]` extra; Redis bounds its memory by the TTL and its own maxmemory)."""
+    `toolbus[redis]` extra; Redis bounds its memory by the TTL and its own maxmemory).
+    `on_emptied` hears each time a Redis store is found to have lost its records. A
+    reply Redis fails to take is kept and written again (at most `max_records` kept)."""
     if url == "memory":
         return MemoryStore(worker_id, max_records)
     from toolbus.dedup.redis import RedisStore  # noqa: PLC0415 -- only with a Redis store
 
-    return RedisStore(url, worker_id, prefix=prefix)
+    return KeptReplies(
+        RedisStore(url, worker_id, prefix=prefix, on_emptied=on_emptied), max_kept=max_records
+    )

@@ -2,8 +2,11 @@
 
 It protects against a requester's retries reaching the same worker; a crashed worker
 forgets everything, so replicas and crash-safe deduplication need the Redis store.
-Memory is bounded twice: by the TTL, and by `max_records` (the oldest finished calls
-go first), so a flood of ids costs at most `max_records` replies (about 1 KiB each).
+Memory is bounded twice: by the TTL, and by `max_records`, so a flood of ids costs at
+most `max_records` replies (about 1 KiB each). The bound is shared fairly between
+callers: at the bound, a finished record goes from a caller holding at least its even
+share, its oldest first, so one caller's flood of ids forgets that caller's own calls,
+never another's (the caller is the part of the key before `KEY_SEP`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Self
 
-from toolbus.dedup.store import UNKNOWN, Claim, Started
+from toolbus.dedup.store import KEY_SEP, UNKNOWN, Claim, Started
 
 
 @dataclass(slots=True)
@@ -33,8 +36,10 @@ class _Record:
 class MemoryStore:
     def __init__(self, worker_id: str, max_records: int = 10_000) -> None:
         self._me = Started(worker_id, uuid.uuid4().hex, 0.0)
-        # Oldest first: claims are appended, and finishing moves a record to the end.
         self._records: dict[str, _Record] = {}
+        # Finished records per caller, oldest finished first: what eviction chooses from.
+        self._finished: dict[str, dict[str, None]] = {}
+        self._finished_count = 0
         self._max_records = max_records
         self._claims = 0
 
@@ -43,31 +48,46 @@ class MemoryStore:
 
     async def __aexit__(self, *exc: object) -> None:
         self._records.clear()
+        self._finished.clear()
+        self._finished_count = 0
 
     def _live(self, key: str) -> _Record | None:
         record = self._records.get(key)
         if record is not None and record.expires_at <= time.monotonic():
-            del self._records[key]
+            self._forget(key)
             return None
+        return record
+
+    def _forget(self, key: str) -> _Record | None:
+        record = self._records.pop(key, None)
+        if record is not None and record.reply is not None:
+            owner = _owner(key)
+            finished = self._finished[owner]
+            del finished[key]
+            self._finished_count -= 1
+            if not finished:
+                del self._finished[owner]
         return record
 
     def _sweep(self) -> None:
         # Amortized: expired records go when the dict has grown past what is live.
         now = time.monotonic()
         for key in [k for k, r in self._records.items() if r.expires_at <= now]:
-            del self._records[key]
+            self._forget(key)
 
-    def _evict(self, count: int) -> None:
-        """The `count` oldest finished records; running ones (at most the worker's
-        concurrency) stay, or their repeats would run the call a second time."""
-        finished = []
-        for key, record in self._records.items():
-            if record.reply is not None:
-                finished.append(key)
-                if len(finished) == count:
-                    break
-        for key in finished:
-            del self._records[key]
+    def _evict(self, count: int, claimer: str) -> None:
+        """`count` finished records, each the oldest of a caller holding at least an even
+        share of them (the claimer itself first, when it does): a flood of one caller's ids
+        forgets its own. Running ones (at most the worker's concurrency) stay, or their
+        repeats would run the call a second time."""
+        for _ in range(count):
+            if not self._finished:
+                return
+            share = self._finished_count / len(self._finished)
+            owner = claimer if len(self._finished.get(claimer, ())) >= share else None
+            if owner is None:  # someone holds at least the average: the first such goes
+                owner = next(o for o, keys in self._finished.items() if len(keys) >= share)
+            self._forget(next(iter(self._finished[owner])))
 
     async def claim(self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN) -> Claim:
         record = self._live(key)
@@ -76,7 +96,7 @@ class MemoryStore:
             if self._claims % 1024 == 0:  # amortized; runs also at the bound
                 self._sweep()
             if len(self._records) >= self._max_records:
-                self._evict(len(self._records) - self._max_records + 1)
+                self._evict(len(self._records) - self._max_records + 1, _owner(key))
             started = Started(self._me.worker_id, self._me.incarnation, time.time(), fingerprint)
             self._records[key] = _Record(
                 time.monotonic() + ttl_s, started=started, fingerprint=fingerprint
@@ -97,19 +117,22 @@ class MemoryStore:
         seen = (previous.reply, previous.fingerprint)
         if record is None or record.reply is None or (record.reply, record.fingerprint) != seen:
             return False  # changed meanwhile
-        del self._records[key]
+        self._forget(key)
         return (await self.claim(key, ttl_s, fingerprint=fingerprint)).kind == "fresh"
 
     async def finish(
         self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = UNKNOWN
     ) -> None:
-        record = self._records.pop(key, None) or _Record(0.0, fingerprint=fingerprint)
+        record = self._forget(key) or _Record(0.0, fingerprint=fingerprint)
         record.expires_at, record.reply = time.monotonic() + ttl_s, reply
-        self._records[key] = record  # at the end: evicted last, whenever it was claimed
+        self._records[key] = record
+        # Last of its caller's: evicted by when it finished, whenever it was claimed.
+        self._finished.setdefault(_owner(key), {})[key] = None
+        self._finished_count += 1
         record.close()
 
     async def release(self, key: str) -> None:
-        record = self._records.pop(key, None)
+        record = self._forget(key)
         if record is not None:
             record.close()  # waiters look again and run the call themselves
 
@@ -127,3 +150,10 @@ class MemoryStore:
         except TimeoutError:
             return None
         return record.reply
+
+
+def _owner(key: str) -> str:
+    """Whose a key is: what `Once.key` puts before the id (the caller, or for an anonymous
+    client its reply topic, so anonymous clients are shared fairly too); "" without one."""
+    owner, sep, _ = key.rpartition(KEY_SEP)
+    return owner if sep else ""

@@ -7,6 +7,12 @@ on `{prefix}:dedup-done:{key}` for waiters. Each worker process keeps
 `{prefix}:alive:{worker_id}` set to its incarnation, refreshed well within its TTL: a
 run whose worker's key is gone, or names another incarnation (the same worker_id
 restarted), was cut short by a dead worker.
+
+Records must outlive a Redis restart (`appendonly yes`): a Redis that comes back empty
+has forgotten which calls ran, and their repeats run again. That cannot be undone, but
+it is not silent: `{prefix}:epoch` is written once (`SET NX`) by the first worker to use
+the store; every worker remembers it and reads it with each heartbeat, and on finding it
+gone or changed logs one ERROR and calls `on_emptied` (a metric), then adopts the new one.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Self
 
 import redis.asyncio as aioredis
@@ -40,13 +47,23 @@ return 0
 
 
 class RedisStore:
-    def __init__(self, url: str, worker_id: str, *, prefix: str, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        worker_id: str,
+        *,
+        prefix: str,
+        timeout_s: float = 5.0,
+        on_emptied: Callable[[], None] = lambda: None,
+    ) -> None:
         self._redis = aioredis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
         self._worker_id, self._incarnation = worker_id, uuid.uuid4().hex
         self._prefix = prefix
         self._heartbeat: asyncio.Task[None] | None = None
+        self._epoch: str | None = None  # the store's, as first seen; None until opened
+        self._on_emptied = on_emptied
 
     def _key(self, key: str) -> str:
         return f"{self._prefix}:dedup:{key}"
@@ -70,9 +87,34 @@ class RedisStore:
         await self._redis.aclose()
 
     async def _beat(self) -> None:
-        await self._redis.set(
-            self._alive(self._worker_id), self._incarnation, px=int(ALIVE_TTL_S * 1000)
+        """Say this incarnation lives, and see that the store still has its records: one
+        round trip for both."""
+        async with self._redis.pipeline(transaction=False) as both:
+            both.set(self._alive(self._worker_id), self._incarnation, px=int(ALIVE_TTL_S * 1000))
+            both.get(self._epoch_key())
+            _, epoch = await both.execute()
+        if self._epoch is None or _text(epoch) != self._epoch:
+            await self._check_epoch(_text(epoch))
+
+    def _epoch_key(self) -> str:
+        return f"{self._prefix}:epoch"
+
+    async def _check_epoch(self, found: str | None) -> None:
+        """Adopt the store's epoch (made now if it has none); a worker that knew another
+        one says loudly that the store lost its records."""
+        async with self._redis.pipeline(transaction=True) as adopt:
+            adopt.set(self._epoch_key(), uuid.uuid4().hex, nx=True)
+            adopt.get(self._epoch_key())
+            _, current = await adopt.execute()
+        known, self._epoch = self._epoch, _text(current)
+        if known is None:
+            return  # opening: whatever the store has is the start
+        log.error(
+            "dedup store emptied: its records of earlier calls are gone (Redis restarted "
+            "without persistence, or flushed); repeats of calls made before may run again",
+            extra={"epoch_was": known, "epoch_found": found, "epoch_now": self._epoch},
         )
+        self._on_emptied()
 
     async def _beat_forever(self) -> None:
         while True:

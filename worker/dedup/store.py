@@ -35,6 +35,9 @@ def fingerprint(tool: str, arguments: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+KEY_SEP = "\x1f"  # between the caller and the request id in a store key (`Once.key`)
+
+
 @dataclass(frozen=True, slots=True)
 class Started:
     """A run in progress: which worker (and which process of it), since when, and what

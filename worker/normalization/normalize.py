@@ -154,9 +154,17 @@ class Normalizer:
     @staticmethod
     def log_changes(tool: Tool, changes: list[Change]) -> None:
         """What normalization changed in one call (keys, never values), at DEBUG: a call
-        is one line at INFO (`call`), and the reply and span carry the report already."""
+        is one line at INFO (`call`), and the reply and span carry the report already.
+        The text says the transformation (the seed's `{device_name: ...} -> {deviceName:
+        ...}`, as docs/normalization.md shows it); the fields carry the same, to filter on."""
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("normalized", extra={"tool": tool.name, "changes": describe(changes)})
+            changed = describe(changes)
+            log.debug(
+                "normalized %s: %s",
+                tool.name,
+                changed,
+                extra={"tool": tool.name, "changes": changed},
+            )
 
 
 class _Walk:

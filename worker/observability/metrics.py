@@ -8,6 +8,7 @@
     toolbus.rate_limited          counter    {limit}           limit: rate or in_flight
     toolbus.internal_errors       counter    {stage}           bugs caught: see docs/operations.md
     toolbus.mcp.server.up         gauge      {server}          1 ready, 0 otherwise
+    toolbus.dedup.store_emptied   counter    {}                the Redis store lost its records
 
 Exported as `observability.sdk.configure_metrics` sets up (OTLP, console, Prometheus on
 the HTTP listener's /metrics); no-ops until configured.
@@ -67,6 +68,11 @@ class Metrics:
             unit="{message}",
             description="Messages answered `internal` because building the answer failed",
         )
+        self._emptied = meter.create_counter(
+            "toolbus.dedup.store_emptied",
+            unit="{event}",
+            description="Times the Redis dedup store was found emptied (restart, flush)",
+        )
         self._servers = server_states
         meter.create_observable_gauge(
             "toolbus.mcp.server.up", callbacks=[self._observe_servers], description="1 when ready"
@@ -100,3 +106,6 @@ class Metrics:
 
     def internal_error(self, stage: str) -> None:
         self._internal.add(1, {"stage": stage})
+
+    def dedup_store_emptied(self) -> None:
+        self._emptied.add(1)

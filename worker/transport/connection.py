@@ -19,11 +19,11 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import aiomqtt
 import paho.mqtt.client as paho
@@ -34,30 +34,19 @@ from paho.mqtt.reasoncodes import ReasonCode
 from toolbus.broker import BrokerUrl
 from toolbus.messages import Inbound, Outbound
 from toolbus.transport.errors import BrokerRefused, TransportError
+from toolbus.transport.paho_log import PAHO_LOG
 from toolbus.transport.properties import publish_properties
 from toolbus.transport.socket_reader import BoundedReader, paho_of
 from toolbus.transport.socket_writer import SocketWriter
 from toolbus.transport.tls import tls_context
+from toolbus.transport.will import last_will
+
+T = TypeVar("T")
 
 # Nagle's algorithm otherwise adds 40-90 ms to every QoS 1 round trip.
 _NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 # Connections given up on at the deadline that connected later, while they close.
 _CLOSING: set[asyncio.Future[None]] = set()
-
-
-def _will_properties(out: Outbound) -> Properties:
-    props = Properties(PacketTypes.WILLMESSAGE)
-    if out.expiry_s is not None:
-        props.MessageExpiryInterval = out.expiry_s
-    if out.content_type:
-        props.ContentType = out.content_type
-    if out.correlation_data is not None:
-        props.CorrelationData = out.correlation_data
-    if out.response_topic:
-        props.ResponseTopic = out.response_topic
-    for key, value in out.user_properties:
-        props.UserProperty = (key, value)  # paho appends on each assignment
-    return props
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +127,13 @@ class MqttConnection:
             password=broker.password.get_secret_value() if broker.password else None,
             identifier=client_id,
             protocol=aiomqtt.ProtocolVersion.V5,
-            will=_will(will) if will else None,
+            will=last_will(will) if will else None,
             tls_context=tls,
             timeout=timeout_s,
             keepalive=keepalive_s,
             max_inflight_messages=max_inflight,
             socket_options=_NODELAY,
+            logger=PAHO_LOG,
             properties=connect,
             # Clean Start 0 only for a session meant to outlive the connection.
             clean_start=not session_expiry_s,
@@ -156,6 +146,7 @@ class MqttConnection:
         self._paho.manual_ack_set(manual_ack)
         self._timeout_s = timeout_s
         self._acks: dict[int, asyncio.Future[None]] = {}  # message id -> its PUBACK
+        self._gone = asyncio.Event()  # set once paho has seen the connection go
         self._paho.on_publish = self._published
         aiomqtt_disconnected = self._paho.on_disconnect
         if aiomqtt_disconnected is None:  # aiomqtt changed: never guess
@@ -240,13 +231,17 @@ class MqttConnection:
             await self._stack.__aexit__(exc_type, exc, tb)
         except aiomqtt.MqttError as err:
             raise TransportError(str(err)) from err
+        if self._gone.is_set():  # aiomqtt keeps the loss in a future only its message
+            await self.lost()  # stream reads (else "Future exception was never retrieved")
 
     async def subscribe(self, filters: Sequence[str], qos: int = 1) -> None:
         """Subscribed to every filter, or `TransportError`: a filter the broker refused
         (an ACL's "not authorized", a shared subscription it does not support) would
         leave the connection up and silent, and the worker reporting ready for nothing."""
         try:
-            granted = await self._client.subscribe([(f, qos) for f in filters])
+            granted = await self._unless_lost(
+                self._client.subscribe([(f, qos) for f in filters]), "subscribing"
+            )
         except aiomqtt.MqttError as exc:
             raise TransportError(str(exc)) from exc
         if refused := refused_filters(filters, granted):
@@ -255,9 +250,27 @@ class MqttConnection:
 
     async def unsubscribe(self, filters: Sequence[str]) -> None:
         try:
-            await self._client.unsubscribe(list(filters))
+            await self._unless_lost(self._client.unsubscribe(list(filters)), "unsubscribing")
         except aiomqtt.MqttError as exc:
             raise TransportError(str(exc)) from exc
+
+    async def _unless_lost(self, step: Coroutine[Any, Any, T], doing: str) -> T:
+        """`step`, or `TransportError` as soon as the connection is lost: aiomqtt waits
+        for a SUBACK or UNSUBACK its full timeout even once the broker is gone (a worker
+        stopping as its broker stops would wait it out)."""
+        task = asyncio.ensure_future(step)
+        gone = asyncio.ensure_future(self._gone.wait())
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+                    await task
+        if task.cancelled():
+            raise TransportError(f"connection lost while {doing}")
+        return task.result()
 
     async def messages(self) -> AsyncIterator[Inbound]:
         try:
@@ -334,6 +347,7 @@ class MqttConnection:
         """paho's `on_disconnect`, after aiomqtt's: no PUBACK comes on this connection now."""
         if not self._connect_failed:  # (its connect future may be cancelled by then)
             self._aiomqtt_disconnected(client, *args)
+            self._gone.set()
         acks, self._acks = self._acks, {}
         for acked in acks.values():
             if not acked.done():
@@ -374,16 +388,6 @@ def _connect_error(exc: aiomqtt.MqttError) -> TransportError:
         if code in _CREDENTIALS_REFUSED:
             return BrokerRefused(f"it refused the credentials ({exc})")
     return TransportError(str(exc))
-
-
-def _will(out: Outbound) -> aiomqtt.Will:
-    return aiomqtt.Will(
-        topic=out.topic,
-        payload=out.payload,
-        qos=out.qos,
-        retain=out.retain,
-        properties=_will_properties(out),
-    )
 
 
 def refused_filters(filters: Sequence[str], granted: Sequence[Any]) -> list[tuple[str, int]]:

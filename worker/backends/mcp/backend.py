@@ -11,6 +11,8 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Self
 
+from opentelemetry import trace
+
 from toolbus.backends.mcp.server import McpServer, StateListener
 from toolbus.backends.mcp.stdio import CLOSE_DEADLINE_S
 from toolbus.config import McpPolicy, McpServerConfig, ToolSettings
@@ -27,6 +29,9 @@ class McpBackend:
         policy: `[mcp]`: start-up attempts, recovery backoff, health checks, limits.
         child_env: environment for stdio servers (e.g. `OTEL_*`); a server's own env wins.
         listeners: called with a server on each change of its state.
+        retry_missing_command: False for a one-shot look (`toolbus mappings`): a server
+            whose command does not exist is `down` at its first attempt, not its last.
+        tracer: the worker's, for each call's CLIENT span (the process-wide one by default).
     """
 
     def __init__(
@@ -38,6 +43,8 @@ class McpBackend:
         *,
         child_env: Mapping[str, str] | None = None,
         listeners: Sequence[StateListener] = (),
+        retry_missing_command: bool = True,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         policy = policy or McpPolicy()
         self.listeners = list(listeners)
@@ -51,6 +58,8 @@ class McpBackend:
                 on_state=self._state_changed,
                 rank=rank,
                 child_env=child_env,
+                retry_missing_command=retry_missing_command,
+                tracer=tracer,
             )
             for rank, (name, cfg) in enumerate(configs.items())
             if not cfg.disabled

@@ -3,9 +3,17 @@
 What every call of a tool needs and that is the same for each (its name on the server,
 the slots bounding its calls in flight, its span's name and attributes) is worked out
 once, when the tool is listed (`CallPlan`), never per call. A call is one direct await
-of the SDK's `call_tool` on the server's open session: no task of its own. Its CLIENT
-span is made only when the span it runs under records: with tracing off, or the call's
-trace not sampled, a child span would record nothing and only cost the call its making.
+of the SDK's `call_tool` on the server's open session: no task of its own.
+
+Tracing: the call's CLIENT span (`tools/call {tool}`) is made with the worker's own
+tracer whenever the span it runs under records, so it lands where the message's spans
+do. Whenever the call carries a trace (recorded or not: a caller's context passes
+through a worker that records nothing), its W3C headers go in the request's `_meta`,
+written here: the SDK's own injection goes through the global propagator, which
+`OTEL_PROPAGATORS` may have made something else, and writes no `baggage` unless it is
+configured to. The SDK's span beneath ours, when it records, then writes its own id over
+`traceparent` (with the default propagators). An untraced call (no span, no caller's
+context) pays one check.
 """
 
 from __future__ import annotations
@@ -13,18 +21,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, CallToolResult
+from mcp_types import CONNECTION_CLOSED, CallToolResult, RequestParamsMeta
 from opentelemetry import trace
 
 from toolbus.backends.mcp.convert import call_error, describe
 from toolbus.backends.mcp.session import Session
 from toolbus.errors import Unavailable
-
-_tracer = trace.get_tracer("toolbus.mcp")
+from toolbus.observability.propagation import inject_headers
 
 TRANSPORT_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError)
 
@@ -58,16 +65,21 @@ def call_plan(
     )
 
 
-async def send(current: Session, plan: CallPlan, arguments: dict[str, Any]) -> CallToolResult:
-    """`tools/call` on the session; a failure as the caller's error (the session ended if
-    the connection went)."""
+async def send(
+    current: Session, plan: CallPlan, arguments: dict[str, Any], tracer: trace.Tracer
+) -> CallToolResult:
+    """`tools/call` on the session, in a CLIENT span of `tracer` when the call is recorded;
+    a failure as the caller's error (the session ended if the connection went)."""
     try:
-        if not trace.get_current_span().is_recording():
-            return await current.session.call_tool(plan.remote_name, arguments)
-        with _tracer.start_as_current_span(
+        under = trace.get_current_span()
+        if not under.is_recording():
+            if not under.get_span_context().is_valid:  # untraced: nothing to pass on
+                return await current.session.call_tool(plan.remote_name, arguments)
+            return await current.session.call_tool(plan.remote_name, arguments, meta=_meta())
+        with tracer.start_as_current_span(
             plan.span_name, kind=trace.SpanKind.CLIENT, attributes=plan.span_attributes
         ):
-            return await current.session.call_tool(plan.remote_name, arguments)
+            return await current.session.call_tool(plan.remote_name, arguments, meta=_meta())
     except MCPError as exc:
         if exc.code == CONNECTION_CLOSED:
             current.end("the connection closed")
@@ -77,3 +89,8 @@ async def send(current: Session, plan: CallPlan, arguments: dict[str, Any]) -> C
         raise Unavailable(
             f"MCP server {plan.server} is unreachable: {describe(exc)}", server=plan.server
         ) from exc
+
+
+def _meta() -> RequestParamsMeta:
+    """The current trace context and baggage as the request's `_meta` (SEP-414)."""
+    return cast(RequestParamsMeta, dict(inject_headers()))

@@ -27,12 +27,19 @@ from mcp.client import IncomingMessage
 from mcp.shared.exceptions import MCPError
 from mcp_types import Tool as ListedTool
 from mcp_types import ToolListChangedNotification
+from opentelemetry import trace
 from tenacity import RetryCallState
 
 from toolbus.backends.mcp.call import TRANSPORT_ERRORS, CallPlan, call_plan, send
 from toolbus.backends.mcp.convert import bad_line, checked_result, describe, to_tool
 from toolbus.backends.mcp.http import open_http
-from toolbus.backends.mcp.retry import Stopping, connect_attempts
+from toolbus.backends.mcp.retry import (
+    Stopping,
+    connect_attempts,
+    log_connected,
+    log_exhausted,
+    log_failed_attempt,
+)
 from toolbus.backends.mcp.session import Ending, Session, list_tools
 from toolbus.backends.mcp.stdio import CLOSE_DEADLINE_S, open_stdio
 from toolbus.config import McpPolicy, McpServerConfig, ToolSettings, tool_settings
@@ -63,8 +70,12 @@ class McpServer:
         on_state: StateListener,
         rank: int = 0,
         child_env: Mapping[str, str] | None = None,
+        retry_missing_command: bool = True,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self.name = name
+        self._retry_missing_command = retry_missing_command  # see `retry.connect_attempts`
+        self._tracer = tracer or trace.get_tracer("toolbus.mcp")  # the CLIENT span's: the worker's
         self._child_env = dict(child_env or {})  # e.g. OTEL_*: the server's own env wins
         self.origin = f"mcp:{name}"
         self.config = config
@@ -76,6 +87,7 @@ class McpServer:
         self.bad_stdout_lines = 0
         self.tool_names: list[str] = []
         self.connects = 0
+        self.attempts = 0  # of the current (re)connect: what a report of `down` counts
         self._current: Session | None = None
         self._on_state = on_state
         self._settled = asyncio.Event()
@@ -128,6 +140,8 @@ class McpServer:
                 except Stopping:
                     break
                 except Exception as exc:  # start-up exhausted: degrade, keep trying
+                    if self._stop.is_set():
+                        break  # the retries ended because the worker stops: nothing failed
                     self._report_startup_failure(exc)
                     startup = False
                     continue
@@ -141,16 +155,20 @@ class McpServer:
 
     async def _connect(self, startup: bool) -> asyncio.Task[str]:
         retrying = connect_attempts(
-            self.policy, startup=startup, stopping=self._stop, before_sleep=self._log_retry
+            self.policy,
+            startup=startup,
+            stopping=self._stop,
+            before_sleep=self._log_retry,
+            retry_missing_command=self._retry_missing_command,
         )
         async for attempt in retrying:
             with attempt:
                 if self._stop.is_set():
                     raise Stopping
-                number = attempt.retry_state.attempt_number
+                self.attempts = number = attempt.retry_state.attempt_number
                 lifetime = await self._open_in_own_task()
                 if number > 1:
-                    log.info("mcp connected", extra={"server": self.name, "attempt": number})
+                    log_connected(self.name, number)
                 return lifetime
         raise Stopping  # unreachable: reraise=True re-raises the last failure
 
@@ -213,32 +231,12 @@ class McpServer:
         error = state.outcome.exception() if state.outcome else None
         delay = state.next_action.sleep if state.next_action else 0.0
         self.last_error = describe(error) if error else None
-        log.warning(
-            "mcp connect failed",
-            extra={
-                "server": self.name,
-                "attempt": state.attempt_number,
-                "error": self.last_error,
-                "retry_in_s": round(delay, 3),
-            },
-        )
+        log_failed_attempt(self.name, state.attempt_number, self.last_error, delay)
 
     def _report_startup_failure(self, exc: BaseException) -> None:
         reason = describe(exc)
         self._set_state("down", reason)
-        have = self._registry.names()
-        log.error(
-            "mcp server down",
-            extra={
-                "server": self.name,
-                "attempts": self.policy.startup_attempts,
-                "error": reason,
-                "stderr_tail": list(self.stderr_tail),
-                "tools": have,  # what the worker still serves, degraded
-                "hint": f"check that the command or URL in mcpServers.{self.name} starts on "
-                "its own; the server is retried in the background",
-            },
-        )
+        log_exhausted(self.name, self.attempts, reason, self.stderr_tail, self._registry)
 
     async def _open(self) -> Session:
         ending = Ending()
@@ -365,12 +363,14 @@ class McpServer:
         async with plan.slots:
             current = self._current
             if current is None or current.ended.is_set():
-                raise Unavailable(
+                refused = Unavailable(
                     f"MCP server {self.name} is {self.state}"
                     + (f": {self.last_error}" if self.last_error else ""),
                     server=self.name,
                 )
-            result = await send(current, plan, arguments)
+                refused.reached_tool = False  # nothing was sent: a repeat may run it
+                raise refused
+            result = await send(current, plan, arguments, self._tracer)
         return checked_result(result, self.name, self.max_result_bytes)
 
     async def _on_message(self, message: IncomingMessage) -> None:
