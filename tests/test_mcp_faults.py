@@ -25,7 +25,7 @@ import pytest_asyncio
 
 from tests.harness import Broker, make_settings, measured, running_worker
 from tests.logwait import watching
-from tests.mqtt import Caller
+from tests.mqtt import Caller, reply_topic_for
 from tests.processes import start_http_demo, stop_process
 from toolbus.service import Worker
 
@@ -421,16 +421,39 @@ async def test_a_call_refused_while_its_server_is_down_can_be_sent_again_under_i
         async with running_worker(settings) as worker:
             assert settings.dedup_store == "memory"  # the default: ids are deduplicated
             states = ServerStates(caller_for_faults, worker, "web")
+            # One client: without a caller identity its reply topic is part of the key.
+            reply = reply_topic_for(worker.topics)
             await stop_process(server)
             await states.until("degraded")
-            down = await call(caller_for_faults, worker, "control_zwave_device", switch, id="b1")
+            down = await call(
+                caller_for_faults,
+                worker,
+                "control_zwave_device",
+                switch,
+                id="b1",
+                reply_topic=reply,
+            )
             assert down["error"]["code"] == "unavailable" and down["replayed"] is False
             server = await start_http_demo(port)
             await states.until("ready")
-            again = await call(caller_for_faults, worker, "control_zwave_device", switch, id="b1")
+            again = await call(
+                caller_for_faults,
+                worker,
+                "control_zwave_device",
+                switch,
+                id="b1",
+                reply_topic=reply,
+            )
             assert again["ok"] and again["replayed"] is False, again
             # Answered for good now: a third send is the stored reply, not a second run.
-            third = await call(caller_for_faults, worker, "control_zwave_device", switch, id="b1")
+            third = await call(
+                caller_for_faults,
+                worker,
+                "control_zwave_device",
+                switch,
+                id="b1",
+                reply_topic=reply,
+            )
             assert third["ok"] and third["replayed"] is True
     finally:
         await stop_process(server)
