@@ -25,6 +25,7 @@ from tests.harness import DEMO_SERVER, SPAN_ENDS, Broker, make_settings, running
 from tests.mqtt import Caller, call_topic, reply_topic_for
 from tests.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
 from tests.processes import Serve, serve_env
+from toolbus.observability.sdk import child_environment
 from toolbus.service import Worker
 from toolbus.topics import Topics
 
@@ -304,3 +305,22 @@ async def test_a_worker_that_records_nothing_passes_the_callers_context_on(
     assert seen["meta"]["traceparent"] == TRACEPARENT
     assert (seen["trace_id"], seen["parent_span_id"]) == (CALLER_TRACE, CALLER_SPAN)
     assert _baggage(seen["meta"]["baggage"]) == BAGGAGE_ENTRIES
+
+
+def test_a_console_exporter_is_not_handed_to_stdio_servers() -> None:
+    """A stdio server's stdout is its protocol: `console` (alone or in a list) becomes
+    `none` for it, every other choice passes as it was."""
+    handed = child_environment(
+        {
+            "OTEL_TRACES_EXPORTER": "console",
+            "OTEL_METRICS_EXPORTER": "console,otlp",
+            "OTEL_LOGS_EXPORTER": "otlp",
+            "OTEL_BSP_SCHEDULE_DELAY": "50",
+        }
+    )
+    assert handed == {
+        "OTEL_TRACES_EXPORTER": "none",
+        "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_LOGS_EXPORTER": "otlp",
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+    }

@@ -61,16 +61,31 @@ def exporter_choice(env: Mapping[str, str], signal: str) -> str | None:
     return "otlp" if any(name in env for name in endpoints) else "none"
 
 
+EXPORTER_CHOICES = frozenset(
+    {"OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER"}
+)
+
+
+def _without_console(choice: str) -> str:
+    """`console,otlp` -> `otlp`; `console` -> `none`."""
+    kept = [c.strip() for c in choice.split(",") if c.strip().lower() != "console"]
+    return ",".join(kept) or "none"
+
+
 def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The OTEL_* settings a stdio MCP server should inherit (it names its own service).
 
     Never the exporter headers (`OTEL_EXPORTER_OTLP_HEADERS`, `..._TRACES_HEADERS`, ...):
     they often carry a collector's bearer token. A server that needs them names them
     in its own `env`.
+
+    A `console` exporter is not passed on: a stdio server's stdout is its protocol, and a
+    server that prints its spans there (most SDKs' console exporters do) breaks its own
+    session. It gets `none` for that signal instead.
     """
     env = os.environ if environ is None else environ
     return {
-        k: v
+        k: _without_console(v) if k in EXPORTER_CHOICES else v
         for k, v in env.items()
         if k.startswith("OTEL_") and k != "OTEL_SERVICE_NAME" and not k.endswith("_HEADERS")
     }
