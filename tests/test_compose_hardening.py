@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import textwrap
 import time
 from collections.abc import AsyncIterator
@@ -102,6 +103,7 @@ def test_the_runnable_blocks_are_the_ones_judged() -> None:
         "harden:mosquitto-volumes",
         "harden:workers",
         "run:harden-call",
+        "run:harden-toolbus-call",
     }
 
 
@@ -281,6 +283,26 @@ async def test_the_documented_call_works_with_the_example_login(
     env = plain_env(XDG_CONFIG_HOME=str(tmp_path), KITCHEN_PASSWORD=example()["kitchen"])
     code, out, err = await run_bounded(
         "bash", "-c", blocks()["run:harden-call"], env=env, bound_s=BOUND_S
+    )
+    assert code == 0, (out, err)
+    reply = json.loads(out)
+    assert reply["ok"] is True and reply["result"]["structured"]["text"] == "hello"
+
+
+async def test_toolbus_call_works_as_the_example_login(stack: NativeStack) -> None:
+    """The same call through `toolbus call --caller kitchen` (before, `toolbus call` could
+    name no caller: under the ACL its request went nowhere and it said no worker ran)."""
+    listen = "localhost:1883"
+    block = blocks()["run:harden-toolbus-call"]
+    assert block.count(listen) == 1, block
+    env = plain_env(KITCHEN_PASSWORD=example()["kitchen"])
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # this venv's `toolbus`
+    code, out, err = await run_bounded(
+        "bash",
+        "-c",
+        block.replace(listen, f"127.0.0.1:{stack.broker.port}"),
+        env=env,
+        bound_s=BOUND_S,
     )
     assert code == 0, (out, err)
     reply = json.loads(out)

@@ -127,6 +127,14 @@ def _parser() -> argparse.ArgumentParser:
 
     tools = sub.add_parser("tools", help="list the tools of a running worker")
     config_flags(tools)
+    for asking in (call, tools):
+        asking.add_argument(
+            "--caller",
+            metavar="NAME",
+            help="who is asking (the workers' caller profiles and quotas): named in the "
+            "request, or by the topic when the configuration's caller_identity is `topic` "
+            "(then it is the broker login the ACL ties to it)",
+        )
     tools.add_argument(
         "--timeout",
         type=float,

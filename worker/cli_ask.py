@@ -35,6 +35,8 @@ def _client(args: argparse.Namespace, settings: Any) -> Client:
         connect_timeout_s=min(timeout_s, 10.0),
         timeout_s=timeout_s,  # 0 or below: the Client refuses it, a usage error
         on_resend=_tell_resend,
+        caller=args.caller,
+        caller_identity=settings.caller_identity,
     )
 
 
@@ -53,18 +55,6 @@ def _talk(settings: Any, talk: Any) -> Any:
     except TransportError as exc:
         print(f"toolbus: cannot reach the broker at {settings.broker}: {exc}", file=sys.stderr)
         return EXIT_BROKER
-
-
-def _request(args: argparse.Namespace, topic_suffix: str, body: dict[str, Any]) -> Any:
-    """A raw request on `{prefix}/{topic_suffix}`: its reply, or an exit code."""
-    settings = _settings(args)
-    client = _client(args, settings)
-
-    async def talk() -> Any:
-        async with client:
-            return await client.request(f"{settings.topic_prefix}/{topic_suffix}", body)
-
-    return _talk(settings, talk())
 
 
 def call(args: argparse.Namespace) -> int:
@@ -91,13 +81,23 @@ def call(args: argparse.Namespace) -> int:
 
 def tools(args: argparse.Namespace) -> int:
     """Ours as a table (`--json`: as JSON); a provider's format as JSON, for its SDK."""
-    reply = _request(args, "tools", {"format": args.format})
-    if isinstance(reply, int):
-        return reply
-    if not reply.ok or reply.result is None or reply.result.structured is None:
-        print(reply.model_dump_json(indent=2), file=sys.stderr)
-        return EXIT_ERROR
-    definitions: list[dict[str, Any]] = reply.result.structured["tools"]
+    settings = _settings(args)
+    client = _client(args, settings)
+
+    async def talk() -> Any:
+        async with client:
+            try:
+                return await client.tools(args.format)
+            except ToolbusError as error:
+                if error.reply is None:
+                    raise
+                print(error.reply.model_dump_json(indent=2), file=sys.stderr)
+                return EXIT_ERROR
+
+    listed = _talk(settings, talk())
+    if isinstance(listed, int):
+        return listed
+    definitions: list[dict[str, Any]] = listed
     ours = args.format == ToolsFormat.TOOLBUS
     # A provider's format is asked for to be pasted into its SDK's `tools=`: JSON.
     if args.json or not ours:
