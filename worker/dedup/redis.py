@@ -59,11 +59,13 @@ end
 
 # Close with the reply (ARGV[4], for ARGV[5] ms) our own run, or a record gone meanwhile
 # (expired, or a store that lost its records: the reply is still the truth); wake waiters
-# on ARGV[6]. One round trip.
+# on ARGV[6]. One round trip. The same reply already there is a write that went through
+# although its answer was lost (a retry): done.
 _FINISH = (
     _OURS
     + """
 local raw = redis.call('GET', KEYS[1])
+if raw == ARGV[4] then return 1 end
 if raw and not ours(raw) then return 0 end
 redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
 redis.call('PUBLISH', ARGV[6], 'done')
