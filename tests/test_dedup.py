@@ -43,6 +43,13 @@ def key() -> str:
     return uuid.uuid4().hex
 
 
+def stored(caller: str | None, reply_topic: str | None, ident: str) -> str:
+    """The store key of a request `Once` deduplicates."""
+    k = Once.key(caller, reply_topic, ident)
+    assert k is not None
+    return k
+
+
 async def test_claim_then_repeat_then_finish(store: DedupStore) -> None:
     k = key()
     assert (await store.claim(k, TTL_S)).kind == "fresh"
@@ -248,17 +255,60 @@ async def test_the_memory_bound_is_shared_fairly_between_callers() -> None:
     """At the bound a record goes from a caller holding at least its even share: a flood
     of one caller's ids forgets its own oldest, while a quieter caller keeps its calls."""
     async with MemoryStore("w1", max_records=10) as bounded:
-        quiet = [Once.key("kitchen", None, f"k{n}") for n in range(3)]
+        quiet = [stored("kitchen", None, f"k{n}") for n in range(3)]
         for k in quiet:
             await bounded.claim(k, TTL_S)
             await bounded.finish(k, b"{}", TTL_S)
-        flood = [Once.key("garage", None, f"g{n}") for n in range(1000)]
+        flood = [stored("garage", None, f"g{n}") for n in range(1000)]
         for k in flood:
             await bounded.claim(k, TTL_S)
             await bounded.finish(k, b"{}", TTL_S)
         assert [(await bounded.claim(k, TTL_S)).kind for k in quiet] == ["done"] * 3
         assert (await bounded.claim(flood[-1], TTL_S)).kind == "done"
         assert (await bounded.claim(flood[0], TTL_S)).kind == "fresh"  # its own oldest went
+
+
+async def finished(store: DedupStore, k: str) -> None:
+    assert (await store.claim(k, TTL_S)).kind == "fresh"
+    await store.finish(k, b"{}", TTL_S)
+
+
+async def test_an_anonymous_flood_from_fresh_reply_topics_does_not_forget_a_named_call() -> None:
+    """Reply topics cost nothing: a flood on a fresh one per request is one bucket, the
+    anonymous one, and forgets anonymous calls, never kitchen's booking (each topic
+    used to count as a caller of its own, and kitchen's `order-43` then ran again)."""
+    async with MemoryStore("w1", max_records=10) as bounded:
+        booking = stored("kitchen", None, "order-43")
+        await finished(bounded, booking)
+        flood = [stored(None, f"reply/{n}", "1") for n in range(20)]
+        for k in flood:
+            await finished(bounded, k)
+        assert (await bounded.claim(booking, TTL_S)).kind == "done"
+        assert (await bounded.claim(flood[-1], TTL_S)).kind == "done"
+        assert (await bounded.claim(flood[0], TTL_S)).kind == "fresh"  # its own oldest went
+
+
+async def test_a_named_flood_beside_anonymous_clients_forgets_only_its_own() -> None:
+    """Garage floods; kitchen and the anonymous clients (together one bucket) keep theirs.
+    Then the anonymous clients flood: they forget their own, not kitchen's nor garage's
+    newest."""
+    async with MemoryStore("w1", max_records=12) as bounded:
+        quiet = [stored("kitchen", None, f"k{n}") for n in range(3)]
+        anonymous = [stored(None, f"reply/{n}", "a") for n in range(3)]
+        for k in quiet + anonymous:
+            await finished(bounded, k)
+        flood = [stored("garage", None, f"g{n}") for n in range(500)]
+        for k in flood:
+            await finished(bounded, k)
+        kinds = [(await bounded.claim(k, TTL_S)).kind for k in quiet + anonymous]
+        assert kinds == ["done"] * 6
+        assert [(await bounded.claim(k, TTL_S)).kind for k in flood[-6:]] == ["done"] * 6
+        more = [stored(None, f"reply/more-{n}", "b") for n in range(100)]
+        for k in more:
+            await finished(bounded, k)
+        assert [(await bounded.claim(k, TTL_S)).kind for k in quiet] == ["done"] * 3
+        assert (await bounded.claim(more[-1], TTL_S)).kind == "done"
+        assert (await bounded.claim(anonymous[0], TTL_S)).kind == "fresh"
 
 
 # -- a Redis that loses its records -----------------------------------------------------

@@ -175,6 +175,13 @@ def rig_for(
     return Rig(pipeline, sent, probe, spans, reader)
 
 
+def anonymous_key(ident: str) -> str:
+    """The store key of `ident` from the anonymous client answered on `REPLY`."""
+    key = Once.key(None, REPLY, ident)
+    assert key is not None
+    return key
+
+
 def standard_rig(publisher: ListPublisher | None = None, store: DedupStore | None = None) -> Rig:
     probe = Probe()
     return rig_for(
@@ -485,7 +492,7 @@ async def test_in_doubt_when_the_first_run_was_cut_short(redis_server: RedisServ
     dead = RedisStore(redis_server.url, "w-dead", prefix=prefix)
     async with dead:
         for ident in ("d1", "d2"):
-            await dead.claim(Once.key(None, REPLY, ident), 60.0)
+            await dead.claim(anonymous_key(ident), 60.0)
     # w-dead has stopped with both runs open; w2 gets the repeats.
     rig = standard_rig(store=RedisStore(redis_server.url, "w2", prefix=prefix))
     async with rig.pipeline:
@@ -529,13 +536,13 @@ async def test_a_reply_survives_a_stalled_redis_and_is_written_once_it_is_back(
             own_redis.process.send_signal(signal.SIGCONT)
         async with asyncio.timeout(30):
             await store.all_written()
-        seen = await other.claim(Once.key(None, REPLY, "s1"), 60.0)
+        seen = await other.claim(anonymous_key("s1"), 60.0)
         assert seen.kind == "done" and seen.reply is not None
         assert json.loads(seen.reply)["ok"] is True
     assert rig.probe.calls == 1
     # The worker gone, a new incarnation of w1 finds the call answered, not cut short.
     async with RedisStore(own_redis.url, "w1", prefix=prefix) as restarted:
-        assert (await restarted.claim(Once.key(None, REPLY, "s1"), 60.0)).kind == "done"
+        assert (await restarted.claim(anonymous_key("s1"), 60.0)).kind == "done"
 
 
 async def test_another_callers_flood_of_ids_does_not_forget_a_callers_call() -> None:

@@ -22,17 +22,18 @@ from hypothesis import strategies as st
 
 from tests.harness import RedisServer
 from tests.providers import chat_completion
-from tests.test_pipeline import REPLY, Rig, standard_rig
-from toolbus.dedup import DedupStore, MemoryStore, Once, fingerprint
+from tests.test_pipeline import REPLY, Rig, anonymous_key, standard_rig
+from toolbus.dedup import DedupStore, fingerprint, open_store
 from toolbus.dedup.redis import RedisStore
 
 OWN_REPLY = {"reply_format": "toolbus"}  # a provider's one call answered as a plain Reply
 
 
 def store_for(kind: str, redis_server: RedisServer, worker_id: str = "w1") -> DedupStore:
-    if kind == "memory":
-        return MemoryStore(worker_id)
-    return RedisStore(redis_server.url, worker_id, prefix=f"t{uuid.uuid4().hex[:8]}")
+    """The store as production opens it (`open_store`): over Redis, replies the store
+    fails to take kept by the worker (`KeptReplies`)."""
+    url = "memory" if kind == "memory" else redis_server.url
+    return open_store(url, worker_id, prefix=f"t{uuid.uuid4().hex[:8]}")
 
 
 @pytest_asyncio.fixture(params=["memory", "redis"])
@@ -145,6 +146,17 @@ async def test_two_anonymous_clients_never_share_an_id(rig: Rig) -> None:
     assert again["replayed"] is True and rig.probe.calls == 2
 
 
+async def test_anonymous_calls_without_a_reply_topic_share_no_ids(rig: Rig) -> None:
+    """Three publishers, none naming a caller or a reply topic, each sending id `1`: no
+    client owns such an id, so none is deduplicated (the second used to be silenced as
+    a repeat, the third dead-lettered `id_reused`)."""
+    for n in (1, 1, 2):
+        body = {"id": "1", "tool": "busy", "arguments": {"n": n}}
+        await rig.request(None, body, response_topic=None)
+    assert rig.probe.calls == 3
+    assert rig.dead() == []
+
+
 # -- providers' call ids ----------------------------------------------------------------
 
 
@@ -197,8 +209,8 @@ async def test_an_orphaned_run_of_another_request_is_not_in_doubt(
     asked = fingerprint("busy", {"n": 1, "hold_ms": 5.0})  # normalized: defaults filled in
     async with RedisStore(redis_server.url, "w-dead", prefix=prefix) as dead:
         for ident in ("d1", "call_7"):
-            await dead.claim(Once.key(None, REPLY, ident), 60.0, fingerprint=asked)
-    rig = standard_rig(store=RedisStore(redis_server.url, "w2", prefix=prefix))
+            await dead.claim(anonymous_key(ident), 60.0, fingerprint=asked)
+    rig = standard_rig(store=open_store(redis_server.url, "w2", prefix=prefix))
     async with rig.pipeline:
         same = await send(rig, {"id": "d1", "tool": "BUSY", "arguments": {"n": 1}})
         other = await send(rig, {"id": "d1", "tool": "busy", "arguments": {"n": 2}})

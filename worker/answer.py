@@ -142,6 +142,8 @@ class Answerer:
             return RUN_UNCLAIMED
         tool, arguments = asked
         key = Once.key(call.caller, call.reply_topic, call.id)
+        if key is None:  # no caller, no reply topic: no client owns the id
+            return RUN_UNCLAIMED
         try:
             return await self._once.begin(
                 key, fingerprint(tool, arguments), tool, deadline_s, provider_id=call.provider_id

@@ -1,9 +1,10 @@
 """Deduplication: at most one run per request id, and the same answer to every repeat.
 
 The key is (caller, id), for requests that carry their own id; without a caller, (reply
-topic, id): anonymous callers never share ids. Before a call runs its id is claimed in
-the store, with the call's fingerprint (its canonical tool and normalized arguments);
-the reply that answers it closes the claim. A repeat is a request under the same key
+topic, id): anonymous callers never share ids; a call with neither is not deduplicated.
+Before a call runs its id is claimed in the store, with the call's fingerprint (its
+canonical tool and normalized arguments); the reply that answers it closes the claim.
+A repeat is a request under the same key
 asking for the same thing, and:
 
 - of a finished call gets the stored reply again, marked `replayed`, without a run;
@@ -19,8 +20,8 @@ compatible servers number each response's calls `call_0`, ...), it runs: over a
 finished record, which it replaces (its own repeats are then known), else unclaimed.
 
 A call that never reached its tool (unknown name, bad arguments, server down) releases
-its claim, so a repeat runs afresh. A reply the store fails to take is kept by the
-worker and written again (`kept.py`). `Once` is the policy; stores keep the records.
+its claim, so a repeat runs afresh. A reply or release the store fails to take is kept
+by the worker and written again (`kept.py`). `Once` is the policy; stores keep the records.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 
 from toolbus.dedup.kept import KeptReplies
 from toolbus.dedup.memory import MemoryStore
-from toolbus.dedup.store import Claim, DedupStore, Started, fingerprint
+from toolbus.dedup.store import KEY_SEP, Claim, DedupStore, Started, described, fingerprint
 from toolbus.errors import BadRequest, CallTimeout, InDoubt, ToolbusError
 
 __all__ = [
@@ -75,13 +76,19 @@ class Once:
         self.store, self._ttl_s, self._idempotent = store, ttl_s, idempotent
 
     @staticmethod
-    def key(caller: str | None, reply_topic: str | None, ident: str) -> str:
+    def key(caller: str | None, reply_topic: str | None, ident: str) -> str | None:
         """The store key of a request id: ids are the caller's own, so the caller is in it;
         without one, the reply topic is (one anonymous client must not get another's
-        replies). Callers, topics and ids hold no control characters: no two collide."""
+        replies). Callers, topics and ids hold no control characters: no two collide.
+
+        None: not deduplicated. A call naming neither a caller nor a reply topic has no
+        client its id could belong to (every such publisher would share one id space, and
+        one's `1` would silence or refuse another's): it runs unclaimed."""
         if caller:
-            return f"{caller}\x1f{ident}"
-        return f"\x1f{reply_topic or ''}\x1f{ident}"
+            return f"{caller}{KEY_SEP}{ident}"
+        if reply_topic:
+            return f"{KEY_SEP}{reply_topic}{KEY_SEP}{ident}"
+        return None
 
     async def begin(
         self, key: str, asks: str, tool: str, deadline_s: float, *, provider_id: bool = False
@@ -131,7 +138,7 @@ class Once:
             key, claim, self._ttl_s, fingerprint=asks
         ):
             return Verdict(key=key, fingerprint=asks)
-        log.debug("call id under %s names another call than its record: run unclaimed", key)
+        log.debug("%s names another call than its record: run unclaimed", described(key))
         return RUN_UNCLAIMED
 
     async def _orphaned(self, key: str, claim: Claim, tool: str, asks: str) -> Verdict:
@@ -142,7 +149,7 @@ class Once:
         ):
             log.info(
                 "repeat of %s, cut short on %s: safe to repeat, running again",
-                key,
+                described(key),
                 started.worker_id,
             )
             return Verdict(key=key, fingerprint=asks)
@@ -156,7 +163,7 @@ class Once:
 
     async def release(self, verdict: Verdict) -> None:
         if verdict.key is not None:
-            await self.store.release(verdict.key)
+            await self.store.release(verdict.key, fingerprint=verdict.fingerprint)
 
 
 def _in_doubt(started: Started) -> InDoubt:
@@ -179,7 +186,8 @@ def open_store(
     """`memory` (at most `max_records` kept) or `redis://host:port/db` (the
     `toolbus[redis]` extra; Redis bounds its memory by the TTL and its own maxmemory).
     `on_emptied` hears each time a Redis store is found to have lost its records. A
-    reply Redis fails to take is kept and written again (at most `max_records` kept)."""
+    reply or release Redis fails to take is kept and written again (at most
+    `max_records` kept)."""
     if url == "memory":
         return MemoryStore(worker_id, max_records)
     from toolbus.dedup.redis import RedisStore  # noqa: PLC0415 -- only with a Redis store

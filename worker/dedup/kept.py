@@ -19,8 +19,17 @@ one write failed. Meanwhile:
   and its repeats get `in_doubt` (or run again, for a tool safe to repeat): what the
   store can honestly say.
 
-At most `max_kept` replies are kept (a long outage fails new claims first, so few
-calls get as far as a failed write); beyond that a reply is not kept, and says so.
+A release that fails (the call never reached its tool, and the store is away) is kept
+the same way and retried: left undone, the record would stay `started` by this live
+worker, its repeats would time out for the whole TTL, and after a restart they would
+be `in_doubt` for a call that never ran. A repeat reaching this worker meanwhile retries
+the release at once (bounded), then claims as usual. Late writes are compare-and-set:
+a release deletes, and a reply replaces, only this worker's own run of the request (or,
+for a reply, a record gone meanwhile), never a record another worker wrote since.
+
+Each kept entry lives as long as its record would (its TTL), then is dropped, written or
+not. At most `max_kept` are kept (a long outage fails new claims first, so few calls get
+as far as a failed write); beyond that an entry is not kept, and says so.
 """
 
 from __future__ import annotations
@@ -28,11 +37,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Self
 
 from tenacity import AsyncRetrying, stop_after_delay, wait_random_exponential
 
-from toolbus.dedup.store import UNKNOWN, Claim, DedupStore, Started
+from toolbus.dedup.store import UNKNOWN, Claim, DedupStore, Started, described
 from toolbus.tasks import cancel_and_wait
 
 log = logging.getLogger("toolbus.dedup")
@@ -41,12 +51,25 @@ RETRY_MAX_DELAY_S = 1.0  # between two writes, at most: one writer, so cheap whi
 FLUSH_S = 2.0  # a stopping worker's last chance to write what it keeps
 
 
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """A close the store did not take: a reply (`reply`), or a release (`reply` None)."""
+
+    reply: bytes | None
+    ttl_s: float
+    matters_until: float  # monotonic: past it the record would have expired anyway
+    fingerprint: str
+
+    def live(self) -> bool:
+        return time.monotonic() < self.matters_until
+
+
 class KeptReplies:
-    """A `DedupStore` over `store` whose replies survive a failed write.
+    """A `DedupStore` over `store` whose replies and releases survive a failed write.
 
     Args:
         store: where the records live.
-        max_kept: how many unwritten replies this worker keeps at most.
+        max_kept: how many unwritten replies and releases this worker keeps at most.
         write_timeout_s: how long one write may take (the reply waits for the first);
             the store's client may retry within it.
         first_retry_s: the backoff's first step (it doubles, jittered, to 1 s).
@@ -63,21 +86,18 @@ class KeptReplies:
         self.store = store
         self._max_kept, self._first_retry_s = max_kept, first_retry_s
         self._write_timeout_s = write_timeout_s
-        # Oldest first: (reply, TTL, when the record stops mattering (monotonic), what
-        # its call asked for).
-        self._kept: dict[str, tuple[bytes, float, float, str]] = {}
+        self._kept: dict[str, _Kept] = {}  # oldest first
         self._writer: asyncio.Task[None] | None = None  # one, however many are kept
-        self._written = asyncio.Event()  # set when the writer has emptied `_kept`
+        self._claim_ttl_s = 0.0  # the claims' TTL, as last seen: how long a claim lives
 
     def kept(self) -> int:
-        """How many replies wait to be written."""
+        """How many replies and releases wait to be written."""
         return len(self._kept)
 
     async def all_written(self) -> None:
-        """Until every kept reply is written (or given up)."""
-        while self._kept:
-            self._written.clear()
-            await self._written.wait()
+        """Until every kept entry is written or given up, or the writer has stopped."""
+        while self._kept and self._writer is not None and not self._writer.done():
+            await asyncio.wait({self._writer})
 
     async def __aenter__(self) -> Self:
         await self.store.__aenter__()
@@ -88,106 +108,129 @@ class KeptReplies:
             await asyncio.wait({self._writer}, timeout=FLUSH_S)
             if self._kept:
                 log.warning(
-                    "stopping with %d replies not written to the dedup store: their "
-                    "repeats will get in_doubt",
+                    "stopping with %d replies or releases not written to the dedup store: "
+                    "their repeats will get in_doubt",
                     len(self._kept),
                 )
             await cancel_and_wait(self._writer)
         await self.store.__aexit__(*exc)
 
-    async def claim(self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN) -> Claim:
+    def _live(self, key: str) -> _Kept | None:
         kept = self._kept.get(key)
-        if kept is not None:  # answered here; the store does not know it yet
-            return Claim("done", reply=kept[0], fingerprint=kept[3])
+        if kept is not None and not kept.live():
+            del self._kept[key]  # its record would have expired: nothing left to say
+            return None
+        return kept
+
+    async def claim(self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN) -> Claim:
+        self._claim_ttl_s = ttl_s
+        kept = self._live(key)
+        if kept is not None and kept.reply is not None:  # answered here; unknown there yet
+            return Claim("done", reply=kept.reply, fingerprint=kept.fingerprint)
+        if kept is not None:  # released here, not yet there: release it now, or fail
+            await self._write(key, kept)
+            self._drop(key, kept)
         return await self.store.claim(key, ttl_s, fingerprint=fingerprint)
 
     async def take_over(
         self, key: str, previous: Started, ttl_s: float, *, fingerprint: str = UNKNOWN
     ) -> bool:
+        self._claim_ttl_s = ttl_s
         return await self.store.take_over(key, previous, ttl_s, fingerprint=fingerprint)
 
     async def supersede(self, key: str, previous: Claim, ttl_s: float, *, fingerprint: str) -> bool:
-        if key in self._kept:  # the store still holds the run as started: not replaceable
+        self._claim_ttl_s = ttl_s
+        if self._live(key) is not None:  # the store still holds the run as started
             return False
         return await self.store.supersede(key, previous, ttl_s, fingerprint=fingerprint)
 
     async def finish(
         self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = UNKNOWN
     ) -> None:
+        kept = _Kept(reply, ttl_s, time.monotonic() + ttl_s, fingerprint)
         try:
-            await self._finish(key, reply, ttl_s, fingerprint)
+            await self._write(key, kept)
         except Exception as exc:
-            self._keep(key, reply, ttl_s, fingerprint, exc)
+            self._keep(key, kept, exc)
 
-    async def _finish(self, key: str, reply: bytes, ttl_s: float, fingerprint: str) -> None:
+    async def release(self, key: str, *, fingerprint: str = UNKNOWN) -> None:
+        ttl_s = self._claim_ttl_s
+        kept = _Kept(None, ttl_s, time.monotonic() + ttl_s, fingerprint)
+        try:
+            await self._write(key, kept)
+        except Exception as exc:
+            self._keep(key, kept, exc)
+
+    async def _write(self, key: str, kept: _Kept) -> None:
         """One write, bounded: a stalled store must not hold the reply back."""
         async with asyncio.timeout(self._write_timeout_s):
-            await self.store.finish(key, reply, ttl_s, fingerprint=fingerprint)
+            if kept.reply is None:
+                await self.store.release(key, fingerprint=kept.fingerprint)
+            else:
+                await self.store.finish(key, kept.reply, kept.ttl_s, fingerprint=kept.fingerprint)
 
-    async def release(self, key: str) -> None:
-        await self.store.release(key)
+    def _drop(self, key: str, kept: _Kept) -> None:
+        if self._kept.get(key) is kept:  # not a newer entry of the same key
+            del self._kept[key]
 
     async def wait(self, key: str, timeout_s: float, *, fingerprint: str = UNKNOWN) -> bytes | None:
-        if key in self._kept:
+        if self._live(key) is not None:
             return self._kept_reply(key, fingerprint)
         try:
             reply = await self.store.wait(key, timeout_s, fingerprint=fingerprint)
         except Exception:
-            if key not in self._kept:  # the store is away, and the run was not here
+            if self._live(key) is None:  # the store is away, and the run was not here
                 raise
             return self._kept_reply(key, fingerprint)
-        return (
-            reply
-            if reply is not None or key not in self._kept
-            else self._kept_reply(key, fingerprint)
-        )
+        if reply is not None or self._live(key) is None:
+            return reply
+        return self._kept_reply(key, fingerprint)
 
     def _kept_reply(self, key: str, fingerprint: str) -> bytes | None:
-        """The kept reply of `key`, if its call asked for what `fingerprint` asks."""
-        reply, _, _, held = self._kept[key]
-        return reply if held in (fingerprint, UNKNOWN) else None
+        """The kept reply of `key`, if its call asked for what `fingerprint` asks (None
+        for a kept release: the call never ran)."""
+        kept = self._kept[key]
+        return kept.reply if kept.fingerprint in (fingerprint, UNKNOWN) else None
 
-    def _keep(self, key: str, reply: bytes, ttl_s: float, fingerprint: str, exc: Exception) -> None:
+    def _keep(self, key: str, kept: _Kept, exc: Exception) -> None:
+        what = "releasing" if kept.reply is None else "closing"
         if len(self._kept) >= self._max_kept:
             log.error(
-                "dedup store failed closing %s and %d replies already wait to be written: "
+                "dedup store failed %s %s and %d entries already wait to be written: "
                 "not kept; its repeats may get timeout or in_doubt: %s",
-                key,
+                what,
+                described(key),
                 len(self._kept),
                 exc,
             )
             return
-        log.warning("dedup store failed closing %s, kept to write again: %s", key, exc)
-        self._kept[key] = (reply, ttl_s, time.monotonic() + ttl_s, fingerprint)
+        log.warning("dedup store failed %s %s, kept to write again: %s", what, described(key), exc)
+        self._kept[key] = kept
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_all(), name="dedup-kept-writer")
 
     async def _write_all(self) -> None:
-        """Oldest first, each until written: one write in flight while the store is away,
-        and the rest right after the first goes through."""
-        try:
-            while self._kept:
-                key, (reply, ttl_s, matters_until, fingerprint) = next(iter(self._kept.items()))
-                try:
-                    await self._write(key, reply, ttl_s, matters_until, fingerprint)
-                except Exception as exc:
-                    log.error(  # noqa: TRY400 -- a store away, not a bug: no traceback
-                        "gave up writing the reply of %s to the dedup store: %s", key, exc
-                    )
-                del self._kept[key]
-        finally:
-            self._written.set()
+        """Oldest first, each until written or past its TTL: one write in flight while
+        the store is away, and the rest right after the first goes through."""
+        while self._kept:
+            key, kept = next(iter(self._kept.items()))
+            try:
+                await self._retry(key, kept)
+            except Exception as exc:
+                log.error(  # noqa: TRY400 -- a store away, not a bug: no traceback
+                    "gave up writing %s to the dedup store: %s", described(key), exc
+                )
+            self._drop(key, kept)
 
-    async def _write(
-        self, key: str, reply: bytes, ttl_s: float, matters_until: float, fingerprint: str
-    ) -> None:
+    async def _retry(self, key: str, kept: _Kept) -> None:
+        if not kept.live():
+            return  # its record would have expired: nothing is left to correct
         retrying = AsyncRetrying(
             wait=wait_random_exponential(multiplier=self._first_retry_s, max=RETRY_MAX_DELAY_S),
-            # Past its TTL the record would have expired anyway: nothing is left to correct.
-            stop=stop_after_delay(max(0.0, matters_until - time.monotonic())),
+            stop=stop_after_delay(max(0.0, kept.matters_until - time.monotonic())),
             reraise=True,
         )
         async for attempt in retrying:
             with attempt:
-                await self._finish(key, reply, ttl_s, fingerprint)
-        log.info("kept reply of %s written to the dedup store", key)
+                await self._write(key, kept)
+        log.info("kept close of %s written to the dedup store", described(key))

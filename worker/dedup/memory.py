@@ -3,10 +3,12 @@
 It protects against a requester's retries reaching the same worker; a crashed worker
 forgets everything, so replicas and crash-safe deduplication need the Redis store.
 Memory is bounded twice: by the TTL, and by `max_records`, so a flood of ids costs at
-most `max_records` replies (about 1 KiB each). The bound is shared fairly between
-callers: at the bound, a finished record goes from a caller holding at least its even
-share, its oldest first, so one caller's flood of ids forgets that caller's own calls,
-never another's (the caller is the part of the key before `KEY_SEP`).
+most `max_records` replies (about 1 KiB each). The bound is shared between callers: at
+the bound, the finished record that goes is the oldest of the caller holding the most
+(the claimer, on a tie), so one caller's flood of ids forgets that caller's own calls;
+another caller loses one only once it holds as many as the flooder. Every anonymous
+client is one caller here (one bucket, `_owner`): reply topics cost nothing to make, so
+a flood from fresh reply topics forgets anonymous calls, never a named caller's.
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ class MemoryStore:
         self._records: dict[str, _Record] = {}
         # Finished records per caller, oldest finished first: what eviction chooses from.
         self._finished: dict[str, dict[str, None]] = {}
-        self._finished_count = 0
+        # Callers by how many finished records they hold, and the most anyone holds: the
+        # caller to evict from is found in O(1), however many callers there are.
+        self._by_count: dict[int, dict[str, None]] = {}
+        self._most = 0
         self._max_records = max_records
         self._claims = 0
 
@@ -49,7 +54,8 @@ class MemoryStore:
     async def __aexit__(self, *exc: object) -> None:
         self._records.clear()
         self._finished.clear()
-        self._finished_count = 0
+        self._by_count.clear()
+        self._most = 0
 
     def _live(self, key: str) -> _Record | None:
         record = self._records.get(key)
@@ -64,10 +70,23 @@ class MemoryStore:
             owner = _owner(key)
             finished = self._finished[owner]
             del finished[key]
-            self._finished_count -= 1
+            self._recount(owner, len(finished) + 1, len(finished))
             if not finished:
                 del self._finished[owner]
         return record
+
+    def _recount(self, owner: str, was: int, now: int) -> None:
+        """`owner` went from `was` finished records to `now` (one more or one fewer)."""
+        if was:
+            peers = self._by_count[was]
+            del peers[owner]
+            if not peers:
+                del self._by_count[was]
+                if was == self._most and now < was:
+                    self._most = now  # the owner that held the most still holds `now`
+        if now:
+            self._by_count.setdefault(now, {})[owner] = None
+            self._most = max(self._most, now)
 
     def _sweep(self) -> None:
         # Amortized: expired records go when the dict has grown past what is live.
@@ -76,17 +95,15 @@ class MemoryStore:
             self._forget(key)
 
     def _evict(self, count: int, claimer: str) -> None:
-        """`count` finished records, each the oldest of a caller holding at least an even
-        share of them (the claimer itself first, when it does): a flood of one caller's ids
-        forgets its own. Running ones (at most the worker's concurrency) stay, or their
-        repeats would run the call a second time."""
+        """`count` finished records, each the oldest of the caller holding the most (the
+        claimer itself on a tie): a flood of one caller's ids forgets its own. Running ones
+        (at most the worker's concurrency) stay, or their repeats would run the call a
+        second time. O(1) each."""
         for _ in range(count):
-            if not self._finished:
+            if not self._most:
                 return
-            share = self._finished_count / len(self._finished)
-            owner = claimer if len(self._finished.get(claimer, ())) >= share else None
-            if owner is None:  # someone holds at least the average: the first such goes
-                owner = next(o for o, keys in self._finished.items() if len(keys) >= share)
+            most = self._by_count[self._most]
+            owner = claimer if claimer in most else next(iter(most))
             self._forget(next(iter(self._finished[owner])))
 
     async def claim(self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN) -> Claim:
@@ -127,11 +144,14 @@ class MemoryStore:
         record.expires_at, record.reply = time.monotonic() + ttl_s, reply
         self._records[key] = record
         # Last of its caller's: evicted by when it finished, whenever it was claimed.
-        self._finished.setdefault(_owner(key), {})[key] = None
-        self._finished_count += 1
+        owner = _owner(key)
+        finished = self._finished.setdefault(owner, {})
+        finished[key] = None
+        self._recount(owner, len(finished) - 1, len(finished))
         record.close()
 
-    async def release(self, key: str) -> None:
+    async def release(self, key: str, *, fingerprint: str = UNKNOWN) -> None:
+        # One process, no take-overs: a claim released here is this worker's own.
         record = self._forget(key)
         if record is not None:
             record.close()  # waiters look again and run the call themselves
@@ -153,7 +173,8 @@ class MemoryStore:
 
 
 def _owner(key: str) -> str:
-    """Whose a key is: what `Once.key` puts before the id (the caller, or for an anonymous
-    client its reply topic, so anonymous clients are shared fairly too); "" without one."""
-    owner, sep, _ = key.rpartition(KEY_SEP)
+    """Whose a key is, for the bound: its caller (what `Once.key` puts before the id), and
+    "" for every anonymous client together (their keys start with `KEY_SEP`; the reply
+    topic that tells them apart is free to make, so it buys no share of the bound)."""
+    owner, sep, _ = key.partition(KEY_SEP)
     return owner if sep else ""

@@ -27,7 +27,7 @@ from typing import Self
 
 import redis.asyncio as aioredis
 
-from toolbus.dedup.store import UNKNOWN, Claim, Done, Started, parse
+from toolbus.dedup.store import UNKNOWN, Claim, Done, Started, described, parse
 from toolbus.tasks import cancel_and_wait
 
 log = logging.getLogger("toolbus.dedup")
@@ -44,6 +44,46 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+
+# Is the record under KEYS[1] this incarnation's run (ARGV[1..3]: worker id, incarnation,
+# fingerprint)? A late close must not touch a record another worker wrote meanwhile (a
+# take-over while our heartbeat had lapsed, a claim after the record expired).
+_OURS = """
+local function ours(raw)
+  local ok, record = pcall(cjson.decode, raw)
+  return ok and type(record) == 'table' and record.state == 'started'
+    and record.worker_id == ARGV[1] and record.incarnation == ARGV[2]
+    and (record.fingerprint or '') == ARGV[3]
+end
+"""
+
+# Close with the reply (ARGV[4], for ARGV[5] ms) our own run, or a record gone meanwhile
+# (expired, or a store that lost its records: the reply is still the truth); wake waiters
+# on ARGV[6]. One round trip. The same reply already there is a write that went through
+# although its answer was lost (a retry): done.
+_FINISH = (
+    _OURS
+    + """
+local raw = redis.call('GET', KEYS[1])
+if raw == ARGV[4] then return 1 end
+if raw and not ours(raw) then return 0 end
+redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
+redis.call('PUBLISH', ARGV[6], 'done')
+return 1
+"""
+)
+
+# Delete our own run's claim only (compare and delete); wake waiters on ARGV[4].
+_RELEASE = (
+    _OURS
+    + """
+local raw = redis.call('GET', KEYS[1])
+if not raw or not ours(raw) then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[4], 'released')
+return 1
+"""
+)
 
 
 class RedisStore:
@@ -172,12 +212,26 @@ class RedisStore:
         self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = UNKNOWN
     ) -> None:
         done = Done(reply, fingerprint).to_json()
-        await self._redis.set(self._key(key), done, px=int(ttl_s * 1000))
-        await self._redis.publish(self._channel(key), b"done")
+        written = await self._redis.eval(
+            _FINISH,
+            1,
+            self._key(key),
+            *self._mine(fingerprint),
+            done,
+            int(ttl_s * 1000),
+            self._channel(key),
+        )
+        if not written:
+            log.info("%s is another run's now: its reply is not stored", described(key))
 
-    async def release(self, key: str) -> None:
-        await self._redis.delete(self._key(key))
-        await self._redis.publish(self._channel(key), b"released")
+    async def release(self, key: str, *, fingerprint: str = UNKNOWN) -> None:
+        await self._redis.eval(
+            _RELEASE, 1, self._key(key), *self._mine(fingerprint), self._channel(key)
+        )
+
+    def _mine(self, fingerprint: str) -> tuple[str, str, str]:
+        """What names a run of this incarnation's in a record (`_OURS`)."""
+        return self._worker_id, self._incarnation, fingerprint
 
     async def wait(self, key: str, timeout_s: float, *, fingerprint: str = UNKNOWN) -> bytes | None:
         pubsub = self._redis.pubsub()

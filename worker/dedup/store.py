@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from toolbus.untrusted import shown
+
 # A record written before records kept fingerprints: taken as the same request, as it
 # was then, for the `dedup_ttl_s` it still lives.
 UNKNOWN = ""
@@ -36,6 +38,15 @@ def fingerprint(tool: str, arguments: dict[str, Any]) -> str:
 
 
 KEY_SEP = "\x1f"  # between the caller and the request id in a store key (`Once.key`)
+
+
+def described(key: str) -> str:
+    """A store key for a log line: the request id and its caller, or "anonymous" -- never
+    an anonymous client's reply topic, which may tell who the client is."""
+    if key.startswith(KEY_SEP):
+        return f"request '{shown(key.rpartition(KEY_SEP)[2])}' of an anonymous caller"
+    caller, _, ident = key.partition(KEY_SEP)
+    return f"request '{shown(ident)}' of caller '{shown(caller)}'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +138,13 @@ class DedupStore(Protocol):
     async def finish(
         self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = UNKNOWN
     ) -> None:
-        """Close `key` with its reply and wake whoever waits for it."""
+        """Close `key` with its reply and wake whoever waits for it: over this worker's own
+        run of it (`fingerprint`'s) or no record, never over another run's record."""
         ...
 
-    async def release(self, key: str) -> None:
-        """Forget a claim whose call never reached its tool: a repeat may run afresh."""
+    async def release(self, key: str, *, fingerprint: str = UNKNOWN) -> None:
+        """Forget this worker's claim of `key` (`fingerprint`'s), whose call never reached
+        its tool: a repeat may run afresh. Another run's record there is left alone."""
         ...
 
     async def wait(self, key: str, timeout_s: float, *, fingerprint: str = UNKNOWN) -> bytes | None:
