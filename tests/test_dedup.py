@@ -356,3 +356,26 @@ async def test_a_redis_restarted_empty_is_reported_loudly(own_redis: RedisServer
     assert all(line["epoch_was"] != line["epoch_now"] for line in lines)
     assert lines[0]["epoch_now"] == lines[1]["epoch_now"]  # the first to notice made it
     assert counted(reader, "toolbus.dedup.store_emptied") == 1  # a's metrics (b has none)
+
+
+async def test_calls_after_a_redis_restart_are_not_refused_on_dead_connections(
+    own_redis: RedisServer,
+) -> None:
+    """Each pooled connection a restart cut was found dead only when next used, and
+    failed its call (`unavailable`, "the dedup store is unreachable") minutes after Redis
+    was back: 32 calls at once right after the restart all failed. A lost connection is
+    made again and the command sent once more."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+
+    async def one(store: DedupStore) -> str:
+        k = key()
+        if (await store.claim(k, TTL_S)).kind != "fresh":
+            return "not fresh"
+        await store.finish(k, b"{}", TTL_S)
+        return (await store.claim(k, TTL_S)).kind
+
+    async with open_store(own_redis.url, "w1", prefix=prefix) as store:
+        assert await asyncio.gather(*(one(store) for _ in range(32))) == ["done"] * 32
+        own_redis.stop()
+        own_redis.start()  # the same port; every pooled connection is now dead
+        assert await asyncio.gather(*(one(store) for _ in range(32))) == ["done"] * 32

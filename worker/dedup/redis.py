@@ -26,6 +26,9 @@ from collections.abc import Callable
 from typing import Self
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from toolbus.dedup.store import UNKNOWN, Claim, Done, Started, described, parse
 from toolbus.tasks import cancel_and_wait
@@ -37,6 +40,8 @@ ALIVE_TTL_S = 6.0  # three heartbeats: a slow loop is not mistaken for a dead wo
 
 # Replace the record only if it still is the one we saw (compare and set): an orphaned
 # run, or a reply to another request under the same key.
+RECONNECT_RETRIES = 2  # a lost connection made again, then the command sent again
+
 _TAKE_OVER = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
@@ -97,7 +102,16 @@ class RedisStore:
         on_emptied: Callable[[], None] = lambda: None,
     ) -> None:
         self._redis = aioredis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            # A pooled connection a Redis restart cut is found dead only when used: without
+            # a retry each one failed one call (`unavailable`), minutes after Redis was back.
+            # A lost connection (never a timeout: a command that timed out may have run) is
+            # made again and the command sent once more; every command here is safe to
+            # repeat (a claim that finds its own record is fresh, the writes compare first).
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES),
+            retry_on_error=[RedisConnectionError],
         )
         self._worker_id, self._incarnation = worker_id, uuid.uuid4().hex
         self._prefix = prefix
@@ -174,6 +188,8 @@ class RedisStore:
         raw = await self._redis.get(self._key(key))
         if raw is None:  # expired in between: try once more
             return await self.claim(key, ttl_s, fingerprint=fingerprint)
+        if _text(raw) == mine:  # our SET went through, its answer lost with the connection
+            return Claim("fresh")
         record = parse(raw)
         if isinstance(record, Done):
             return Claim("done", reply=record.reply, fingerprint=record.fingerprint)
@@ -198,15 +214,17 @@ class RedisStore:
         return await self._replace(key, seen, ttl_s, fingerprint)
 
     async def _replace(self, key: str, seen: str, ttl_s: float, fingerprint: str) -> bool:
+        mine = self._started(fingerprint).to_json()
         taken = await self._redis.eval(
             _TAKE_OVER,
             1,
             self._key(key),
             seen,
-            self._started(fingerprint).to_json(),
+            mine,
             int(ttl_s * 1000),
         )
-        return bool(taken)
+        # Taken, or taken by this very call before its answer was lost (a retry): ours.
+        return bool(taken) or _text(await self._redis.get(self._key(key))) == mine
 
     async def finish(
         self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = UNKNOWN
