@@ -56,6 +56,25 @@ def child_span(
     return nullcontext(current)
 
 
+def open_child_span(
+    tracer: trace.Tracer,
+    name: str,
+    attributes: dict[str, Any] | None = None,
+    *,
+    root: bool = True,
+) -> tuple[trace.Span, bool]:
+    """`child_span`'s span, started but not made current: for a step that pauses in
+    between (a call prepared, claimed, then run), current again with `trace.use_span`
+    while it works. True: the span is new, and its opener must end it; False: the current
+    span stands in, as in `child_span`."""
+    current = trace.get_current_span()
+    if current.is_recording() or (
+        root and current is trace.INVALID_SPAN and not records_nothing(tracer)
+    ):
+        return tracer.start_span(name, attributes=attributes), True
+    return current, False
+
+
 def messaging_attributes(
     operation: str, destination: str, conversation_id: str, client_id: str, **extra: Any
 ) -> dict[str, Any]:
