@@ -16,12 +16,12 @@ from opentelemetry import trace
 
 from toolbus.contracts import Reply
 from toolbus.decode import Call
-from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict
+from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict, fingerprint
 from toolbus.encode import internal_reply, reply_for_call
 from toolbus.errors import Forbidden, RateLimited, ToolbusError, Unavailable
 from toolbus.execute import Executor, Outcome
 from toolbus.observability.metrics import Metrics
-from toolbus.observability.spans import mark_failed
+from toolbus.observability.spans import DEDUP_REPLAYED, mark_failed
 from toolbus.preparation import Prepared
 from toolbus.quotas import Quotas
 from toolbus.untrusted import shown
@@ -135,7 +135,7 @@ class Answerer:
                     prepared.span.end()
                 raise
             task.uncancel()  # the worker stops: this call still gets its answer
-            # A claim stays open: a repeat finds this run cut short (in doubt).
+            # The claim stays open: a repeat finds this run cut short (in doubt).
             verdict = RUN_UNCLAIMED
             stopped = Unavailable("the worker shut down before the call finished")
             if prepared is None:
@@ -153,15 +153,18 @@ class Answerer:
     async def _claim(self, call: Call, prepared: Prepared) -> Verdict:
         """Deduplication by the request's own id (generated ids are never repeated) and
         what it asks for, as prepared: the same id asking for something else is no
-        repeat. A call refused while preparing claims nothing: `run` says why."""
-        if self._once is None or call.id_generated or not prepared.runnable:
+        repeat. What is compared is what will run (`Prepared.asked`)."""
+        if self._once is None or call.id_generated or call.list_tools:
             return RUN_UNCLAIMED
-        call, tool = prepared.call, prepared.outcome.tool or call.tool
         deadline_s = self._executor.request_deadline_s(call)
+        asked = prepared.asked()
+        if asked is None:  # refused while preparing: nothing to claim, `run` says why
+            return RUN_UNCLAIMED
+        tool, arguments = asked
         key = Once.key(call.caller, call.reply_topic, call.id)
         try:
             return await self._once.begin(
-                key, prepared.fingerprint(), tool, deadline_s, provider_id=call.provider_id
+                key, fingerprint(tool, arguments), tool, deadline_s, provider_id=call.provider_id
             )
         except Exception as exc:  # the store is unreachable: say so, run nothing
             log.warning("dedup store failed for %s: %s", call.id, exc)
@@ -182,6 +185,13 @@ class Answerer:
 
     @staticmethod
     def _replayed(call: Call, stored: bytes) -> Reply:
-        return Reply.model_validate_json(stored).model_copy(
+        """The stored reply again. Nothing runs, so the message's span is all its trace
+        has: it says the reply is a replay, and fails as the stored reply did."""
+        reply = Reply.model_validate_json(stored).model_copy(
             update={"replayed": True, "id": call.id, "id_generated": False}
         )
+        span = trace.get_current_span()
+        span.set_attribute(DEDUP_REPLAYED, True)
+        if reply.error is not None:
+            mark_failed(span, reply.error.code.value)
+        return reply

@@ -6,7 +6,7 @@ serves), adding what it changed to the report. `Prepared` is one call made ready
 tool it resolved, the arguments as they will run, the report so far, or why it is
 refused, and its `execute_tool` span, still open.
 
-Deduplication compares calls by what a prepared call holds (`Prepared.fingerprint`),
+Deduplication compares calls by what a prepared call holds (`Prepared.asked`),
 and the executor then runs that same prepared call: the claim awaits the store in
 between, where `tools/list_changed` or a replaced server may change the registry, and
 preparing again would normalize twice and could run something else than was compared.
@@ -22,7 +22,6 @@ from opentelemetry import trace
 
 from toolbus.contracts import ToolResult
 from toolbus.decode import Call
-from toolbus.dedup import fingerprint
 from toolbus.errors import InvalidArguments, ToolbusError
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
@@ -65,16 +64,13 @@ class Prepared:
     started: float = field(default_factory=time.perf_counter)
     spent_s: float = 0.0  # preparing took; a claim after it is not the call's duration
 
-    @property
-    def runnable(self) -> bool:
-        return self.tool is not None and self.outcome.error is None
-
-    def fingerprint(self) -> str:
-        """What the call asks for, as deduplication compares calls: the canonical tool
-        and the arguments exactly as they will run (`Echo` is `echo`, `device_name`
-        `deviceName`)."""
-        assert self.tool is not None  # only a runnable call is claimed
-        return fingerprint(self.outcome.tool or self.tool.name, self.arguments)
+    def asked(self) -> tuple[str, dict[str, Any]] | None:
+        """What the call asks for, as deduplication compares calls: its tool's canonical
+        name and its arguments exactly as they will run (`Echo` is `echo`, `device_name`
+        `deviceName`). None when it is refused: it will not run."""
+        if self.tool is None or self.outcome.error is not None:
+            return None
+        return self.outcome.tool or self.tool.name, self.arguments
 
 
 class Steps:

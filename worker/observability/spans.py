@@ -16,6 +16,8 @@ from opentelemetry import trace
 from toolbus.normalization.report import Change
 
 TRACER_NAME = "toolbus"
+# On a message's `process` span: its reply is a stored one sent again (nothing ran).
+DEDUP_REPLAYED = "toolbus.dedup.replayed"
 
 
 def default_tracer() -> trace.Tracer:
