@@ -52,6 +52,8 @@ __all__ = ["Executor", "Outcome", "Startup"]
 
 log = logging.getLogger("toolbus.execute")
 
+_AS_IS = nullcontext()  # the span standing in is current already (reusable: no state)
+
 
 class Startup(Protocol):
     """Backends that may still be registering tools (the MCP servers at start-up)."""
@@ -161,11 +163,12 @@ class Executor:
         checked, backends still starting awaited, then `prepare`. A refusal is the
         prepared call's `outcome.error` (`run` reports it); only a cancellation raises."""
         outcome, span = prepared.outcome, prepared.span
-        with trace.use_span(span) if prepared.owned else nullcontext():
+        with trace.use_span(span) if prepared.owned else _AS_IS:
             try:
                 call = prepared.call = self.locate(prepared.call)
                 _refuse_expired(call)
-                await self._await_startup(call)
+                if self._startup is not None and self._startup.unsettled():
+                    await self._await_startup(call)  # rare: only while servers start
                 tool, prepared.arguments = self.prepare(call, outcome)
                 prepared.tool = tool
                 span.update_name(f"execute_tool {outcome.tool}")
@@ -191,7 +194,7 @@ class Executor:
         outcome, call, tool = prepared.outcome, prepared.call, prepared.tool
         if tool is not None and outcome.error is None:
             started = time.perf_counter()
-            with trace.use_span(prepared.span) if prepared.owned else nullcontext():
+            with trace.use_span(prepared.span) if prepared.owned else _AS_IS:
                 try:
                     outcome.invoked = True
                     deadline_s = self.deadline_s(call, tool)
