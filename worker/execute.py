@@ -181,7 +181,7 @@ class Executor:
                 self.refuse(prepared, error)
             except Exception as exc:
                 self._internal(prepared, exc)
-        prepared.spent_s = time.perf_counter() - prepared.started
+        prepared.pause()
 
     def refuse(self, prepared: Prepared, error: ToolbusError) -> None:
         """Answer `error` instead of running the call (deduplication's verdict, a stop)."""
@@ -193,7 +193,7 @@ class Executor:
         """The prepared call's tool run, unless it is refused; then `conclude`d."""
         outcome, call, tool = prepared.outcome, prepared.call, prepared.tool
         if tool is not None and outcome.error is None:
-            started = time.perf_counter()
+            prepared.resume()
             with trace.use_span(prepared.span) if prepared.owned else _AS_IS:
                 try:
                     outcome.invoked = True
@@ -203,7 +203,6 @@ class Executor:
                     self.refuse(prepared, error)
                 except Exception as exc:
                     self._internal(prepared, exc)
-            prepared.spent_s += time.perf_counter() - started
         return self.conclude(prepared)
 
     @staticmethod
@@ -219,7 +218,7 @@ class Executor:
         record_normalization(span, outcome.normalized)
         if prepared.owned:
             span.end()
-        outcome.duration_ms = prepared.spent_s * 1000
+        outcome.duration_ms = prepared.elapsed_s() * 1000
         self._log(prepared.call, prepared.arguments, outcome)
         # Only resolved names become labels: a caller must not be able to grow them.
         self.metrics.call_done(

@@ -62,7 +62,22 @@ class Prepared:
     arguments: dict[str, Any]  # what the tool is given: as they arrived until prepared
     tool: Tool | None = None  # set once every step has passed
     started: float = field(default_factory=time.perf_counter)
-    spent_s: float = 0.0  # preparing took; a claim after it is not the call's duration
+    # The claim between preparing and running is not the call's own time: paused.
+    paused_at: float | None = None
+    paused_s: float = 0.0
+
+    def pause(self) -> None:
+        self.paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        if self.paused_at is not None:
+            self.paused_s += time.perf_counter() - self.paused_at
+            self.paused_at = None
+
+    def elapsed_s(self) -> float:
+        """The call's own time so far: preparing and running, not the claim between."""
+        end = time.perf_counter() if self.paused_at is None else self.paused_at
+        return end - self.started - self.paused_s
 
     def asked(self) -> tuple[str, dict[str, Any]] | None:
         """What the call asks for, as deduplication compares calls: its tool's canonical
