@@ -109,10 +109,11 @@ class Answerer:
 
         A stop cancels whatever this is waiting for (MCP servers starting, a repeat's
         running twin, the tool) and the call still gets `unavailable`. Cancelled before
-        its claim came back, nothing is claimed that this call knows of: a claim the store
-        made just before stays `started` under this stopping worker, so a repeat finds
-        it cut short (`in_doubt`, or a rerun for an idempotent tool), as for a run cut
-        short; releasing a key that may be another request's could run a call twice.
+        its claim came back, nothing is claimed that this call knows of. A claim the store
+        made just before the cancel stays `started` under this stopping worker: once it is
+        gone a repeat finds the run cut short (`in_doubt`, or a rerun for an idempotent
+        tool), as for a run cut short. Releasing it instead could release another
+        request's claim (the key's owner is unknown here) and run a call twice.
         """
         prepared: Prepared | None = None
         verdict = RUN_UNCLAIMED
