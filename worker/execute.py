@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import time
-from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -40,9 +39,11 @@ from toolbus.normalization.normalize import Normalizer
 from toolbus.observability.metrics import Metrics
 from toolbus.observability.spans import (
     default_tracer,
+    make_current,
     mark_failed,
     open_child_span,
     record_normalization,
+    restore,
 )
 from toolbus.preparation import Outcome, Prepared, Steps, explain
 from toolbus.registry import Registry, Resolved, Tool
@@ -51,8 +52,6 @@ from toolbus.registry import Registry, Resolved, Tool
 __all__ = ["Executor", "Outcome", "Startup"]
 
 log = logging.getLogger("toolbus.execute")
-
-_AS_IS = nullcontext()  # the span standing in is current already (reusable: no state)
 
 
 class Startup(Protocol):
@@ -156,32 +155,34 @@ class Executor:
             {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.id": call.id},
             root=self._root_spans,
         )
-        return Prepared(call, Outcome(), span, owned, call.arguments)
+        return Prepared(call, Outcome(), span, owned, call.arguments, started=time.perf_counter())
 
     async def ready(self, prepared: Prepared) -> None:
         """Everything before the tool runs, once: the caller located, the sender's deadline
         checked, backends still starting awaited, then `prepare`. A refusal is the
         prepared call's `outcome.error` (`run` reports it); only a cancellation raises."""
         outcome, span = prepared.outcome, prepared.span
-        with trace.use_span(span) if prepared.owned else _AS_IS:
-            try:
-                call = prepared.call = self.locate(prepared.call)
-                _refuse_expired(call)
-                if self._startup is not None and self._startup.unsettled():
-                    await self._await_startup(call)  # rare: only while servers start
-                tool, prepared.arguments = self.prepare(call, outcome)
-                prepared.tool = tool
-                span.update_name(f"execute_tool {outcome.tool}")
-                span.set_attribute("gen_ai.tool.name", outcome.tool or call.tool)
-                if self._trace_arguments and span.is_recording():
-                    span.set_attribute(
-                        "gen_ai.tool.call.arguments", json.dumps(prepared.arguments, default=str)
-                    )
-            except ToolbusError as error:
-                self.refuse(prepared, error)
-            except Exception as exc:
-                self._internal(prepared, exc)
-        prepared.pause()
+        token = make_current(span) if prepared.owned else None
+        try:
+            call = prepared.call = self.locate(prepared.call)
+            _refuse_expired(call)
+            if self._startup is not None and self._startup.unsettled():
+                await self._await_startup(call)  # rare: only while servers start
+            tool, prepared.arguments = self.prepare(call, outcome)
+            prepared.tool = tool
+            span.update_name(f"execute_tool {outcome.tool}")
+            span.set_attribute("gen_ai.tool.name", outcome.tool or call.tool)
+            if self._trace_arguments and span.is_recording():
+                span.set_attribute(
+                    "gen_ai.tool.call.arguments", json.dumps(prepared.arguments, default=str)
+                )
+        except ToolbusError as error:
+            self.refuse(prepared, error)
+        except Exception as exc:
+            self._internal(prepared, exc)
+        finally:
+            restore(token)
+        prepared.prepared_s = time.perf_counter() - prepared.started
 
     def refuse(self, prepared: Prepared, error: ToolbusError) -> None:
         """Answer `error` instead of running the call (deduplication's verdict, a stop)."""
@@ -192,17 +193,20 @@ class Executor:
     async def run(self, prepared: Prepared) -> Outcome:
         """The prepared call's tool run, unless it is refused; then `conclude`d."""
         outcome, call, tool = prepared.outcome, prepared.call, prepared.tool
-        if tool is not None and outcome.error is None:
-            prepared.resume()
-            with trace.use_span(prepared.span) if prepared.owned else _AS_IS:
-                try:
-                    outcome.invoked = True
-                    deadline_s = self.deadline_s(call, tool)
-                    outcome.result = await self._run(tool, prepared.arguments, deadline_s)
-                except ToolbusError as error:
-                    self.refuse(prepared, error)
-                except Exception as exc:
-                    self._internal(prepared, exc)
+        if tool is None or outcome.error is not None:
+            return self.conclude(prepared)
+        prepared.running_since = time.perf_counter()
+        token = make_current(prepared.span) if prepared.owned else None
+        try:
+            outcome.invoked = True
+            deadline_s = self.deadline_s(call, tool)
+            outcome.result = await self._run(tool, prepared.arguments, deadline_s)
+        except ToolbusError as error:
+            self.refuse(prepared, error)
+        except Exception as exc:
+            self._internal(prepared, exc)
+        finally:
+            restore(token)
         return self.conclude(prepared)
 
     @staticmethod

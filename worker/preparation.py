@@ -61,23 +61,18 @@ class Prepared:
     owned: bool
     arguments: dict[str, Any]  # what the tool is given: as they arrived until prepared
     tool: Tool | None = None  # set once every step has passed
-    started: float = field(default_factory=time.perf_counter)
-    # The claim between preparing and running is not the call's own time: paused.
-    paused_at: float | None = None
-    paused_s: float = 0.0
-
-    def pause(self) -> None:
-        self.paused_at = time.perf_counter()
-
-    def resume(self) -> None:
-        if self.paused_at is not None:
-            self.paused_s += time.perf_counter() - self.paused_at
-            self.paused_at = None
+    started: float = 0.0  # `time.perf_counter()` when preparing began
+    # The call's own time is preparing and running it, not the claim in between.
+    prepared_s: float | None = None  # how long preparing took, once it is done
+    running_since: float | None = None  # when the tool was called, if it was
 
     def elapsed_s(self) -> float:
         """The call's own time so far: preparing and running, not the claim between."""
-        end = time.perf_counter() if self.paused_at is None else self.paused_at
-        return end - self.started - self.paused_s
+        now = time.perf_counter()
+        if self.prepared_s is None:  # stopped while preparing (servers starting)
+            return now - self.started
+        running_s = 0.0 if self.running_since is None else now - self.running_since
+        return self.prepared_s + running_s
 
     def asked(self) -> tuple[str, dict[str, Any]] | None:
         """What the call asks for, as deduplication compares calls: its tool's canonical

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
+from contextvars import Token
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from opentelemetry import trace
+from opentelemetry import context, trace
+from opentelemetry.context import Context
 
 from toolbus.normalization.report import Change
 
@@ -75,6 +77,19 @@ def open_child_span(
     ):
         return tracer.start_span(name, attributes=attributes), True
     return current, False
+
+
+def make_current(span: trace.Span) -> Token[Context]:
+    """Make `span` current (an opened `open_child_span`) until `restore(token)`: what
+    `trace.use_span` does, without a context manager, so a caller that often has no span
+    of its own pays nothing for it."""
+    return context.attach(trace.set_span_in_context(span))
+
+
+def restore(token: Token[Context] | None) -> None:
+    """Undo `make_current` (None: nothing was made current)."""
+    if token is not None:
+        context.detach(token)
 
 
 def messaging_attributes(
