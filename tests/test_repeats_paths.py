@@ -215,6 +215,14 @@ async def test_an_id_reused_is_one_call_line_and_counted(rig: Rig) -> None:
     [line] = call_lines(stream)
     assert (line["call_id"], line["tool"], line["outcome"]) == ("r1", "echo", "bad_request")
     assert rig.counted("toolbus.calls", tool="echo", outcome="bad_request") == 1
+    [execute] = [
+        s
+        for s in rig.spans.get_finished_spans()
+        if s.context and format(s.context.trace_id, "032x") == reply["trace_id"]
+        if s.name.startswith("execute_tool ")
+    ]
+    assert execute.status.status_code is StatusCode.ERROR
+    assert execute.attributes is not None and execute.attributes["error.type"] == "bad_request"
 
 
 async def test_servers_still_starting_is_one_call_line_and_counted(rig: Rig) -> None:
