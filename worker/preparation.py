@@ -4,7 +4,8 @@
 normalization, value guards, the schema's check (or the settled fast path, when it
 serves), adding what it changed to the report. `Prepared` is one call made ready: the
 tool it resolved, the arguments as they will run, the report so far, or why it is
-refused, and its `execute_tool` span, still open.
+refused, and its `execute_tool` span, still open; its `Outcome` is filled as the call
+goes, until the executor concludes it (execute.py).
 
 Deduplication compares calls by what a prepared call holds (`Prepared.asked`),
 and the executor then runs that same prepared call: the claim awaits the store in
@@ -33,6 +34,8 @@ from toolbus.validate import check_arguments
 
 @dataclass(slots=True)
 class Outcome:
+    """What became of one call: its canonical tool, result or error, and report."""
+
     tool: str | None = None
     result: ToolResult | None = None
     error: ToolbusError | None = None
