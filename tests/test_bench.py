@@ -88,6 +88,14 @@ def test_normalize_bench_measures_another_tree_beside_this_one() -> None:
     assert "this checkout µs" in result.stdout and "echo" in result.stdout
 
 
+def test_repeats_bench_runs_beside_another_tree() -> None:
+    # This checkout as the "other" tree: the pairing, not the figures, is under test.
+    args = ("--rounds", "1", "--calls", "5", "--repeat", "1", "--worker-tree", str(ROOT))
+    result = run(sys.executable, "bench/repeats.py", *args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "to shape, with id" in result.stdout and "this checkout µs" in result.stdout
+
+
 def test_flood_bench_runs() -> None:
     result = run(sys.executable, "bench/flood.py", "--requests", "200", "--timeout", "60")
     assert result.returncode == 0, result.stderr[-2000:]

@@ -21,7 +21,8 @@ from toolbus.encode import internal_reply, reply_for_call
 from toolbus.errors import Forbidden, RateLimited, ToolbusError, Unavailable
 from toolbus.execute import Executor, Outcome
 from toolbus.observability.metrics import Metrics
-from toolbus.observability.spans import mark_failed
+from toolbus.observability.spans import DEDUP_REPLAYED, mark_failed
+from toolbus.preparation import Prepared
 from toolbus.quotas import Quotas
 from toolbus.untrusted import shown
 
@@ -104,23 +105,45 @@ class Answerer:
         return reply_for_call(call, Outcome(tool=None, error=error))
 
     async def _admitted(self, call: Call) -> Reply:
-        verdict = await self._claim(call)
-        if verdict.reply is not None:  # a repeat of an answered request: the same answer
-            return self._replayed(call, verdict.reply)
-        outcome = Outcome(tool=call.tool, error=verdict.error) if verdict.error else None
+        """Prepared once, claimed with what was prepared, then run, replayed or refused.
+
+        A stop cancels whatever this is waiting for (MCP servers starting, a repeat's
+        running twin, the tool) and the call still gets `unavailable`. Cancelled before
+        its claim came back, nothing is claimed that this call knows of. A claim the store
+        made just before the cancel stays `started` under this stopping worker: once it is
+        gone a repeat finds the run cut short (`in_doubt`, or a rerun for an idempotent
+        tool), as for a run cut short. Releasing it instead could release another
+        request's claim (the key's owner is unknown here) and run a call twice.
+        """
+        prepared: Prepared | None = None
+        verdict = RUN_UNCLAIMED
         try:
-            outcome = outcome or await self._executor.execute(call)
+            if call.list_tools:
+                outcome = await self._executor.execute(call)
+            else:
+                prepared = self._executor.start(call)
+                await self._executor.ready(prepared)
+                verdict = await self._claim(call, prepared)
+                if verdict.reply is not None:  # a repeat of an answered request
+                    return self._replayed(call, verdict.reply)
+                if verdict.error is not None:
+                    self._executor.refuse(prepared, verdict.error)
+                outcome = await self._executor.run(prepared)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if not self._stopping or task is None:
+                if prepared is not None and prepared.owned:
+                    prepared.span.end()
                 raise
             task.uncancel()  # the worker stops: this call still gets its answer
             # The claim stays open: a repeat finds this run cut short (in doubt).
             verdict = RUN_UNCLAIMED
-            outcome = Outcome(
-                tool=call.tool,
-                error=Unavailable("the worker shut down before the call finished"),
-            )
+            stopped = Unavailable("the worker shut down before the call finished")
+            if prepared is None:
+                outcome = Outcome(tool=call.tool, error=stopped)
+            else:
+                self._executor.refuse(prepared, stopped)
+                outcome = self._executor.conclude(prepared)
         if outcome.error is not None:
             mark_failed(trace.get_current_span(), outcome.error.code.value)
         reply = reply_for_call(call, outcome)
@@ -128,17 +151,15 @@ class Answerer:
         await self._close(verdict, outcome, reply)
         return reply
 
-    async def _claim(self, call: Call) -> Verdict:
+    async def _claim(self, call: Call, prepared: Prepared) -> Verdict:
         """Deduplication by the request's own id (generated ids are never repeated) and
-        what it asks for: the same id asking for something else is no repeat."""
+        what it asks for, as prepared: the same id asking for something else is no
+        repeat. What is compared is what will run (`Prepared.asked`)."""
         if self._once is None or call.id_generated or call.list_tools:
             return RUN_UNCLAIMED
         deadline_s = self._executor.request_deadline_s(call)
-        try:
-            asked = await self._executor.asked(call)
-        except ToolbusError as error:  # its backends did not come up in time
-            return Verdict(error=error)
-        if asked is None:  # it cannot reach its tool: nothing to claim, `execute` says why
+        asked = prepared.asked()
+        if asked is None:  # refused while preparing: nothing to claim, `run` says why
             return RUN_UNCLAIMED
         tool, arguments = asked
         key = Once.key(call.caller, call.reply_topic, call.id)
@@ -167,6 +188,13 @@ class Answerer:
 
     @staticmethod
     def _replayed(call: Call, stored: bytes) -> Reply:
-        return Reply.model_validate_json(stored).model_copy(
+        """The stored reply again. Nothing runs, so the message's span is all its trace
+        has: it says the reply is a replay, and fails as the stored reply did."""
+        reply = Reply.model_validate_json(stored).model_copy(
             update={"replayed": True, "id": call.id, "id_generated": False}
         )
+        span = trace.get_current_span()
+        span.set_attribute(DEDUP_REPLAYED, True)
+        if reply.error is not None:
+            mark_failed(span, reply.error.code.value)
+        return reply

@@ -1,7 +1,10 @@
 """Execute: resolve, check access, guard, normalize, validate and run one call.
 
-This is the one place that classifies outcomes: whatever happens, `execute()`
-returns an `Outcome` and logs exactly one line for it.
+This is the one place that classifies outcomes: whatever happens, a call is concluded
+once (`conclude`), with an `Outcome` and exactly one log line. `execute()` does it all;
+the answerer splits it around deduplication's claim: `start` and `ready` prepare the
+call once (preparation.py), `refuse` answers the claim's verdict instead, `run` runs
+the prepared call, exactly what the claim compared.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 from opentelemetry import trace
@@ -33,17 +36,20 @@ from toolbus.errors import (
 from toolbus.formats.definitions import listing
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
-from toolbus.normalization.report import Change
-from toolbus.normalization.settled import Plans
 from toolbus.observability.metrics import Metrics
 from toolbus.observability.spans import (
-    child_span,
     default_tracer,
+    make_current,
     mark_failed,
+    open_child_span,
     record_normalization,
+    restore,
 )
+from toolbus.preparation import Outcome, Prepared, Steps, explain
 from toolbus.registry import Registry, Resolved, Tool
-from toolbus.validate import check_arguments
+
+# `Outcome` lives with the prepared call it concludes (preparation.py).
+__all__ = ["Executor", "Outcome", "Startup"]
 
 log = logging.getLogger("toolbus.execute")
 
@@ -56,20 +62,6 @@ class Startup(Protocol):
     def states(self) -> dict[str, str]: ...
 
     async def wait_settled(self) -> None: ...
-
-
-@dataclass(slots=True)
-class Outcome:
-    tool: str | None = None
-    result: ToolResult | None = None
-    error: ToolbusError | None = None
-    normalized: list[Change] = field(default_factory=list)
-    duration_ms: float = 0.0
-    invoked: bool = False  # the tool was asked: it may have taken effect
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 class Executor:
@@ -93,7 +85,6 @@ class Executor:
     ) -> None:
         self.registry = registry
         self.normalizer = normalizer
-        self._guards = guards
         self.access = access
         self._default_timeout_s = default_timeout_s
         self._max_timeout_s = max_timeout_s
@@ -101,21 +92,18 @@ class Executor:
         self._startup = startup  # backends still registering tools (MCP servers starting)
         self._tracer = tracer or default_tracer()
         self._trace_arguments = trace_arguments  # values may be personal data: off by default
-        self._trace_steps = trace_steps  # a span per step costs more than the step: off
         self._log_arguments = log_arguments  # the same for the per-call log line
         self.metrics = metrics or Metrics()
         # Under a worker every call runs in its message's span whenever it is traced; a
         # call outside any span there is one the pipeline chose not to trace.
         self._root_spans = root_spans
-        self._plans = Plans(normalizer, guards)  # calls that need no normalizing at all
+        self._steps = Steps(normalizer, guards, self._tracer, trace_steps=trace_steps)
         self.access.refresh(registry)
         registry.listeners.append(self.registry_changed)
 
     def registry_changed(self) -> None:
         """Per-tool tables follow the registry (MCP servers come, go and change tools)."""
-        self._guards.clear()
-        self.normalizer.clear()
-        self._plans.clear()
+        self._steps.clear()
         self.access.refresh(self.registry)
 
     def deadline_s(self, call: Call, tool: Tool) -> float:
@@ -147,41 +135,95 @@ class Executor:
         )
 
     async def execute(self, call: Call) -> Outcome:
+        """One call, start to end: prepared (`ready`), run and concluded (`run`)."""
         if call.list_tools:
             return self.list_tools(call.caller, call.tools_format)
-        outcome = Outcome()
-        arguments: dict[str, Any] = call.arguments
-        started = time.perf_counter()
-        with child_span(
+        prepared = self.start(call)
+        try:
+            await self.ready(prepared)
+            return await self.run(prepared)
+        except BaseException:  # cancelled: no outcome to conclude, but the span ends
+            if prepared.owned:
+                prepared.span.end()
+            raise
+
+    def start(self, call: Call) -> Prepared:
+        """A call about to be prepared: its `execute_tool` span opened (not current)."""
+        span, owned = open_child_span(
             self._tracer,
             f"execute_tool {call.tool}",
             {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.id": call.id},
             root=self._root_spans,
-        ) as span:
-            try:
-                call = self.locate(call)
-                _refuse_expired(call)
-                await self._await_startup(call)
-                tool, arguments = self.prepare(call, outcome)
-                span.update_name(f"execute_tool {outcome.tool}")
-                span.set_attribute("gen_ai.tool.name", outcome.tool or call.tool)
-                if self._trace_arguments and span.is_recording():
-                    span.set_attribute(
-                        "gen_ai.tool.call.arguments", json.dumps(arguments, default=str)
-                    )
-                outcome.invoked = True
-                outcome.result = await self._run(tool, arguments, self.deadline_s(call, tool))
-            except ToolbusError as error:
-                outcome.error = error
-                outcome.invoked = outcome.invoked and error.reached_tool
-                mark_failed(span, error.code.value, error)
-            except Exception as exc:
-                log.exception("internal error in call %s to %s", call.id, call.tool)
-                outcome.error = InternalError(f"internal error: {type(exc).__name__}")
-                mark_failed(span, outcome.error.code.value)
-            record_normalization(span, outcome.normalized)
-        outcome.duration_ms = (time.perf_counter() - started) * 1000
-        self._log(call, arguments, outcome)
+        )
+        return Prepared(call, Outcome(), span, owned, call.arguments, started=time.perf_counter())
+
+    async def ready(self, prepared: Prepared) -> None:
+        """Everything before the tool runs, once: the caller located, the sender's deadline
+        checked, backends still starting awaited, then `prepare`. A refusal is the
+        prepared call's `outcome.error` (`run` reports it); only a cancellation raises."""
+        outcome, span = prepared.outcome, prepared.span
+        token = make_current(span) if prepared.owned else None
+        try:
+            call = prepared.call = self.locate(prepared.call)
+            _refuse_expired(call)
+            if self._startup is not None and self._startup.unsettled():
+                await self._await_startup(call)  # rare: only while servers start
+            tool, prepared.arguments = self.prepare(call, outcome)
+            prepared.tool = tool
+            span.update_name(f"execute_tool {outcome.tool}")
+            span.set_attribute("gen_ai.tool.name", outcome.tool or call.tool)
+            if self._trace_arguments and span.is_recording():
+                span.set_attribute(
+                    "gen_ai.tool.call.arguments", json.dumps(prepared.arguments, default=str)
+                )
+        except ToolbusError as error:
+            self.refuse(prepared, error)
+        except Exception as exc:
+            self._internal(prepared, exc)
+        finally:
+            restore(token)
+        prepared.prepared_s = time.perf_counter() - prepared.started
+
+    def refuse(self, prepared: Prepared, error: ToolbusError) -> None:
+        """Answer `error` instead of running the call (deduplication's verdict, a stop)."""
+        prepared.outcome.error = error
+        prepared.outcome.invoked = prepared.outcome.invoked and error.reached_tool
+        mark_failed(prepared.span, error.code.value, error)
+
+    async def run(self, prepared: Prepared) -> Outcome:
+        """The prepared call's tool run, unless it is refused; then `conclude`d."""
+        outcome, call, tool = prepared.outcome, prepared.call, prepared.tool
+        if tool is None or outcome.error is not None:
+            return self.conclude(prepared)
+        prepared.running_since = time.perf_counter()
+        token = make_current(prepared.span) if prepared.owned else None
+        try:
+            outcome.invoked = True
+            deadline_s = self.deadline_s(call, tool)
+            outcome.result = await self._run(tool, prepared.arguments, deadline_s)
+        except ToolbusError as error:
+            self.refuse(prepared, error)
+        except Exception as exc:
+            self._internal(prepared, exc)
+        finally:
+            restore(token)
+        return self.conclude(prepared)
+
+    @staticmethod
+    def _internal(prepared: Prepared, exc: Exception) -> None:
+        log.exception("internal error in call %s to %s", prepared.call.id, prepared.call.tool)
+        prepared.outcome.error = InternalError(f"internal error: {type(exc).__name__}")
+        mark_failed(prepared.span, prepared.outcome.error.code.value)
+
+    def conclude(self, prepared: Prepared) -> Outcome:
+        """Whatever became of the call, classified once: its span ended, the one log line,
+        its metrics. Every call that was not replayed is concluded exactly once."""
+        outcome, span = prepared.outcome, prepared.span
+        record_normalization(span, outcome.normalized)
+        if prepared.owned:
+            span.end()
+        outcome.duration_ms = prepared.elapsed_s() * 1000
+        self._log(prepared.call, prepared.arguments, outcome)
         # Only resolved names become labels: a caller must not be able to grow them.
         self.metrics.call_done(
             outcome.tool or "(unknown)",
@@ -230,75 +272,16 @@ class Executor:
                 ) from None
 
     def prepare(self, call: Call, outcome: Outcome) -> tuple[Tool, dict[str, Any]]:
-        """Everything before the tool runs: resolve, access, guards, normalize, validate.
+        """Resolve, check access, then the argument steps (guards, normalize, validate).
 
         Fills `outcome.tool` and `outcome.normalized` as it goes, so a refusal still
         reports what was changed before it.
         """
         resolved, caller = self._resolve(call)
-        tool = resolved.tool
         outcome.tool = resolved.name
         outcome.normalized.extend(resolved.report)
         self._check_access(caller, resolved)
-        # Most calls need no more than top-level keys respelled and trip no guard: for
-        # them one walk (`settled`), then the schema's check; None: the full path.
-        try:
-            if self._trace_steps and trace.get_current_span().is_recording():
-                with self._tracer.start_as_current_span("normalize"):
-                    settled = self._plans.settled(
-                        tool, call.arguments, call.payload_bytes, outcome.normalized
-                    )
-                    arguments = (
-                        self._normalized(tool, call, outcome) if settled is None else settled
-                    )
-                with self._tracer.start_as_current_span("validate"):
-                    if settled is None:
-                        arguments = self._guarded(tool, arguments, outcome)
-                    check_arguments(tool.name, tool.validator, arguments)
-            else:  # the same steps without spans: even a no-op span costs more than a step
-                arguments = self._settled(tool, call, outcome)
-        except InvalidArguments as error:
-            _explain(error, tool)
-            raise
-        return tool, arguments
-
-    async def asked(self, call: Call) -> tuple[str, dict[str, Any]] | None:
-        """What `call` asks for, as deduplication compares calls: its tool's canonical name
-        and its arguments as normalized (`Echo` is `echo`, `device_name` `deviceName`).
-        None when it cannot reach its tool: `execute` refuses it and says why. Waits for
-        backends still starting, as `execute` would; `Unavailable` when they do not come."""
-        try:
-            call = self.locate(call)
-        except ToolbusError:
-            return None
-        await self._await_startup(call)
-        try:
-            resolved, caller = self._resolve(call)
-            self._check_access(caller, resolved)
-            return resolved.name, self._settled(resolved.tool, call, Outcome())
-        except ToolbusError:
-            return None
-
-    def _settled(self, tool: Tool, call: Call, outcome: Outcome) -> dict[str, Any]:
-        """The arguments normalized, guarded and validated (the fast path when it serves)."""
-        settled = self._plans.settled(tool, call.arguments, call.payload_bytes, outcome.normalized)
-        if settled is None:
-            settled = self._guarded(tool, self._normalized(tool, call, outcome), outcome)
-        check_arguments(tool.name, tool.validator, settled)
-        return settled
-
-    def _normalized(self, tool: Tool, call: Call, outcome: Outcome) -> dict[str, Any]:
-        """Size and depth checked on what arrived, then keys and values normalized."""
-        self._guards.check_envelope(tool, call.arguments, call.payload_bytes)
-        arguments, renamed = self.normalizer.arguments(tool, call.arguments)
-        outcome.normalized.extend(renamed)
-        return arguments
-
-    def _guarded(self, tool: Tool, arguments: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
-        """The value guards, on what normalization made of the arguments."""
-        arguments, dropped = self._guards.check_values(tool, arguments)
-        outcome.normalized.extend(dropped)
-        return arguments
+        return resolved.tool, self._steps.arguments(resolved.tool, call, outcome.normalized)
 
     def _check_access(self, caller: str | None, resolved: Resolved) -> None:
         if not self.access.allows(caller, resolved.tool):
@@ -357,7 +340,7 @@ class Executor:
                 ) from None
             raise
         except InvalidArguments as error:  # a tool may refuse its arguments itself
-            _explain(error, tool)
+            explain(error, tool)
             raise
 
     def _log(self, call: Call, arguments: dict[str, Any], outcome: Outcome) -> None:
@@ -370,14 +353,6 @@ class Executor:
             slow_call_ms=self._slow_call_ms,
             log_arguments=self._log_arguments,
         )
-
-
-def _explain(error: InvalidArguments, tool: Tool) -> None:
-    """Every `invalid_arguments` for a known tool lists the tool's parameters, so a model
-    can correct its next call (`details.parameters`, built once per tool). A detail the
-    raiser set itself is kept."""
-    for key, value in tool.parameters.details().items():
-        error.details.setdefault(key, value)
 
 
 def _refuse_expired(call: Call) -> None:

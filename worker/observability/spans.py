@@ -8,14 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
+from contextvars import Token
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from opentelemetry import trace
+from opentelemetry import context, trace
+from opentelemetry.context import Context
 
 from toolbus.normalization.report import Change
 
 TRACER_NAME = "toolbus"
+# On a message's `process` span: its reply is a stored one sent again (nothing ran).
+DEDUP_REPLAYED = "toolbus.dedup.replayed"
 
 
 def default_tracer() -> trace.Tracer:
@@ -54,6 +58,38 @@ def child_span(
     ):
         return tracer.start_as_current_span(name, kind=kind, attributes=attributes)
     return nullcontext(current)
+
+
+def open_child_span(
+    tracer: trace.Tracer,
+    name: str,
+    attributes: dict[str, Any] | None = None,
+    *,
+    root: bool = True,
+) -> tuple[trace.Span, bool]:
+    """`child_span`'s span, started but not made current: for a step that pauses in
+    between (a call prepared, claimed, then run), current again with `trace.use_span`
+    while it works. True: the span is new, and its opener must end it; False: the current
+    span stands in, as in `child_span`."""
+    current = trace.get_current_span()
+    if current.is_recording() or (
+        root and current is trace.INVALID_SPAN and not records_nothing(tracer)
+    ):
+        return tracer.start_span(name, attributes=attributes), True
+    return current, False
+
+
+def make_current(span: trace.Span) -> Token[Context]:
+    """Make `span` current (an opened `open_child_span`) until `restore(token)`: what
+    `trace.use_span` does, without a context manager, so a caller that often has no span
+    of its own pays nothing for it."""
+    return context.attach(trace.set_span_in_context(span))
+
+
+def restore(token: Token[Context] | None) -> None:
+    """Undo `make_current` (None: nothing was made current)."""
+    if token is not None:
+        context.detach(token)
 
 
 def messaging_attributes(

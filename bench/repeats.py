@@ -1,0 +1,145 @@
+"""What deduplication costs a call: one with its own id beside one without, in-process.
+
+Run: `.venv/bin/python bench/repeats.py [--rounds N --calls N]` (the tests run it with tiny
+numbers so it cannot rot). Each call goes through `Pipeline.handle` as a message, to the
+built-in `echo`, with the memory dedup store and no tracing SDK: a call with an id is
+prepared, claimed, run and closed in the store; one without is prepared and run. Two
+argument sets: `{"text": "hi"}` as the schema asks (the settled fast path), and
+`{"text": 7}`, a value to shape (the full normalization path). Figures are CPU µs per
+call (`time.process_time`: a shared machine's other processes count less), the fastest
+of `--rounds` rounds of `--calls` calls, each call with an id under a fresh id.
+
+`--worker-tree DIR` measures DIR's `worker/` (e.g. `git archive` of an older commit)
+beside this checkout's, each in processes of its own, alternating `--repeat` times
+(default 3), and prints the median of each: a before/after pair from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from paired import alternate  # bench/paired.py: this script's folder is first on the path
+from rich.console import Console
+from rich.table import Table
+
+from toolbus.config import Settings
+from toolbus.dedup import MemoryStore, Once
+from toolbus.messages import Inbound, Outbound
+from toolbus.observability.metrics import Metrics
+from toolbus.pipeline import Pipeline
+from toolbus.tools import BUILTIN_TOOLS
+from toolbus.wiring import build_executor, build_registry, topics_for
+
+ROUNDS = 15
+CALLS_PER_ROUND = 2000
+REPEAT = 3
+CHILD_TIMEOUT_S = 600
+ARGUMENTS: dict[str, dict[str, Any]] = {"as asked": {"text": "hi"}, "to shape": {"text": 7}}
+CASES = tuple(f"{name}, {ident}" for name in ARGUMENTS for ident in ("with id", "no id"))
+
+
+class Discard:
+    """A publisher that drops what it is given: only the worker's side is measured."""
+
+    async def publish(self, out: Outbound) -> None:
+        return None
+
+
+async def per_call_us(
+    arguments: dict[str, Any], *, with_id: bool, rounds: int, calls: int
+) -> float:
+    settings = Settings.model_validate({"topic_prefix": "tb"})
+    executor = build_executor(settings, build_registry(BUILTIN_TOOLS, settings), metrics=Metrics())
+    once = Once(MemoryStore("bench", rounds * calls + 1), 60.0, executor.idempotent)
+    pipeline = Pipeline(
+        executor,
+        topics_for(settings),
+        Discard(),
+        worker_id="bench",
+        max_payload_bytes=settings.max_payload_bytes,
+        dead_letter_max_bytes=settings.dead_letter_max_bytes,
+        once=once,
+    )
+    sent = 0
+
+    def message() -> Inbound:
+        nonlocal sent
+        sent += 1
+        body = {"arguments": arguments} | ({"id": f"r{sent}"} if with_id else {})
+        return Inbound(
+            topic="tb/call/echo",
+            payload=json.dumps(body).encode(),
+            response_topic="tb/reply/bench",
+            correlation_data=b"c",
+        )
+
+    fastest = float("inf")
+    async with pipeline:
+        for _ in range(rounds):
+            messages = [message() for _ in range(calls)]
+            started = time.process_time()
+            for each in messages:
+                await pipeline.handle(each)
+            fastest = min(fastest, (time.process_time() - started) / calls * 1e6)
+    return fastest
+
+
+def measure(rounds: int, calls: int) -> dict[str, float]:
+    logging.getLogger("toolbus").setLevel(logging.WARNING)  # the call line is measured elsewhere
+    figures = {}
+    for name, arguments in ARGUMENTS.items():
+        for with_id in (True, False):
+            figures[f"{name}, {'with id' if with_id else 'no id'}"] = asyncio.run(
+                per_call_us(arguments, with_id=with_id, rounds=rounds, calls=calls)
+            )
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--calls", type=int, default=CALLS_PER_ROUND, help="per round")
+    parser.add_argument("--worker-tree", type=Path, help="also measure DIR/worker, as before")
+    parser.add_argument("--repeat", type=int, default=REPEAT, help="with --worker-tree")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.rounds, args.calls)))
+        return
+    title = (
+        f"echo through Pipeline.handle, CPU µs per call, fastest of {args.rounds} x {args.calls}"
+    )
+    if args.worker_tree is None:
+        table = Table(title=title)
+        table.add_column("call")
+        table.add_column("µs", justify="right")
+        for name, figure in measure(args.rounds, args.calls).items():
+            table.add_row(name, f"{figure:.1f}")
+        Console().print(table)
+        return
+    sizes = ("--rounds", str(args.rounds), "--calls", str(args.calls))
+    outputs = alternate(
+        __file__, args.worker_tree, sizes, repeat=args.repeat, timeout_s=CHILD_TIMEOUT_S
+    )
+    theirs, ours = ({name: [run[name] for run in runs] for name in CASES} for runs in outputs)
+    table = Table(title=f"{title}, median of {args.repeat} processes each")
+    for column in ("call", f"{args.worker_tree} µs", "this checkout µs", "difference µs"):
+        table.add_column(column, justify="left" if column == "call" else "right")
+    for name in CASES:
+        before, after = statistics.median(theirs[name]), statistics.median(ours[name])
+        table.add_row(name, f"{before:.1f}", f"{after:.1f}", f"{after - before:+.1f}")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()

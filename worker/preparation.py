@@ -1,0 +1,155 @@
+"""Preparation: everything a call needs before its tool runs, done once per call.
+
+`Steps` turns a call's arguments into what its tool is given: size and depth guards,
+normalization, value guards, the schema's check (or the settled fast path, when it
+serves), adding what it changed to the report. `Prepared` is one call made ready: the
+tool it resolved, the arguments as they will run, the report so far, or why it is
+refused, and its `execute_tool` span, still open; its `Outcome` is filled as the call
+goes, until the executor concludes it (execute.py).
+
+Deduplication compares calls by what a prepared call holds (`Prepared.asked`),
+and the executor then runs that same prepared call: the claim awaits the store in
+between, where `tools/list_changed` or a replaced server may change the registry, and
+preparing again would normalize twice and could run something else than was compared.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+
+from toolbus.contracts import ToolResult
+from toolbus.decode import Call
+from toolbus.errors import InvalidArguments, ToolbusError
+from toolbus.normalization.guards import Guards
+from toolbus.normalization.normalize import Normalizer
+from toolbus.normalization.report import Change
+from toolbus.normalization.settled import Plans
+from toolbus.registry import Tool
+from toolbus.validate import check_arguments
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What became of one call: its canonical tool, result or error, and report."""
+
+    tool: str | None = None
+    result: ToolResult | None = None
+    error: ToolbusError | None = None
+    normalized: list[Change] = field(default_factory=list)
+    duration_ms: float = 0.0
+    invoked: bool = False  # the tool was asked: it may have taken effect
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(slots=True)
+class Prepared:
+    """One call made ready to run, or refused (`outcome.error`) before it could be.
+
+    `span` is the call's `execute_tool` span, opened before preparing so the steps'
+    spans are its children; `owned`: the executor ends it when the call is concluded. A
+    replayed call is never concluded: no span of a run that did not happen is ended, so
+    none is exported (the SDK keeps no span that never ends).
+    """
+
+    call: Call  # as located: the caller a `call/{a}/{b}` topic names is read
+    outcome: Outcome  # the canonical tool and the report so far; `error` when refused
+    span: trace.Span
+    owned: bool
+    arguments: dict[str, Any]  # what the tool is given: as they arrived until prepared
+    tool: Tool | None = None  # set once every step has passed
+    started: float = 0.0  # `time.perf_counter()` when preparing began
+    # The call's own time is preparing and running it, not the claim in between.
+    prepared_s: float | None = None  # how long preparing took, once it is done
+    running_since: float | None = None  # when the tool was called, if it was
+
+    def elapsed_s(self) -> float:
+        """The call's own time so far: preparing and running, not the claim between."""
+        now = time.perf_counter()
+        if self.prepared_s is None:  # stopped while preparing (servers starting)
+            return now - self.started
+        running_s = 0.0 if self.running_since is None else now - self.running_since
+        return self.prepared_s + running_s
+
+    def asked(self) -> tuple[str, dict[str, Any]] | None:
+        """What the call asks for, as deduplication compares calls: its tool's canonical
+        name and its arguments exactly as they will run (`Echo` is `echo`, `device_name`
+        `deviceName`). None when it is refused: it will not run."""
+        if self.tool is None or self.outcome.error is not None:
+            return None
+        return self.outcome.tool or self.tool.name, self.arguments
+
+
+class Steps:
+    """The argument steps, with the per-tool tables they keep (cleared when the registry
+    changes). `trace_steps`: a `normalize` and a `validate` span under the call's."""
+
+    def __init__(
+        self, normalizer: Normalizer, guards: Guards, tracer: trace.Tracer, *, trace_steps: bool
+    ) -> None:
+        self._normalizer = normalizer
+        self._guards = guards
+        self._plans = Plans(normalizer, guards)  # calls that need no normalizing at all
+        self._tracer = tracer
+        self._trace_steps = trace_steps  # a span per step costs more than the step: off
+
+    def clear(self) -> None:
+        self._guards.clear()
+        self._normalizer.clear()
+        self._plans.clear()
+
+    def arguments(self, tool: Tool, call: Call, report: list[Change]) -> dict[str, Any]:
+        """`call`'s arguments as `tool` is to get them, their changes added to `report`.
+
+        Most calls need no more than top-level keys respelled and trip no guard: for
+        them one walk (`settled`), then the schema's check; otherwise the full path.
+        `InvalidArguments` lists the tool's parameters, so a model can correct itself.
+        """
+        try:
+            if self._trace_steps and trace.get_current_span().is_recording():
+                with self._tracer.start_as_current_span("normalize"):
+                    settled = self._plans.settled(tool, call.arguments, call.payload_bytes, report)
+                    arguments = self._normalized(tool, call, report) if settled is None else settled
+                with self._tracer.start_as_current_span("validate"):
+                    if settled is None:
+                        arguments = self._guarded(tool, arguments, report)
+                    check_arguments(tool.name, tool.validator, arguments)
+                return arguments
+            # The same steps without spans: even a no-op span costs more than a step.
+            settled = self._plans.settled(tool, call.arguments, call.payload_bytes, report)
+            if settled is None:
+                settled = self._guarded(tool, self._normalized(tool, call, report), report)
+            check_arguments(tool.name, tool.validator, settled)
+        except InvalidArguments as error:
+            explain(error, tool)
+            raise
+        return settled
+
+    def _normalized(self, tool: Tool, call: Call, report: list[Change]) -> dict[str, Any]:
+        """Size and depth checked on what arrived, then keys and values normalized."""
+        self._guards.check_envelope(tool, call.arguments, call.payload_bytes)
+        arguments, renamed = self._normalizer.arguments(tool, call.arguments)
+        report.extend(renamed)
+        return arguments
+
+    def _guarded(
+        self, tool: Tool, arguments: dict[str, Any], report: list[Change]
+    ) -> dict[str, Any]:
+        """The value guards, on what normalization made of the arguments."""
+        arguments, dropped = self._guards.check_values(tool, arguments)
+        report.extend(dropped)
+        return arguments
+
+
+def explain(error: InvalidArguments, tool: Tool) -> None:
+    """Every `invalid_arguments` for a known tool lists the tool's parameters, so a model
+    can correct its next call (`details.parameters`, built once per tool). A detail the
+    raiser set itself is kept."""
+    for key, value in tool.parameters.details().items():
+        error.details.setdefault(key, value)
