@@ -61,8 +61,8 @@ class Observed:
     async def finish(self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = "") -> None:
         await self.store.finish(key, reply, ttl_s, fingerprint=fingerprint)
 
-    async def release(self, key: str) -> None:
-        await self.store.release(key)
+    async def release(self, key: str, *, fingerprint: str = "") -> None:
+        await self.store.release(key, fingerprint=fingerprint)
 
     async def wait(self, key: str, timeout_s: float, *, fingerprint: str = "") -> bytes | None:
         self.waiting.set()
