@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from tests.harness import RedisServer
 from tests.providers import chat_completion
-from tests.test_pipeline import REPLY, Rig, anonymous_key, standard_rig
+from tests.test_pipeline import CORRELATION, REPLY, Rig, anonymous_key, standard_rig
 from toolbus.dedup import DedupStore, fingerprint, open_store
 from toolbus.dedup.redis import RedisStore
 
@@ -181,6 +181,26 @@ async def test_an_openai_call_id_numbered_again_next_turn_runs_the_new_call(rig:
     assert tool_message(retry) == tool_message(turn_2)
 
 
+async def test_a_later_turn_asking_what_an_earlier_one_did_runs_again(rig: Rig) -> None:
+    """Light on (`call_0`), off (`call_1`), on again (`call_0`, the same arguments): the
+    third turn is a new message and runs; it used to be turn 1's reply replayed, the light
+    left off and the model told it was on. The same message sent again (its correlation
+    data too: a retry, a redelivery) is still a repeat."""
+
+    async def turn(call_id: str, n: int, correlation: bytes) -> dict[str, Any]:
+        message = chat_completion((call_id, "busy", json.dumps({"n": n})))
+        await rig.request(None, message, correlation=correlation)
+        return rig.reply()
+
+    on = await turn("call_0", 1, b"turn-1")
+    off = await turn("call_1", 0, b"turn-2")
+    on_again = await turn("call_0", 1, b"turn-3")
+    assert [r["results"][0]["replayed"] for r in (on, off, on_again)] == [False] * 3
+    assert rig.probe.calls == 3
+    retry = await turn("call_0", 1, b"turn-3")
+    assert retry["results"][0]["replayed"] is True and rig.probe.calls == 3
+
+
 async def test_a_provider_call_id_beside_its_running_call_runs_unclaimed(rig: Rig) -> None:
     """Another conversation's `call_0` while this one's still runs: it runs at once,
     beside it; the running call keeps the record, so its own repeat is still known."""
@@ -289,6 +309,12 @@ def body_of(caller: str | None, ident: str, ask: int, provider: bool) -> dict[st
     return {"id": ident, "tool": tool, "arguments": arguments, "caller": caller}
 
 
+def compared(ask: int, provider: bool, correlation: bytes) -> tuple[str, str, bytes | None]:
+    """What the worker compares: the ask, and for a provider's id the message it came in
+    (its correlation data), since providers reuse their ids turn after turn."""
+    return (*ASKS[ask][2], correlation if provider else None)
+
+
 def own_result(reply: dict[str, Any], asked: tuple[str, str]) -> bool:
     """Does the reply carry what this request's own run returns?"""
     structured = reply["result"]["structured"]
@@ -304,21 +330,23 @@ async def test_a_reply_never_carries_another_request_s_result(
     kind: str, redis_server: RedisServer, sequence: list[tuple[str | None, str, str, int, bool]]
 ) -> None:
     """Random (caller, reply topic, id, tool, arguments) sequences against a model of the
-    promise: a repeat (same key, same ask) is replayed, another ask under an id of the
-    caller's is `id_reused`, under a provider's id it runs and takes the record."""
+    promise: a repeat (same key, same ask; for a provider's id, the same message too) is
+    replayed, another ask under an id of the caller's is `id_reused`, under a provider's
+    id it runs and takes the record. Every message here carries the same correlation
+    data, as a client's retries do."""
     rig = standard_rig(store=store_for(kind, redis_server))
-    records: dict[tuple[str, str], tuple[str, str]] = {}  # key: what its record asked
+    records: dict[tuple[str, str], tuple[str, str, bytes | None]] = {}  # key: its record's
     runs = 0
     async with rig.pipeline:
         for caller, topic, ident, ask, provider in sequence:
             reply = await send(rig, body_of(caller, ident, ask, provider), topic)
-            asked = ASKS[ask][2]
+            asked = compared(ask, provider, CORRELATION)
             key = (caller or f"\x1f{topic}", ident)
             held = records.get(key)
             if held is not None and held != asked and not provider:
                 assert_id_reused(reply)
                 continue
-            assert reply["ok"] and own_result(reply, asked), (reply, asked)
+            assert reply["ok"] and own_result(reply, ASKS[ask][2]), (reply, asked)
             assert reply["replayed"] is (held == asked)
             if held != asked:
                 records[key] = asked
@@ -351,15 +379,16 @@ async def test_at_once_a_reply_still_never_carries_another_request_s_result(
     replies = {out.correlation_data: json.loads(out.payload) for out in rig.sent.sent}
     assert len(replies) == len(sequence)
     keys = [((c or f"\x1f{t}"), i) for c, t, i, _, _ in sequence]
+    asks = [
+        compared(ask, provider, str(n).encode()) for n, (*_, ask, provider) in enumerate(sequence)
+    ]
     for n, (_, _, _, ask, provider) in enumerate(sequence):
-        reply, asked = replies[str(n).encode()], ASKS[ask][2]
-        others = [
-            ASKS[sequence[m][3]][2] for m in range(len(sequence)) if m != n and keys[m] == keys[n]
-        ]
+        reply, asked = replies[str(n).encode()], asks[n]
+        others = [asks[m] for m in range(len(sequence)) if m != n and keys[m] == keys[n]]
         if not reply["ok"]:
             assert not provider and any(other != asked for other in others), reply
             assert_id_reused(reply)
             continue
-        assert own_result(reply, asked), (reply, asked)
+        assert own_result(reply, ASKS[ask][2]), (reply, asked)
         if reply["replayed"]:
             assert asked in others  # a repeat of one of them, never of another ask

@@ -167,7 +167,11 @@ class Answerer:
             return RUN_UNCLAIMED
         try:
             return await self._once.begin(
-                key, fingerprint(tool, arguments), tool, deadline_s, provider_id=call.provider_id
+                key,
+                fingerprint(tool, arguments, call.correlation if call.provider_id else None),
+                tool,
+                deadline_s,
+                provider_id=call.provider_id,
             )
         except Exception as exc:  # the store is unreachable: say so, run nothing
             log.warning("dedup store failed for %s: %s", call.id, exc)

@@ -65,6 +65,9 @@ class Call:
     # anonymous caller's request ids are its reply topic's, as far as dedup goes.
     reply_topic: str | None = None
     provider_id: bool = False  # the id is a provider's tool-call id (`toolu_…`, `call_0`)
+    # The message's v5 correlation data: a provider's id (reused turn after turn) repeats
+    # only in a message sent again with it, as a retry is; a new turn comes with its own.
+    correlation: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +348,7 @@ def _template(
         deadline_at=deadline,
         tools_format=request.format or ToolsFormat.TOOLBUS,
         reply_topic=None if reply is None else reply.topic,
+        correlation=None if reply is None else reply.correlation_data,
     )
 
 
