@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
+import redis.exceptions
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 
@@ -379,3 +380,44 @@ async def test_calls_after_a_redis_restart_are_not_refused_on_dead_connections(
         own_redis.stop()
         own_redis.start()  # the same port; every pooled connection is now dead
         assert await asyncio.gather(*(one(store) for _ in range(32))) == ["done"] * 32
+
+
+async def test_a_command_that_times_out_is_not_sent_again() -> None:
+    """Only a lost connection is worth a second send: a command that timed out may have
+    run, and sending it again would hold a stalled store's caller three times as long
+    (redis-py retries timeouts by default). A listener that speaks just enough RESP to
+    let a client connect, and never answers a SET, counts the SETs."""
+    sets = 0
+
+    async def stalls_on_set(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal sets
+        while command := await read_command(reader):
+            if command[0].upper() == b"SET":
+                sets += 1  # never answered: the client's socket timeout ends its wait
+            elif command[0].upper() == b"HELLO":
+                writer.write(b"%1\r\n$5\r\nproto\r\n:3\r\n")
+            else:
+                writer.write(b"+OK\r\n")
+        writer.close()
+
+    server = await asyncio.start_server(stalls_on_set, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        store = RedisStore(f"redis://127.0.0.1:{port}/0", "w1", prefix="t", timeout_s=0.3)
+        # Not entered: no heartbeat, no epoch; only the claim's own commands go out.
+        async with asyncio.timeout(10):
+            with pytest.raises(redis.exceptions.TimeoutError):
+                await store.claim(key(), TTL_S)
+        assert sets == 1
+
+
+async def read_command(reader: asyncio.StreamReader) -> list[bytes]:
+    """One RESP command (an array of bulk strings); [] at the end of the stream."""
+    header = await reader.readline()
+    if not header.startswith(b"*"):
+        return []
+    command = []
+    for _ in range(int(header[1:])):
+        size = int((await reader.readline())[1:])
+        command.append((await reader.readexactly(size + 2))[:-2])
+    return command

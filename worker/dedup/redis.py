@@ -110,8 +110,11 @@ class RedisStore:
             # A lost connection (never a timeout: a command that timed out may have run) is
             # made again and the command sent once more; every command here is safe to
             # repeat (a claim that finds its own record is fresh, the writes compare first).
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES),
-            retry_on_error=[RedisConnectionError],
+            retry=Retry(
+                ExponentialBackoff(cap=0.5, base=0.05),
+                RECONNECT_RETRIES,
+                supported_errors=(RedisConnectionError,),  # redis-py adds timeouts by default
+            ),
         )
         self._worker_id, self._incarnation = worker_id, uuid.uuid4().hex
         self._prefix = prefix
