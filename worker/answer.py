@@ -125,7 +125,7 @@ class Answerer:
                 await self._executor.ready(prepared)
                 verdict = await self._claim(call, prepared)
                 if verdict.reply is not None:  # a repeat of an answered request
-                    return self._replayed(call, verdict.reply)
+                    return self._replayed(call, prepared, verdict.reply)
                 if verdict.error is not None:
                     self._executor.refuse(prepared, verdict.error)
                 outcome = await self._executor.run(prepared)
@@ -191,14 +191,21 @@ class Answerer:
             log.warning("dedup store failed closing %s: %s", reply.id, exc)
 
     @staticmethod
-    def _replayed(call: Call, stored: bytes) -> Reply:
-        """The stored reply again. Nothing runs, so the message's span is all its trace
-        has: it says the reply is a replay, and fails as the stored reply did."""
+    def _replayed(call: Call, prepared: Prepared, stored: bytes) -> Reply:
+        """The stored reply again. The tool does not run, but the call was prepared to be
+        compared: its `execute_tool` span ends (the steps' spans, with `trace_steps`, are
+        its children), and it and the message's span say the reply is a replay and fail
+        as the stored reply did. No call line: the first run had it."""
         reply = Reply.model_validate_json(stored).model_copy(
             update={"replayed": True, "id": call.id, "id_generated": False}
         )
-        span = trace.get_current_span()
-        span.set_attribute(DEDUP_REPLAYED, True)
-        if reply.error is not None:
-            mark_failed(span, reply.error.code.value)
+        spans = [trace.get_current_span()]
+        if prepared.owned:
+            spans.append(prepared.span)
+        for span in spans:
+            span.set_attribute(DEDUP_REPLAYED, True)
+            if reply.error is not None:
+                mark_failed(span, reply.error.code.value)
+        if prepared.owned:
+            prepared.span.end()
         return reply

@@ -53,9 +53,8 @@ class Prepared:
     """One call made ready to run, or refused (`outcome.error`) before it could be.
 
     `span` is the call's `execute_tool` span, opened before preparing so the steps'
-    spans are its children; `owned`: the executor ends it when the call is concluded. A
-    replayed call is never concluded: no span of a run that did not happen is ended, so
-    none is exported (the SDK keeps no span that never ends).
+    spans are its children; `owned`: the executor ends it when the call is concluded, or
+    the answerer when the call is replayed (its step spans need their parent exported).
     """
 
     call: Call  # as located: the caller a `call/{a}/{b}` topic names is read
