@@ -157,7 +157,10 @@ class Answerer:
         repeat. What is compared is what will run (`Prepared.asked`)."""
         if self._once is None or call.id_generated or call.list_tools:
             return RUN_UNCLAIMED
-        deadline_s = self._executor.request_deadline_s(call)
+        # Past its deadline the call will not run, but its id may have: a finished run's
+        # reply is replayed (it is true), a running twin is not waited for (0 s), and a
+        # claim made meanwhile is released. Never "not run" for an id that ran.
+        deadline_s = 0.0 if prepared.expired else self._executor.request_deadline_s(call)
         asked = prepared.asked()
         if asked is None:  # refused while preparing: nothing to claim, `run` says why
             return RUN_UNCLAIMED
@@ -166,7 +169,7 @@ class Answerer:
         if key is None:  # no caller, no reply topic: no client owns the id
             return RUN_UNCLAIMED
         try:
-            return await self._once.begin(
+            verdict = await self._once.begin(
                 key,
                 fingerprint(tool, arguments, call.correlation if call.provider_id else None),
                 tool,
@@ -175,7 +178,21 @@ class Answerer:
             )
         except Exception as exc:  # the store is unreachable: say so, run nothing
             log.warning("dedup store failed for %s: %s", call.id, exc)
-            return Verdict(error=Unavailable("the dedup store is unreachable", store=True))
+            # Expired, it was not going to run anyway: it says so.
+            unreachable = Unavailable("the dedup store is unreachable", store=True)
+            return RUN_UNCLAIMED if prepared.expired else Verdict(error=unreachable)
+        if prepared.expired and verdict.key is not None:  # ours, but it will not run
+            await self._release(verdict, call.id)
+            return RUN_UNCLAIMED
+        return verdict
+
+    async def _release(self, verdict: Verdict, ident: str) -> None:
+        """The id free again: a claim this call made but will not run under."""
+        assert self._once is not None
+        try:
+            await self._once.release(verdict)
+        except Exception as exc:  # left as a run cut short is: its repeats find it so
+            log.warning("dedup store failed releasing %s: %s", ident, exc)
 
     async def _close(self, verdict: Verdict, outcome: Outcome, reply: Reply) -> None:
         """A call that reached its tool is answered for good; one that did not (unknown
