@@ -28,6 +28,8 @@ from toolbus.untrusted import shown
 
 log = logging.getLogger("toolbus.pipeline")
 
+CLOSE_GRACE_S = 2.0  # a stopping worker waits this long for a run's record, then answers
+
 
 class Answerer:
     """Answers calls, concurrently; `stopping()` turns a cancelled run into `unavailable`.
@@ -148,8 +150,27 @@ class Answerer:
             mark_failed(trace.get_current_span(), outcome.error.code.value)
         reply = reply_for_call(call, outcome)
         # Closed before the reply leaves: a crash in between replays it, never runs it twice.
-        await self._close(verdict, outcome, reply)
+        if verdict.key is not None:
+            await self._closed(verdict, outcome, reply)
         return reply
+
+    async def _closed(self, verdict: Verdict, outcome: Outcome, reply: Reply) -> None:
+        """`_close`, which a stop does not cut short: the tool has run, so its reply must
+        still go out, and go out recorded. A stop meanwhile waits for the record, within
+        `CLOSE_GRACE_S` (a store that hangs must not hold the stop), then answers."""
+        closing = asyncio.ensure_future(self._close(verdict, outcome, reply))
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._stopping or task is None:
+                raise
+            task.uncancel()  # the worker stops: the reply still leaves
+            try:
+                async with asyncio.timeout(CLOSE_GRACE_S):
+                    await asyncio.shield(closing)
+            except TimeoutError:
+                log.warning("dedup store too slow closing %s while stopping", reply.id)
 
     async def _claim(self, call: Call, prepared: Prepared) -> Verdict:
         """Deduplication by the request's own id (generated ids are never repeated) and
