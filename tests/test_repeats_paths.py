@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 import pytest_asyncio
+from opentelemetry.sdk.metrics.export import HistogramDataPoint
 from opentelemetry.trace import StatusCode
 
 from tests.harness import RedisServer
@@ -37,6 +39,8 @@ class Observed:
         self.waiting = asyncio.Event()
         self.on_claim: Callable[[], None] = lambda: None
         self.claimed: list[str] = []  # the fingerprints claimed, in order
+        self.finishing = asyncio.Event()  # a run's reply is being written
+        self.hold: asyncio.Event | None = None  # when set, `finish` waits for it
 
     async def __aenter__(self) -> Observed:
         await self.store.__aenter__()
@@ -59,6 +63,9 @@ class Observed:
         return await self.store.supersede(key, previous, ttl_s, fingerprint=fingerprint)
 
     async def finish(self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = "") -> None:
+        self.finishing.set()
+        if self.hold is not None:
+            await self.hold.wait()
         await self.store.finish(key, reply, ttl_s, fingerprint=fingerprint)
 
     async def release(self, key: str, *, fingerprint: str = "") -> None:
@@ -237,8 +244,9 @@ async def test_servers_still_starting_is_one_call_line_and_counted(rig: Rig) -> 
 
 
 async def test_a_replay_is_one_traced_message_that_says_so(rig: Rig) -> None:
-    """A replayed reply ran nothing: its trace is the message's span, marked a replay,
-    and the reply's send; a stored error fails that span as the first run's did."""
+    """A replayed reply ran nothing: its trace is the message's span and the call's
+    `execute_tool` (prepared to be compared, not run), both marked a replay, and the
+    reply's send; a stored error fails them as the first run's did."""
     for ident, tool, arguments, code in [
         ("p1", "echo", {"text": "x"}, None),
         ("p2", "explode", {}, "tool_error"),
@@ -252,15 +260,137 @@ async def test_a_replay_is_one_traced_message_that_says_so(rig: Rig) -> None:
             for s in rig.spans.get_finished_spans()
             if s.context and format(s.context.trace_id, "032x") == again["trace_id"]
         ]
-        assert sorted(s.name for s in spans) == ["process tb/call", f"send {REPLY}"]
-        process = next(s for s in spans if s.name.startswith("process "))
-        assert process.attributes is not None
-        assert process.attributes["toolbus.dedup.replayed"] is True
-        if code is None:
-            assert process.status.status_code is StatusCode.UNSET
-        else:
-            assert process.status.status_code is StatusCode.ERROR
-            assert process.attributes["error.type"] == code
+        names = sorted(s.name for s in spans)
+        assert names == [f"execute_tool {tool}", "process tb/call", f"send {REPLY}"]
+        for span in (s for s in spans if not s.name.startswith("send ")):
+            assert span.attributes is not None
+            assert span.attributes["toolbus.dedup.replayed"] is True
+            if code is None:
+                assert span.status.status_code is StatusCode.UNSET
+            else:
+                assert span.status.status_code is StatusCode.ERROR
+                assert span.attributes["error.type"] == code
     first_run = [s for s in rig.spans.get_finished_spans() if s.name == "process tb/call"]
     assert first_run[0].attributes is not None
     assert "toolbus.dedup.replayed" not in first_run[0].attributes
+
+
+async def test_a_replay_with_trace_steps_exports_no_span_without_its_parent(
+    redis_server: RedisServer,
+) -> None:
+    """With `trace_steps`, preparing a call (before its claim) makes `normalize` and
+    `validate` spans; a replay ends their `execute_tool` too, so no span is orphaned."""
+    probe = Probe()
+    traced = rig_for(
+        probe_tools(probe), probe, store=store_for("redis", redis_server), trace_steps=True
+    )
+    async with traced.pipeline:
+        body = {"id": "o1", "tool": "echo", "arguments": {"text": "x"}}
+        assert (await send(traced, body))["replayed"] is False
+        again = await send(traced, body)
+    assert again["replayed"] is True
+    spans = [
+        s
+        for s in traced.spans.get_finished_spans()
+        if s.context and format(s.context.trace_id, "032x") == again["trace_id"]
+    ]
+    assert {"normalize", "validate", "execute_tool echo"} <= {s.name for s in spans}
+    exported = {s.context.span_id for s in spans if s.context}
+    for span in spans:  # the caller sent no traceparent: every parent is exported here
+        assert span.parent is None or span.parent.span_id in exported, span.name
+
+
+# -- a repeat past its deadline ------------------------------------------------------------
+
+
+def past() -> int:
+    """A `deadline_ms` already gone: the request waited too long in some queue."""
+    return int(time.time() * 1000) - 1
+
+
+async def test_a_repeat_of_a_finished_call_past_its_deadline_is_replayed(rig: Rig) -> None:
+    """Its id ran: "not run" would be false, and a client resending under a new id would
+    run the tool twice. The stored reply is true whenever it arrives."""
+    body = {"id": "x1", "tool": "echo", "arguments": {"text": "x"}}
+    first = await send(rig, body)
+    again = await send(rig, {**body, "deadline_ms": past()})
+    assert again["replayed"] is True and again["result"] == first["result"]
+
+
+async def test_a_call_past_its_deadline_leaves_its_id_free(rig: Rig) -> None:
+    """Never run: `timeout` (expired), and its id is free for the request sent again."""
+    body = {"id": "x2", "tool": "echo", "arguments": {"text": "x"}}
+    expired = await send(rig, {**body, "deadline_ms": past()})
+    assert expired["error"]["code"] == "timeout" and expired["error"]["details"]["expired"]
+    again = await send(rig, body)
+    assert again["ok"] and again["replayed"] is False
+
+
+async def test_a_repeat_past_its_deadline_of_a_call_still_running_does_not_wait(
+    rig: Rig,
+) -> None:
+    """The twin runs on: the repeat says so at once (`still_running`), not "not run"."""
+    first = asyncio.create_task(rig.request("gate", {"id": "x3"}))
+    await rig.probe.wait_active(1)
+    late = await send(rig, {"id": "x3", "tool": "gate", "deadline_ms": past()})
+    assert late["error"]["code"] == "timeout" and late["error"]["details"]["still_running"]
+    rig.probe.release.set()
+    async with asyncio.timeout(5):
+        await first
+    assert rig.reply()["result"]["text"] == "released" and rig.probe.calls == 1
+
+
+def duration_sum(rig: Rig, tool: str) -> float:
+    """The seconds `toolbus.call.duration` holds for `tool`."""
+    data = rig.metrics.get_metrics_data()
+    return sum(
+        point.sum
+        for resource in (data.resource_metrics if data else [])
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "toolbus.call.duration"
+        for point in metric.data.data_points
+        if isinstance(point, HistogramDataPoint) and (point.attributes or {}).get("tool") == tool
+    )
+
+
+# -- the time a caller waited --------------------------------------------------------------
+
+
+async def test_a_repeat_that_waited_for_its_twin_logs_and_meters_the_wait(rig: Rig) -> None:
+    """A `timeout` after waiting for a running twin took that long for its caller: the
+    call line, the duration metric and the slow-call warning all say so."""
+    rig.pipeline.executor._slow_call_ms = 100
+    first = asyncio.create_task(rig.request("gate", {"id": "w1"}))
+    await rig.probe.wait_active(1)
+    with written("json", "toolbus.execute") as stream:
+        late = await send(rig, {"id": "w1", "tool": "gate", "timeout_s": 0.3})
+    assert late["error"]["details"]["still_running"]
+    [line] = call_lines(stream)
+    assert line["outcome"] == "timeout" and line["duration_ms"] >= 300 and line["slow"] is True
+    assert duration_sum(rig, "gate") >= 0.3
+    rig.probe.release.set()
+    async with asyncio.timeout(5):
+        await first
+
+
+# -- a stop while the reply is recorded ----------------------------------------------------
+
+
+async def test_a_stop_while_the_reply_is_recorded_still_sends_it(rig: Rig, store: Observed) -> None:
+    """The tool ran: a stop while its record is written waits for the record (bounded)
+    and sends the reply; a repeat then gets it again."""
+    store.hold = asyncio.Event()
+    body = {"id": "c1", "tool": "echo", "arguments": {"text": "x"}}
+    handling = asyncio.create_task(rig.request(None, body))
+    async with asyncio.timeout(5):
+        await store.finishing.wait()
+    rig.pipeline.stopping()
+    handling.cancel()
+    store.hold.set()
+    async with asyncio.timeout(5):
+        await handling
+    assert rig.reply()["ok"]
+    store.hold = None
+    again = await send(rig, body)
+    assert again["replayed"] is True

@@ -28,6 +28,8 @@ from toolbus.untrusted import shown
 
 log = logging.getLogger("toolbus.pipeline")
 
+CLOSE_GRACE_S = 2.0  # a stopping worker waits this long for a run's record, then answers
+
 
 class Answerer:
     """Answers calls, concurrently; `stopping()` turns a cancelled run into `unavailable`.
@@ -125,7 +127,7 @@ class Answerer:
                 await self._executor.ready(prepared)
                 verdict = await self._claim(call, prepared)
                 if verdict.reply is not None:  # a repeat of an answered request
-                    return self._replayed(call, verdict.reply)
+                    return self._replayed(call, prepared, verdict.reply)
                 if verdict.error is not None:
                     self._executor.refuse(prepared, verdict.error)
                 outcome = await self._executor.run(prepared)
@@ -148,8 +150,27 @@ class Answerer:
             mark_failed(trace.get_current_span(), outcome.error.code.value)
         reply = reply_for_call(call, outcome)
         # Closed before the reply leaves: a crash in between replays it, never runs it twice.
-        await self._close(verdict, outcome, reply)
+        if verdict.key is not None:
+            await self._closed(verdict, outcome, reply)
         return reply
+
+    async def _closed(self, verdict: Verdict, outcome: Outcome, reply: Reply) -> None:
+        """`_close`, which a stop does not cut short: the tool has run, so its reply must
+        still go out, and go out recorded. A stop meanwhile waits for the record, within
+        `CLOSE_GRACE_S` (a store that hangs must not hold the stop), then answers."""
+        closing = asyncio.ensure_future(self._close(verdict, outcome, reply))
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._stopping or task is None:
+                raise
+            task.uncancel()  # the worker stops: the reply still leaves
+            try:
+                async with asyncio.timeout(CLOSE_GRACE_S):
+                    await asyncio.shield(closing)
+            except TimeoutError:
+                log.warning("dedup store too slow closing %s while stopping", reply.id)
 
     async def _claim(self, call: Call, prepared: Prepared) -> Verdict:
         """Deduplication by the request's own id (generated ids are never repeated) and
@@ -157,7 +178,10 @@ class Answerer:
         repeat. What is compared is what will run (`Prepared.asked`)."""
         if self._once is None or call.id_generated or call.list_tools:
             return RUN_UNCLAIMED
-        deadline_s = self._executor.request_deadline_s(call)
+        # Past its deadline the call will not run, but its id may have: a finished run's
+        # reply is replayed (it is true), a running twin is not waited for (0 s), and a
+        # claim made meanwhile is released. Never "not run" for an id that ran.
+        deadline_s = 0.0 if prepared.expired else self._executor.request_deadline_s(call)
         asked = prepared.asked()
         if asked is None:  # refused while preparing: nothing to claim, `run` says why
             return RUN_UNCLAIMED
@@ -166,7 +190,7 @@ class Answerer:
         if key is None:  # no caller, no reply topic: no client owns the id
             return RUN_UNCLAIMED
         try:
-            return await self._once.begin(
+            verdict = await self._once.begin(
                 key,
                 fingerprint(tool, arguments, call.correlation if call.provider_id else None),
                 tool,
@@ -175,7 +199,21 @@ class Answerer:
             )
         except Exception as exc:  # the store is unreachable: say so, run nothing
             log.warning("dedup store failed for %s: %s", call.id, exc)
-            return Verdict(error=Unavailable("the dedup store is unreachable", store=True))
+            # Expired, it was not going to run anyway: it says so.
+            unreachable = Unavailable("the dedup store is unreachable", store=True)
+            return RUN_UNCLAIMED if prepared.expired else Verdict(error=unreachable)
+        if prepared.expired and verdict.key is not None:  # ours, but it will not run
+            await self._release(verdict, call.id)
+            return RUN_UNCLAIMED
+        return verdict
+
+    async def _release(self, verdict: Verdict, ident: str) -> None:
+        """The id free again: a claim this call made but will not run under."""
+        assert self._once is not None
+        try:
+            await self._once.release(verdict)
+        except Exception as exc:  # left as a run cut short is: its repeats find it so
+            log.warning("dedup store failed releasing %s: %s", ident, exc)
 
     async def _close(self, verdict: Verdict, outcome: Outcome, reply: Reply) -> None:
         """A call that reached its tool is answered for good; one that did not (unknown
@@ -191,14 +229,21 @@ class Answerer:
             log.warning("dedup store failed closing %s: %s", reply.id, exc)
 
     @staticmethod
-    def _replayed(call: Call, stored: bytes) -> Reply:
-        """The stored reply again. Nothing runs, so the message's span is all its trace
-        has: it says the reply is a replay, and fails as the stored reply did."""
+    def _replayed(call: Call, prepared: Prepared, stored: bytes) -> Reply:
+        """The stored reply again. The tool does not run, but the call was prepared to be
+        compared: its `execute_tool` span ends (the steps' spans, with `trace_steps`, are
+        its children), and it and the message's span say the reply is a replay and fail
+        as the stored reply did. No call line: the first run had it."""
         reply = Reply.model_validate_json(stored).model_copy(
             update={"replayed": True, "id": call.id, "id_generated": False}
         )
-        span = trace.get_current_span()
-        span.set_attribute(DEDUP_REPLAYED, True)
-        if reply.error is not None:
-            mark_failed(span, reply.error.code.value)
+        spans = [trace.get_current_span()]
+        if prepared.owned:
+            spans.append(prepared.span)
+        for span in spans:
+            span.set_attribute(DEDUP_REPLAYED, True)
+            if reply.error is not None:
+                mark_failed(span, reply.error.code.value)
+        if prepared.owned:
+            prepared.span.end()
         return reply

@@ -165,10 +165,18 @@ class Executor:
         token = make_current(span) if prepared.owned else None
         try:
             call = prepared.call = self.locate(prepared.call)
-            _refuse_expired(call)
-            if self._startup is not None and self._startup.unsettled():
+            # Past its deadline it is still prepared (a repeat of a finished call is then
+            # replayed: deduplication needs what it asks for), but it waits for nothing
+            # and `run` refuses it; a refusal while preparing it is `expired` too.
+            expired = prepared.expired = _expired(call)
+            if not expired and self._startup is not None and self._startup.unsettled():
                 await self._await_startup(call)  # rare: only while servers start
-            tool, prepared.arguments = self.prepare(call, outcome)
+            try:
+                tool, prepared.arguments = self.prepare(call, outcome)
+            except ToolbusError:
+                if expired:
+                    raise _expired_error() from None
+                raise
             prepared.tool = tool
             span.update_name(f"execute_tool {outcome.tool}")
             span.set_attribute("gen_ai.tool.name", outcome.tool or call.tool)
@@ -182,7 +190,6 @@ class Executor:
             self._internal(prepared, exc)
         finally:
             restore(token)
-        prepared.prepared_s = time.perf_counter() - prepared.started
 
     def refuse(self, prepared: Prepared, error: ToolbusError) -> None:
         """Answer `error` instead of running the call (deduplication's verdict, a stop)."""
@@ -193,9 +200,10 @@ class Executor:
     async def run(self, prepared: Prepared) -> Outcome:
         """The prepared call's tool run, unless it is refused; then `conclude`d."""
         outcome, call, tool = prepared.outcome, prepared.call, prepared.tool
+        if prepared.expired and outcome.error is None:
+            self.refuse(prepared, _expired_error())
         if tool is None or outcome.error is not None:
             return self.conclude(prepared)
-        prepared.running_since = time.perf_counter()
         token = make_current(prepared.span) if prepared.owned else None
         try:
             outcome.invoked = True
@@ -355,10 +363,13 @@ class Executor:
         )
 
 
-def _refuse_expired(call: Call) -> None:
-    """A request whose sender stopped waiting before it could run is not run at all."""
-    if call.deadline_at is not None and call.deadline_at <= time.monotonic():
-        raise CallTimeout("the request expired before it could run; it was not run", expired=True)
+def _expired(call: Call) -> bool:
+    """Did the request's sender stop waiting before it could run? Then it is not run."""
+    return call.deadline_at is not None and call.deadline_at <= time.monotonic()
+
+
+def _expired_error() -> CallTimeout:
+    return CallTimeout("the request expired before it could run; it was not run", expired=True)
 
 
 def _within(call: Call, deadline_s: float) -> float:

@@ -53,9 +53,8 @@ class Prepared:
     """One call made ready to run, or refused (`outcome.error`) before it could be.
 
     `span` is the call's `execute_tool` span, opened before preparing so the steps'
-    spans are its children; `owned`: the executor ends it when the call is concluded. A
-    replayed call is never concluded: no span of a run that did not happen is ended, so
-    none is exported (the SDK keeps no span that never ends).
+    spans are its children; `owned`: the executor ends it when the call is concluded, or
+    the answerer when the call is replayed (its step spans need their parent exported).
     """
 
     call: Call  # as located: the caller a `call/{a}/{b}` topic names is read
@@ -65,17 +64,15 @@ class Prepared:
     arguments: dict[str, Any]  # what the tool is given: as they arrived until prepared
     tool: Tool | None = None  # set once every step has passed
     started: float = 0.0  # `time.perf_counter()` when preparing began
-    # The call's own time is preparing and running it, not the claim in between.
-    prepared_s: float | None = None  # how long preparing took, once it is done
-    running_since: float | None = None  # when the tool was called, if it was
+    # Past the sender's deadline on arrival: prepared (a repeat of a finished call is
+    # replayed, which needs what it asks for), never run.
+    expired: bool = False
 
     def elapsed_s(self) -> float:
-        """The call's own time so far: preparing and running, not the claim between."""
-        now = time.perf_counter()
-        if self.prepared_s is None:  # stopped while preparing (servers starting)
-            return now - self.started
-        running_s = 0.0 if self.running_since is None else now - self.running_since
-        return self.prepared_s + running_s
+        """The time the caller has waited for this answer so far: preparing, a repeat's
+        wait for its running twin (the claim), and the run. A `timeout` after waiting
+        30 s for a twin took 30 s, and is logged, metered and warned about as such."""
+        return time.perf_counter() - self.started
 
     def asked(self) -> tuple[str, dict[str, Any]] | None:
         """What the call asks for, as deduplication compares calls: its tool's canonical
