@@ -22,7 +22,7 @@ import redis.exceptions
 
 from tests.harness import RedisServer
 from tests.logwait import watching
-from toolbus.dedup import DedupStore, Once, open_store
+from toolbus.dedup import DedupStore, Once, fingerprint, open_store
 from toolbus.dedup.kept import KeptReplies
 from toolbus.dedup.redis import RedisStore
 
@@ -118,6 +118,7 @@ async def test_a_claim_outliving_its_ttl_never_closes_the_next_claim_of_its_key(
         while (await store.claim(k, TTL_S, fingerprint="turn-2")).kind != "fresh":
             await asyncio.sleep(0.01)  # polling a TTL: no event marks an expiry
     repeat = asyncio.create_task(store.wait(k, 30, fingerprint="turn-2"), name="repeat")
+    await asyncio.sleep(0)  # it waits (memory; Redis may still subscribe: either order holds)
     await store.finish(k, b"reply-1", TTL_S, fingerprint="turn-1")
     await store.release(k, fingerprint="turn-1")
     running = await store.claim(k, TTL_S, fingerprint="turn-2")
@@ -128,6 +129,34 @@ async def test_a_claim_outliving_its_ttl_never_closes_the_next_claim_of_its_key(
         assert await repeat == b"reply-2"
     done = await store.claim(k, TTL_S, fingerprint="turn-2")
     assert (done.kind, done.reply, done.fingerprint) == ("done", b"reply-2", "turn-2")
+
+
+async def test_turn_1_s_late_reply_never_reaches_turn_2_s_repeats_of_call_0(
+    store: DedupStore,
+) -> None:
+    """Dedup x provider call ids: the same `call_0` in two turns (other correlation data,
+    so other requests). Turn 1 runs past its TTL, turn 2 claims `call_0` afresh and its
+    retry waits; turn 1's reply then comes: turn 2's retries get turn 2's reply."""
+    k = stored("alice", None, "call_0")
+    turn_1 = fingerprint("light", {"on": True}, b"corr-1")
+    turn_2 = fingerprint("light", {"on": False}, b"corr-2")
+    late = Once(store, 0.05, idempotent=lambda tool: False)  # a TTL shorter than the call
+    once = Once(store, TTL_S, idempotent=lambda tool: False)
+    first = await late.begin(k, turn_1, "light", 5.0, provider_id=True)
+    assert first.key is not None
+    async with asyncio.timeout(5):
+        while (second := await once.begin(k, turn_2, "light", 5.0, provider_id=True)).key is None:
+            await asyncio.sleep(0.01)  # polling a TTL: meanwhile turn 2 runs unclaimed
+    retry = asyncio.create_task(once.begin(k, turn_2, "light", 30.0, provider_id=True))
+    await asyncio.sleep(0)  # it waits (memory; Redis may still subscribe: either order holds)
+    await late.finish(first, b'{"state": "on"}')
+    await late.release(first)
+    assert not retry.done()
+    await once.finish(second, b'{"state": "off"}')
+    async with asyncio.timeout(10):
+        assert (await retry).reply == b'{"state": "off"}'
+    again = await once.begin(k, turn_2, "light", 5.0, provider_id=True)
+    assert again.reply == b'{"state": "off"}'
 
 
 async def test_a_late_release_of_a_finished_run_leaves_its_reply(store: DedupStore) -> None:
