@@ -212,7 +212,7 @@ class KeptReplies:
     def _keep(self, key: str, kept: _Kept, exc: Exception) -> None:
         what = "closing" if kept.reply is not None else "releasing"
         if kept.claimed is not None:
-            what = "claiming"  # and the claim may land late: it is withdrawn
+            what = "claiming (it may land late: withdrawn)"
         if len(self._kept) >= self._max_kept:
             log.error(
                 "dedup store failed %s %s and %d entries already wait to be written: "
