@@ -1,9 +1,10 @@
-"""Closing a claim against a real Redis that fails, stalls or changed meanwhile (issue 23).
+"""Closing a claim against a store that fails, stalls or changed meanwhile (issue 23).
 
 A reply or a release the store does not take is kept by the worker (`KeptReplies`) and
-written again; late writes are compare-and-set, so they never touch a record another
-worker wrote since; kept entries live no longer than their records would; and the log
-lines about them name the request id and its caller, never a reply topic.
+written again; so is the withdrawal of a claim that failed but may land late. Late
+writes are compare-and-set in both stores, so they never touch a record another run
+wrote since; kept entries live no longer than their records would; and the log lines
+about them name the request id and its caller, never a reply topic.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import redis.exceptions
 
 from tests.harness import RedisServer
 from tests.logwait import watching
-from toolbus.dedup import Once
+from toolbus.dedup import DedupStore, Once, fingerprint, open_store
 from toolbus.dedup.kept import KeptReplies
 from toolbus.dedup.redis import RedisStore
 
@@ -48,6 +49,19 @@ async def workers(redis_server: RedisServer) -> AsyncIterator[Callable[[str], Re
     yield make
     for s in opened:
         await s.__aexit__(None, None, None)
+
+
+@pytest_asyncio.fixture(params=["memory", "redis"])
+async def store(
+    request: pytest.FixtureRequest, redis_server: RedisServer
+) -> AsyncIterator[DedupStore]:
+    """One worker's store, as production opens it: the rules both stores keep."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    opened = open_store(
+        "memory" if request.param == "memory" else redis_server.url, "w1", prefix=prefix
+    )
+    async with opened:
+        yield opened
 
 
 def kept_over(server: RedisServer, prefix: str, worker_id: str = "w1") -> KeptReplies:
@@ -91,10 +105,70 @@ async def test_a_late_release_or_reply_leaves_a_record_taken_over_meanwhile(
         assert now.started.worker_id == "w2", close
 
 
-async def test_a_release_of_another_request_s_run_leaves_it(
-    workers: Callable[[str], RedisStore],
+async def test_a_claim_outliving_its_ttl_never_closes_the_next_claim_of_its_key(
+    store: DedupStore,
 ) -> None:
-    w1 = await workers("w1").__aenter__()
+    """Turn 1's `call_0` runs past `dedup_ttl_s`; turn 2's `call_0` (another request)
+    claims the key afresh. Turn 1's late reply must not close turn 2's run (the memory
+    store gave turn 2's waiting repeat turn 1's reply, and replayed it to every later
+    repeat), nor its late release free it (turn 2's repeat ran a second time)."""
+    k = uuid.uuid4().hex
+    assert (await store.claim(k, 0.05, fingerprint="turn-1")).kind == "fresh"
+    async with asyncio.timeout(5):
+        while (await store.claim(k, TTL_S, fingerprint="turn-2")).kind != "fresh":
+            await asyncio.sleep(0.01)  # polling a TTL: no event marks an expiry
+    repeat = asyncio.create_task(store.wait(k, 30, fingerprint="turn-2"), name="repeat")
+    await asyncio.sleep(0)  # it waits (memory; Redis may still subscribe: either order holds)
+    await store.finish(k, b"reply-1", TTL_S, fingerprint="turn-1")
+    await store.release(k, fingerprint="turn-1")
+    running = await store.claim(k, TTL_S, fingerprint="turn-2")
+    assert (running.kind, running.fingerprint) == ("running", "turn-2")
+    assert not repeat.done()
+    await store.finish(k, b"reply-2", TTL_S, fingerprint="turn-2")
+    async with asyncio.timeout(10):
+        assert await repeat == b"reply-2"
+    done = await store.claim(k, TTL_S, fingerprint="turn-2")
+    assert (done.kind, done.reply, done.fingerprint) == ("done", b"reply-2", "turn-2")
+
+
+async def test_turn_1_s_late_reply_never_reaches_turn_2_s_repeats_of_call_0(
+    store: DedupStore,
+) -> None:
+    """Dedup x provider call ids: the same `call_0` in two turns (other correlation data,
+    so other requests). Turn 1 runs past its TTL, turn 2 claims `call_0` afresh and its
+    retry waits; turn 1's reply then comes: turn 2's retries get turn 2's reply."""
+    k = stored("alice", None, "call_0")
+    turn_1 = fingerprint("light", {"on": True}, b"corr-1")
+    turn_2 = fingerprint("light", {"on": False}, b"corr-2")
+    late = Once(store, 0.05, idempotent=lambda tool: False)  # a TTL shorter than the call
+    once = Once(store, TTL_S, idempotent=lambda tool: False)
+    first = await late.begin(k, turn_1, "light", 5.0, provider_id=True)
+    assert first.key is not None
+    async with asyncio.timeout(5):
+        while (second := await once.begin(k, turn_2, "light", 5.0, provider_id=True)).key is None:
+            await asyncio.sleep(0.01)  # polling a TTL: meanwhile turn 2 runs unclaimed
+    retry = asyncio.create_task(once.begin(k, turn_2, "light", 30.0, provider_id=True))
+    await asyncio.sleep(0)  # it waits (memory; Redis may still subscribe: either order holds)
+    await late.finish(first, b'{"state": "on"}')
+    await late.release(first)
+    assert not retry.done()
+    await once.finish(second, b'{"state": "off"}')
+    async with asyncio.timeout(10):
+        assert (await retry).reply == b'{"state": "off"}'
+    again = await once.begin(k, turn_2, "light", 5.0, provider_id=True)
+    assert again.reply == b'{"state": "off"}'
+
+
+async def test_a_late_release_of_a_finished_run_leaves_its_reply(store: DedupStore) -> None:
+    k = uuid.uuid4().hex
+    await store.claim(k, TTL_S, fingerprint=ASKS)
+    await store.finish(k, b"reply", TTL_S, fingerprint=ASKS)
+    await store.release(k, fingerprint=ASKS)  # a release kept and written after the reply
+    assert (await store.claim(k, TTL_S, fingerprint=ASKS)).reply == b"reply"
+
+
+async def test_a_release_of_another_request_s_run_leaves_it(store: DedupStore) -> None:
+    w1 = store
     k = uuid.uuid4().hex
     await w1.claim(k, TTL_S, fingerprint="ask-b")
     await w1.release(k, fingerprint=ASKS)  # not the run it claimed
@@ -147,6 +221,65 @@ async def test_a_repeat_here_meanwhile_releases_first_then_claims(own_redis: Red
             own_redis.process.send_signal(signal.SIGCONT)
         async with asyncio.timeout(30):
             assert (await w1.claim(k, TTL_S)).kind == "fresh"
+
+
+# -- a claim the store did not answer ----------------------------------------------------
+
+
+async def test_a_failed_claim_that_lands_late_is_withdrawn(own_redis: RedisServer) -> None:
+    """Redis frozen: the claim times out and the call is answered `unavailable` (nothing
+    ran). Resumed, Redis runs the queued SET: a `started` record of this live worker for
+    a call that never ran (its repeats got `timeout`, then `in_doubt`). The worker keeps
+    the withdrawal of exactly what that claim wrote, so a repeat elsewhere runs."""
+    assert own_redis.process is not None
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    k = uuid.uuid4().hex
+    async with kept_over(own_redis, prefix) as w1, kept_over(own_redis, prefix, "w2") as w2:
+        await w1.claim(uuid.uuid4().hex, TTL_S)  # a pooled connection: the SET is queued
+        own_redis.process.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises((TimeoutError, redis.exceptions.RedisError)):
+                await w1.claim(k, TTL_S, fingerprint=ASKS)
+            assert w1.kept() == 1
+        finally:
+            own_redis.process.send_signal(signal.SIGCONT)
+        async with asyncio.timeout(30):
+            await w1.all_written()
+        assert w1.kept() == 0
+        assert (await w2.claim(k, TTL_S, fingerprint=ASKS)).kind == "fresh"
+
+
+async def test_a_withdrawal_spares_another_claim_of_the_same_process(
+    workers: Callable[[str], RedisStore],
+) -> None:
+    """Only exactly what the failed claim wrote goes: a later claim of the same worker
+    process and request (another `started_at`) stays."""
+    w1 = await workers("w1").__aenter__()
+    k = uuid.uuid4().hex
+    failed = w1._started(ASKS)
+    assert (await w1.claim(k, TTL_S, fingerprint=ASKS)).kind == "fresh"
+    await w1.unclaim(k, failed)
+    assert (await w1.claim(k, TTL_S, fingerprint=ASKS)).kind == "running"
+
+
+async def test_a_repeat_here_withdraws_a_failed_claim_first(own_redis: RedisServer) -> None:
+    """A repeat reaching this worker while the withdrawal is kept: with Redis away it
+    fails (nothing runs); once Redis is back it withdraws the late claim at once and runs
+    (it is not told the call still runs)."""
+    assert own_redis.process is not None
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    k = uuid.uuid4().hex
+    async with kept_over(own_redis, prefix) as w1:
+        await w1.claim(uuid.uuid4().hex, TTL_S)
+        own_redis.process.send_signal(signal.SIGSTOP)
+        try:
+            for _ in range(2):
+                with pytest.raises((TimeoutError, redis.exceptions.RedisError)):
+                    await w1.claim(k, TTL_S, fingerprint=ASKS)
+        finally:
+            own_redis.process.send_signal(signal.SIGCONT)
+        async with asyncio.timeout(30):
+            assert (await w1.claim(k, TTL_S, fingerprint=ASKS)).kind == "fresh"
 
 
 # -- housekeeping ------------------------------------------------------------------------

@@ -21,7 +21,8 @@ finished record, which it replaces (its own repeats are then known), else unclai
 
 A call that never reached its tool (unknown name, bad arguments, server down) releases
 its claim, so a repeat runs afresh. A reply or release the store fails to take is kept
-by the worker and written again (`kept.py`). `Once` is the policy; stores keep the records.
+by the worker and written again, and a claim it failed to answer (which a stalled store
+may still run) withdrawn (`kept.py`). `Once` is the policy; stores keep the records.
 """
 
 from __future__ import annotations

@@ -22,8 +22,11 @@ one write failed. Meanwhile:
 A release that fails (the call never reached its tool, and the store is away) is kept
 the same way and retried: left undone, the record would stay `started` by this live
 worker, its repeats would time out for the whole TTL, and after a restart they would
-be `in_doubt` for a call that never ran. A repeat reaching this worker meanwhile retries
-the release at once (bounded), then claims as usual. Late writes are compare-and-set:
+be `in_doubt` for a call that never ran. A claim that fails (answered `unavailable`,
+nothing runs) is withdrawn the same way: a stalled store runs it when it resumes, so
+exactly what it wrote is deleted (`NetworkStore.unclaim`) once the store answers. A
+repeat reaching this worker meanwhile retries the release or withdrawal at once
+(bounded), then claims as usual. Late writes are compare-and-set:
 a release deletes, and a reply replaces, only this worker's own run of the request (or,
 for a reply, a record gone meanwhile), never a record another worker wrote since.
 
@@ -42,7 +45,7 @@ from typing import Self
 
 from tenacity import AsyncRetrying, stop_after_delay, wait_random_exponential
 
-from toolbus.dedup.store import UNKNOWN, Claim, DedupStore, Started, described
+from toolbus.dedup.store import UNKNOWN, Claim, NetworkStore, Started, described
 from toolbus.tasks import cancel_and_wait
 
 log = logging.getLogger("toolbus.dedup")
@@ -53,12 +56,14 @@ FLUSH_S = 2.0  # a stopping worker's last chance to write what it keeps
 
 @dataclass(frozen=True, slots=True)
 class _Kept:
-    """A close the store did not take: a reply (`reply`), or a release (`reply` None)."""
+    """A close the store did not take: a reply (`reply`), a release (`reply` None), or
+    the withdrawal of a claim that failed but may land late (`claimed`: all it wrote)."""
 
     reply: bytes | None
     ttl_s: float
     matters_until: float  # monotonic: past it the record would have expired anyway
     fingerprint: str
+    claimed: Started | None = None
 
     def live(self) -> bool:
         return time.monotonic() < self.matters_until
@@ -77,7 +82,7 @@ class KeptReplies:
 
     def __init__(
         self,
-        store: DedupStore,
+        store: NetworkStore,
         *,
         max_kept: int = 10_000,
         write_timeout_s: float = 5.0,
@@ -130,7 +135,17 @@ class KeptReplies:
         if kept is not None:  # released here, not yet there: release it now, or fail
             await self._write(key, kept)
             self._drop(key, kept)
-        return await self.store.claim(key, ttl_s, fingerprint=fingerprint)
+        try:
+            return await self.store.claim(key, ttl_s, fingerprint=fingerprint)
+        except Exception as exc:
+            # Answered `unavailable`, nothing runs; but the claim may land once the store
+            # resumes: a live worker's run of a call that never ran (`timeout`, then
+            # `in_doubt`). Withdrawn like a failed release: exactly what it wrote.
+            claimed = self.store.failed_claim(key)
+            if claimed is not None:
+                withdraw = _Kept(None, ttl_s, time.monotonic() + ttl_s, fingerprint, claimed)
+                self._keep(key, withdraw, exc)
+            raise
 
     async def take_over(
         self, key: str, previous: Started, ttl_s: float, *, fingerprint: str = UNKNOWN
@@ -164,7 +179,9 @@ class KeptReplies:
     async def _write(self, key: str, kept: _Kept) -> None:
         """One write, bounded: a stalled store must not hold the reply back."""
         async with asyncio.timeout(self._write_timeout_s):
-            if kept.reply is None:
+            if kept.claimed is not None:
+                await self.store.unclaim(key, kept.claimed)
+            elif kept.reply is None:
                 await self.store.release(key, fingerprint=kept.fingerprint)
             else:
                 await self.store.finish(key, kept.reply, kept.ttl_s, fingerprint=kept.fingerprint)
@@ -193,7 +210,9 @@ class KeptReplies:
         return kept.reply if kept.fingerprint in (fingerprint, UNKNOWN) else None
 
     def _keep(self, key: str, kept: _Kept, exc: Exception) -> None:
-        what = "releasing" if kept.reply is None else "closing"
+        what = "closing" if kept.reply is not None else "releasing"
+        if kept.claimed is not None:
+            what = "claiming (it may land late: withdrawn)"
         if len(self._kept) >= self._max_kept:
             log.error(
                 "dedup store failed %s %s and %d entries already wait to be written: "

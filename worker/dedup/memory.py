@@ -14,12 +14,15 @@ a flood from fresh reply topics forgets anonymous calls, never a named caller's.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Self
 
-from toolbus.dedup.store import KEY_SEP, UNKNOWN, Claim, Started
+from toolbus.dedup.store import KEY_SEP, UNKNOWN, Claim, Started, described
+
+log = logging.getLogger("toolbus.dedup")
 
 
 @dataclass(slots=True)
@@ -140,6 +143,15 @@ class MemoryStore:
     async def finish(
         self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = UNKNOWN
     ) -> None:
+        record = self._live(key)
+        if record is not None and record.reply == reply:
+            return  # written already (a kept reply written again)
+        if record is not None and not _ours(record, fingerprint):
+            # Another run's now: this claim outlived its TTL and the key was claimed
+            # afresh (a provider's `call_0` of the next turn). Its repeats must get its
+            # own reply, not this one: compare and set, as the Redis store does.
+            log.info("%s is another run's now: its reply is not stored", described(key))
+            return
         record = self._forget(key) or _Record(0.0, fingerprint=fingerprint)
         record.expires_at, record.reply = time.monotonic() + ttl_s, reply
         self._records[key] = record
@@ -151,9 +163,10 @@ class MemoryStore:
         record.close()
 
     async def release(self, key: str, *, fingerprint: str = UNKNOWN) -> None:
-        # One process, no take-overs: a claim released here is this worker's own.
-        record = self._forget(key)
-        if record is not None:
+        # Only this run's own claim: a late release must not free another run's.
+        record = self._live(key)
+        if record is not None and _ours(record, fingerprint):
+            self._forget(key)
             record.close()  # waiters look again and run the call themselves
 
     async def wait(self, key: str, timeout_s: float, *, fingerprint: str = UNKNOWN) -> bytes | None:
@@ -170,6 +183,12 @@ class MemoryStore:
         except TimeoutError:
             return None
         return record.reply
+
+
+def _ours(record: _Record, fingerprint: str) -> bool:
+    """Is `record` a run of `fingerprint`'s request still going? This process is the only
+    worker here, so that is this worker's own run (the Redis store's `_OURS`)."""
+    return record.reply is None and record.fingerprint == fingerprint
 
 
 def _owner(key: str) -> str:

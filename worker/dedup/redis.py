@@ -42,6 +42,8 @@ ALIVE_TTL_S = 6.0  # three heartbeats: a slow loop is not mistaken for a dead wo
 # run, or a reply to another request under the same key.
 RECONNECT_RETRIES = 2  # a lost connection made again, then the command sent again
 
+FAILED_CLAIMS_KEPT = 1_000  # `KeptReplies` asks at once: a few at most, but bounded
+
 _TAKE_OVER = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
@@ -90,6 +92,15 @@ return 1
 """
 )
 
+# Delete the record only if it is exactly ARGV[1] (a claim that failed, landed late);
+# wake waiters on ARGV[2].
+_UNCLAIM = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], 'released')
+return 1
+"""
+
 
 class RedisStore:
     def __init__(
@@ -121,6 +132,8 @@ class RedisStore:
         self._heartbeat: asyncio.Task[None] | None = None
         self._epoch: str | None = None  # the store's, as first seen; None until opened
         self._on_emptied = on_emptied
+        # Claims that raised, by key: what each tried to write (`failed_claim`).
+        self._failed: dict[str, Started] = {}
 
     def _key(self, key: str) -> str:
         return f"{self._prefix}:dedup:{key}"
@@ -185,8 +198,17 @@ class RedisStore:
         return Started(self._worker_id, self._incarnation, time.time(), fingerprint)
 
     async def claim(self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN) -> Claim:
-        mine = self._started(fingerprint).to_json()
-        if await self._redis.set(self._key(key), mine, nx=True, px=int(ttl_s * 1000)):
+        started = self._started(fingerprint)
+        mine = started.to_json()
+        try:
+            landed = await self._redis.set(self._key(key), mine, nx=True, px=int(ttl_s * 1000))
+        except Exception:
+            # Sent, maybe: a stalled Redis runs it once it resumes (`failed_claim`).
+            self._failed[key] = started
+            if len(self._failed) > FAILED_CLAIMS_KEPT:  # nobody asks (no `KeptReplies`)
+                del self._failed[next(iter(self._failed))]
+            raise
+        if landed:
             return Claim("fresh")
         raw = await self._redis.get(self._key(key))
         if raw is None:  # expired in between: try once more
@@ -249,6 +271,14 @@ class RedisStore:
         await self._redis.eval(
             _RELEASE, 1, self._key(key), *self._mine(fingerprint), self._channel(key)
         )
+
+    def failed_claim(self, key: str) -> Started | None:
+        return self._failed.pop(key, None)
+
+    async def unclaim(self, key: str, claimed: Started) -> None:
+        # Answered is done, deleted or not: the failed claim's SET was in its connection
+        # when Redis stalled, and Redis reads that before a command sent after it resumed.
+        await self._redis.eval(_UNCLAIM, 1, self._key(key), claimed.to_json(), self._channel(key))
 
     def _mine(self, fingerprint: str) -> tuple[str, str, str]:
         """What names a run of this incarnation's in a record (`_OURS`)."""

@@ -159,3 +159,20 @@ class DedupStore(Protocol):
         """The reply that closes `key`, once there is one; None after `timeout_s`, or when
         the record turns out to hold another request than `fingerprint`'s."""
         ...
+
+
+class NetworkStore(DedupStore, Protocol):
+    """A store across a network (Redis), where a claim that failed (raised: timed out,
+    connection lost) may still land: the command was sent, the store stalled, and runs it
+    once it resumes. Left there, that record says a live worker runs a call that never
+    ran (`KeptReplies` withdraws it)."""
+
+    def failed_claim(self, key: str) -> Started | None:
+        """What this worker's last claim of `key` tried to write, if that claim raised;
+        asking forgets it (the caller keeps it until withdrawn)."""
+        ...
+
+    async def unclaim(self, key: str, claimed: Started) -> None:
+        """Delete the record under `key` if it is exactly `claimed` (all of it: another
+        claim of this process differs only in `started_at`), and wake its waiters."""
+        ...
