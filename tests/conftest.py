@@ -1,4 +1,4 @@
-"""Fixtures: a real mosquitto on a free loopback port, workers, MQTT callers.
+"""Fixtures: a real mosquitto on a free loopback port, workers, MQTT callers, dedup stores.
 
 The helpers behind them live in `tests/harness.py`; import those from there.
 """
@@ -6,7 +6,8 @@ The helpers behind them live in `tests/harness.py`; import those from there.
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -22,6 +23,8 @@ from tests.harness import (
     running_worker,
 )
 from tests.mqtt import Caller
+from toolbus.dedup import DedupStore, open_store
+from toolbus.dedup.redis import RedisStore
 
 if TYPE_CHECKING:
     from toolbus.service import Worker
@@ -41,6 +44,35 @@ def redis_server() -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest_asyncio.fixture(params=["memory", "redis"])
+async def store(
+    request: pytest.FixtureRequest, redis_server: RedisServer
+) -> AsyncIterator[DedupStore]:
+    """One worker's dedup store as production opens it (`open_store`), memory and Redis:
+    the rules both stores keep."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    opened = open_store(
+        "memory" if request.param == "memory" else redis_server.url, "w1", prefix=prefix
+    )
+    async with opened:
+        yield opened
+
+
+@pytest_asyncio.fixture
+async def workers(redis_server: RedisServer) -> AsyncIterator[Callable[[str], RedisStore]]:
+    """Opened RedisStores of one fleet (one prefix), by worker id."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    opened: list[RedisStore] = []
+
+    def make(worker_id: str) -> RedisStore:
+        opened.append(RedisStore(redis_server.url, worker_id, prefix=prefix))
+        return opened[-1]
+
+    yield make
+    for s in opened:
+        await s.__aexit__(None, None, None)
 
 
 @pytest.fixture

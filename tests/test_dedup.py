@@ -10,10 +10,9 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
-import pytest_asyncio
 import redis.asyncio as aioredis
 import redis.exceptions
 from opentelemetry.sdk.metrics import MeterProvider
@@ -26,18 +25,6 @@ from toolbus.dedup.redis import RedisStore
 from toolbus.observability.metrics import Metrics
 
 TTL_S = 60.0
-
-
-@pytest_asyncio.fixture(params=["memory", "redis"])
-async def store(
-    request: pytest.FixtureRequest, redis_server: RedisServer
-) -> AsyncIterator[DedupStore]:
-    prefix = f"t{uuid.uuid4().hex[:8]}"
-    opened = open_store(
-        "memory" if request.param == "memory" else redis_server.url, "w1", prefix=prefix
-    )
-    async with opened:
-        yield opened
 
 
 def key() -> str:
@@ -132,20 +119,6 @@ async def test_a_finished_record_is_superseded_by_one_other_request(store: Dedup
 
 
 # -- other workers: Redis only ----------------------------------------------------------
-
-
-@pytest_asyncio.fixture
-async def workers(redis_server: RedisServer) -> AsyncIterator[Callable[[str], RedisStore]]:
-    prefix = f"t{uuid.uuid4().hex[:8]}"
-    opened: list[RedisStore] = []
-
-    def make(worker_id: str) -> RedisStore:
-        opened.append(RedisStore(redis_server.url, worker_id, prefix=prefix))
-        return opened[-1]
-
-    yield make
-    for s in opened:
-        await s.__aexit__(None, None, None)
 
 
 async def test_a_run_of_a_live_worker_is_running_for_the_others(

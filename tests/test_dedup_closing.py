@@ -13,55 +13,21 @@ import asyncio
 import logging
 import signal
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
-import pytest_asyncio
 import redis.asyncio as aioredis
 import redis.exceptions
 
 from tests.harness import RedisServer
 from tests.logwait import watching
-from toolbus.dedup import DedupStore, Once, fingerprint, open_store
+from tests.test_dedup import stored
+from toolbus.dedup import DedupStore, Once, fingerprint
 from toolbus.dedup.kept import KeptReplies
 from toolbus.dedup.redis import RedisStore
 
 TTL_S = 60.0
 ASKS = "ask-a"
-
-
-def stored(caller: str | None, reply_topic: str | None, ident: str) -> str:
-    k = Once.key(caller, reply_topic, ident)
-    assert k is not None
-    return k
-
-
-@pytest_asyncio.fixture
-async def workers(redis_server: RedisServer) -> AsyncIterator[Callable[[str], RedisStore]]:
-    """Opened RedisStores of one fleet (one prefix), by worker id."""
-    prefix = f"t{uuid.uuid4().hex[:8]}"
-    opened: list[RedisStore] = []
-
-    def make(worker_id: str) -> RedisStore:
-        opened.append(RedisStore(redis_server.url, worker_id, prefix=prefix))
-        return opened[-1]
-
-    yield make
-    for s in opened:
-        await s.__aexit__(None, None, None)
-
-
-@pytest_asyncio.fixture(params=["memory", "redis"])
-async def store(
-    request: pytest.FixtureRequest, redis_server: RedisServer
-) -> AsyncIterator[DedupStore]:
-    """One worker's store, as production opens it: the rules both stores keep."""
-    prefix = f"t{uuid.uuid4().hex[:8]}"
-    opened = open_store(
-        "memory" if request.param == "memory" else redis_server.url, "w1", prefix=prefix
-    )
-    async with opened:
-        yield opened
 
 
 def kept_over(server: RedisServer, prefix: str, worker_id: str = "w1") -> KeptReplies:
