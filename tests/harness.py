@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from tests.certs import ListenerTls
@@ -310,3 +311,17 @@ class SpanEnds(SpanProcessor):
 
 
 SPAN_ENDS = SpanEnds()
+
+
+def metric_points(reader: InMemoryMetricReader, name: str) -> list[Any]:
+    """Every data point the reader has of the instrument `name` (a counter's
+    `NumberDataPoint`s, a histogram's `HistogramDataPoint`s), across resources and scopes."""
+    data = reader.get_metrics_data()
+    return [
+        point
+        for resource in (data.resource_metrics if data else [])
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == name
+        for point in metric.data.data_points
+    ]

@@ -18,7 +18,7 @@ import redis.exceptions
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 
-from tests.harness import RedisServer
+from tests.harness import RedisServer, metric_points
 from tests.logwait import watching
 from toolbus.dedup import DedupStore, MemoryStore, Once, open_store
 from toolbus.dedup.redis import RedisStore
@@ -289,15 +289,8 @@ async def test_a_named_flood_beside_anonymous_clients_forgets_only_its_own() -> 
 
 
 def counted(reader: InMemoryMetricReader, name: str) -> float:
-    data = reader.get_metrics_data()
     return sum(
-        point.value
-        for resource in (data.resource_metrics if data else [])
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-        if metric.name == name
-        for point in metric.data.data_points
-        if isinstance(point, NumberDataPoint)
+        point.value for point in metric_points(reader, name) if isinstance(point, NumberDataPoint)
     )
 
 

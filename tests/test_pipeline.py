@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.harness import ListPublisher, RedisServer, measured
+from tests.harness import ListPublisher, RedisServer, measured, metric_points
 from tests.tools import Probe, probe_tools, quits
 from toolbus.addresses import ReplyAddress
 from toolbus.backends.local import LocalTool, tool
@@ -107,14 +107,9 @@ class Rig:
         return [json.loads(out.payload) for out in self.sent.on("tb/dead")]
 
     def counted(self, name: str, **attributes: str) -> float:
-        data = self.metrics.get_metrics_data()
         return sum(
             point.value
-            for resource in (data.resource_metrics if data else [])
-            for scope in resource.scope_metrics
-            for metric in scope.metrics
-            if metric.name == name
-            for point in metric.data.data_points
+            for point in metric_points(self.metrics, name)
             if isinstance(point, NumberDataPoint)
             and all((point.attributes or {}).get(k) == v for k, v in attributes.items())
         )

@@ -19,7 +19,7 @@ import pytest_asyncio
 from opentelemetry.sdk.metrics.export import HistogramDataPoint
 from opentelemetry.trace import StatusCode
 
-from tests.harness import RedisServer
+from tests.harness import RedisServer, metric_points
 from tests.test_logs import call_lines, written
 from tests.test_pipeline import REPLY, Rig, rig_for, standard_rig
 from tests.test_repeats import assert_id_reused, send, store_for
@@ -342,14 +342,9 @@ async def test_a_repeat_past_its_deadline_of_a_call_still_running_does_not_wait(
 
 def duration_sum(rig: Rig, tool: str) -> float:
     """The seconds `toolbus.call.duration` holds for `tool`."""
-    data = rig.metrics.get_metrics_data()
     return sum(
         point.sum
-        for resource in (data.resource_metrics if data else [])
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-        if metric.name == "toolbus.call.duration"
-        for point in metric.data.data_points
+        for point in metric_points(rig.metrics, "toolbus.call.duration")
         if isinstance(point, HistogramDataPoint) and (point.attributes or {}).get("tool") == tool
     )
 
