@@ -452,3 +452,21 @@ async def test_sigint_as_the_broker_goes_stops_at_once_and_cleanly(tmp_path: Pat
         assert "never retrieved" not in served.output
     finally:
         own.kill()
+
+
+async def test_serve_with_its_dedup_store_out_of_reach_says_so_in_one_line(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """A Redis that cannot be reached at start-up is a configuration to fix, like a broker
+    that cannot: one line and exit 4 (it was a 76-line traceback and exit 1). The URL's
+    password is not in it."""
+    config = tmp_path / "toolbus.toml"
+    port = _closed_port()
+    config.write_text(f'dedup_store = "redis://:s3cret-pw@127.0.0.1:{port}/0"\n')
+    env = cli_env(f"redis{uuid.uuid4().hex[:6]}")
+    code, _, err = await run_cli("serve", "--config", str(config), "--broker", broker.url, env=env)
+    assert code == 4, err
+    said = [line for line in err.splitlines() if not line.startswith("{")]  # not log lines
+    assert len(said) == 1 and said[0].startswith("toolbus: cannot reach the dedup store"), err
+    assert f"127.0.0.1:{port}" in said[0]
+    assert "Traceback" not in err and "s3cret-pw" not in err

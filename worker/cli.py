@@ -5,7 +5,8 @@ This is the entry point: the only place that reads the environment and files.
 Exit codes of `call`/`tools`: 0 ok, 1 the tool or worker answered with an error,
 2 usage or configuration error, 3 no reply in time, 4 broker unreachable. `serve`
 exits 2 on a configuration error and 4 when the broker refuses it at the first connect
-(its certificate fails verification, or it rejects the credentials). A configuration
+(its certificate fails verification, or it rejects the credentials) or its shared dedup
+store cannot be reached at start-up. A configuration
 error is printed one problem per line (see `toolbus.config.problems`). `call` and
 `tools` live in `cli_ask` (what `call` was typed as, in `cli_values`); `status` and
 `mappings` in their `*_command` modules, with their own exit codes.
@@ -60,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok; 1 the tool or worker answered with an error (health: "
         "unhealthy; mappings: unknown tool or a server down); 2 usage or configuration "
         "error; 3 no reply in time (status --once: no worker online); 4 broker "
-        "unreachable or refusing. `toolbus COMMAND --help` for each command.",
+        "unreachable or refusing (serve: or the dedup store out of reach at start-up). "
+        "`toolbus COMMAND --help` for each command.",
     )
     parser.add_argument("--version", action="version", version=f"toolbus {__version__}")
     sub = parser.add_subparsers(
@@ -263,6 +265,7 @@ def _serve(args: argparse.Namespace) -> int:
     die_with_supervisor(os.environ)  # a supervised child ends with its supervisor
 
     from toolbus.backends.local import load_entry_points
+    from toolbus.dedup.store import StoreUnreachable
     from toolbus.observability.sdk import child_environment, configure_metrics, configure_tracing
     from toolbus.tools import BUILTIN_TOOLS
     from toolbus.transport import BrokerRefused
@@ -286,6 +289,9 @@ def _serve(args: argparse.Namespace) -> int:
         asyncio.run(run())
     except BrokerRefused as exc:  # at the first connect: the configuration is wrong
         print(f"toolbus: cannot connect to the broker at {settings.broker}: {exc}", file=sys.stderr)
+        return EXIT_BROKER
+    except StoreUnreachable as exc:  # likewise, for the shared dedup store
+        print(f"toolbus: {exc}", file=sys.stderr)
         return EXIT_BROKER
     finally:
         if provider is not None:

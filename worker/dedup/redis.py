@@ -29,8 +29,9 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
-from toolbus.dedup.store import UNKNOWN, Claim, Done, Started, described, parse
+from toolbus.dedup.store import UNKNOWN, Claim, Done, Started, StoreUnreachable, described, parse
 from toolbus.tasks import cancel_and_wait
 
 log = logging.getLogger("toolbus.dedup")
@@ -145,7 +146,15 @@ class RedisStore:
         return f"{self._prefix}:alive:{worker_id}"
 
     async def __aenter__(self) -> Self:
-        await self._beat()  # fails here, at start-up, when Redis is unreachable
+        try:
+            await self._beat()  # fails here, at start-up, when Redis is unreachable
+        except RedisError as exc:
+            await self._redis.aclose()
+            where = self._redis.connection_pool.connection_kwargs
+            raise StoreUnreachable(  # host and port only: the URL may hold a password
+                f"cannot reach the dedup store (Redis at {where.get('host')}:"
+                f"{where.get('port')}): {exc}"
+            ) from None
         self._heartbeat = asyncio.create_task(self._beat_forever(), name="dedup-heartbeat")
         return self
 

@@ -45,6 +45,11 @@ def fingerprint(tool: str, arguments: dict[str, Any], sent_with: bytes | None = 
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+class StoreUnreachable(Exception):
+    """The shared store cannot be reached when the worker starts: a configuration to fix
+    (or a Redis to start), said in one line, not a traceback."""
+
+
 KEY_SEP = "\x1f"  # between the caller and the request id in a store key (`Once.key`)
 
 
