@@ -724,3 +724,18 @@ def test_a_reply_expiry_is_capped_at_what_mqtt_can_carry() -> None:
     out = outbound_reply(far, Reply(id="a", ok=True, duration_ms=0.0))
     assert out.expiry_s == 0xFFFFFFFF
     publish_properties(out)  # encodes: four bytes
+
+
+async def test_a_numeric_string_past_pythons_int_limit_is_invalid_arguments() -> None:
+    """A 5 000-digit string for an integer parameter: Python will not make an int of more
+    than 4 300 digits, and the ValueError answered `internal`. Left as text, the schema
+    says what is wrong (issue 24)."""
+    probe = Probe()
+    rig = rig_for(probe_tools(probe), probe, max_payload_bytes=100_000)
+    async with rig.pipeline:
+        reply = await rig.call("busy", {"arguments": {"n": "9" * 5000}})
+        assert reply["error"]["code"] == "invalid_arguments", reply["error"]
+        assert (await rig.call("busy", {"arguments": {"n": "12"}}))["result"]["structured"] == {
+            "n": 12
+        }
+    assert probe.calls == 1

@@ -267,14 +267,15 @@ class _Walk:
             if parsed is not None and shape.accepts(json_type(parsed)):
                 self.note(path, "string", json_type(parsed), "parse_json")
                 return parsed
-        if "integer" in shape.types and "string_to_integer" in c and _INTEGER.fullmatch(text):
+        integer = _integer(text)
+        if "integer" in shape.types and "string_to_integer" in c and integer is not None:
             self.note(path, "string", "integer", "string_to_integer")
-            return int(text)
+            return integer
         if "number" in shape.types and "string_to_number" in c and _NUMBER.fullmatch(text):
             number = float(text)
-            if math.isfinite(number):
+            if math.isfinite(number) and (integer is not None or not _INTEGER.fullmatch(text)):
                 self.note(path, "string", "number", "string_to_number")
-                return int(text) if _INTEGER.fullmatch(text) else number
+                return number if integer is None else integer
         if (
             "boolean" in shape.types
             and "string_to_boolean" in c
@@ -283,6 +284,18 @@ class _Walk:
             self.note(path, "string", "boolean", "string_to_boolean")
             return text.lower() == "true"
         return text
+
+
+def _integer(text: str) -> int | None:
+    """The integer `text` spells, or None: not digits, or more digits than Python turns
+    into an int (`sys.get_int_max_str_digits()`, 4300): left as text, the schema's
+    validation answers `invalid_arguments`, not a crash answering `internal`."""
+    if not _INTEGER.fullmatch(text):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
 def _exact_text(number: float) -> str | None:
