@@ -147,6 +147,22 @@ def test_nothing_lossy_for_integers(value: str) -> None:
     assert out["count"] == value and [r for r in report if r[3] != "default"] == []
 
 
+@pytest.mark.parametrize("value", ["9" * 5000, "-" + "9" * 4301])
+def test_an_integer_past_pythons_limit_stays_text(value: str) -> None:
+    """More digits than Python makes an int of (4 300): no crash, the text stays for the
+    schema's validation to refuse (issue 24)."""
+    out, report = normalize(mcp_tool("shapes", SHAPES), {"count": value, "ratio": value})
+    assert (out["count"], out["ratio"]) == (value, value)
+    assert [r for r in report if r[3] != "default"] == []
+
+
+def test_json_text_holding_an_infinite_number_is_not_parsed() -> None:
+    """`1e999` is JSON Python reads as infinity: a `filter` given as that text is left
+    as text (refused by validation), never handed to a tool as infinity."""
+    out, _ = normalize(mcp_tool("shapes", SHAPES), {"filter": '{"room": 1e999}'})
+    assert out["filter"] == '{"room": 1e999}'
+
+
 def test_each_coercion_can_be_switched_off() -> None:
     none = mcp_tool("shapes", SHAPES, ToolSettings(skip_coercions=["all"]))
     out, report = Normalizer().arguments(none, {"tags": "one", "count": "5"})

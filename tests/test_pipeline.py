@@ -238,8 +238,18 @@ async def test_a_311_callers_trace_goes_on_through_a_refusal(rig: Rig) -> None:
 
 @pytest.mark.parametrize(
     "payload",
-    [b"{not json", b"[1, 2]", b'{"arguments": {}}', b"\xff\xfe", b"{" + b" " * 5000 + b"}"],
-    ids=["not-json", "not-object", "no-tool", "not-utf8", "oversized"],
+    [
+        b"{not json",
+        b"[1, 2]",
+        b'{"arguments": {}}',
+        b"\xff\xfe",
+        b"{" + b" " * 5000 + b"}",
+        # Valid JSON that Python reads as infinity: it reached tools, whose replies then
+        # were not JSON (issue 24).
+        b'{"tool": "echo", "arguments": {"text": 1e999999}}',
+        b'{"tool": "busy", "arguments": {"n": -1e400}}',
+    ],
+    ids=["not-json", "not-object", "no-tool", "not-utf8", "oversized", "infinity", "-infinity"],
 )
 async def test_bad_request(rig: Rig, payload: bytes) -> None:
     reply = await rig.call(None, payload)

@@ -19,6 +19,7 @@ that call's own problem, answered in its place; the message's other calls still 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,8 +214,17 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite(text: str) -> float:
+    """A JSON number as a float, if there is one: `1e999999` is valid JSON that Python
+    reads as infinity, which would reach a tool and make a reply that is not JSON."""
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text[:20]} is too large a number")
+    return number
+
+
 # Made once: `json.loads` with an argument builds a new decoder for every call.
-_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite)
 
 
 def strict_json(text: str, what: str) -> Any:

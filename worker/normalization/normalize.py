@@ -261,7 +261,7 @@ class _Walk:
         structured = "object" in shape.types or "array" in shape.types
         if structured and "parse_json" in c and text.lstrip()[:1] in ("{", "["):
             try:
-                parsed = json.loads(text, parse_constant=_no_constant)
+                parsed = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
             except (ValueError, RecursionError):
                 parsed = None
             if parsed is not None and shape.accepts(json_type(parsed)):
@@ -319,6 +319,14 @@ def _exact_text(number: float) -> str | None:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(name)
+
+
+def _finite(text: str) -> float:
+    """`1e999` is JSON Python reads as infinity: not a value a tool can be given."""
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(text)
+    return number
 
 
 def _show(value: Any) -> str:
