@@ -749,3 +749,15 @@ async def test_a_numeric_string_past_pythons_int_limit_is_invalid_arguments() ->
             "n": 12
         }
     assert probe.calls == 1
+
+
+async def test_a_request_delivered_retained_is_refused(rig: Rig) -> None:
+    """A broker that ignores Retain Handling still hands a retained request over with the
+    retain flag: it is refused (`bad_request`, reason `retained`), never run (issue 24)."""
+    await rig.request("busy", {"arguments": {"n": 1}}, retain=True)
+    reply = rig.reply()
+    assert reply["error"]["code"] == "bad_request"
+    assert reply["error"]["details"]["reason"] == "retained"
+    await rig.request("busy", {"arguments": {"n": 1}}, response_topic=None, retain=True)
+    assert [letter["error"]["details"]["reason"] for letter in rig.dead()] == ["retained"]
+    assert rig.probe.calls == 0

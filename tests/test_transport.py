@@ -34,9 +34,10 @@ from toolbus.config import BrokerUrl
 from toolbus.messages import Inbound, Outbound
 from toolbus.publisher import ConnectionPublisher
 from toolbus.transport import TransportError
-from toolbus.transport.connection import MqttConnection, _Delivery, refused_filters
+from toolbus.transport.connection import MqttConnection, _Delivery
 from toolbus.transport.properties import publish_properties
 from toolbus.transport.socket_reader import paho_of
+from toolbus.transport.subscriptions import refused_filters
 
 
 async def test_aiomqtt_still_wraps_a_paho_client_we_can_ack_through() -> None:

@@ -496,3 +496,22 @@ async def test_a_stop_while_the_broker_is_down_gives_late_replies_up_at_once(
         assert [r for r in logged.records if r.levelno >= logging.ERROR] == []
     finally:
         own.kill()
+
+
+async def test_a_retained_request_runs_at_no_resubscribe(broker: Broker, probe: Probe) -> None:
+    """A request published with the retain flag ran again at every worker (re)start: the
+    broker hands a filter's retained messages to each new subscription (3 runs over 2
+    restarts). The call topics are subscribed with Retain Handling 2 (issue 24)."""
+    settings = make_settings(broker, concurrency=1)  # one at a time: in delivery order
+    retained_body = json.dumps({"tool": "busy", "arguments": {"n": 7}})
+    async with Caller(broker.url) as caller:
+        for start in range(3):
+            async with running_worker(settings, probe_tools(probe)) as worker:
+                topic = call_topic(worker.topics)
+                if start == 0:  # live, once: this delivery runs, as any request does
+                    await caller.client.publish(topic, retained_body, qos=1, retain=True)
+                # Answered after anything the subscription was handed before it.
+                sentinel = await caller.call_tool(worker.topics, "echo", {"text": "end"})
+                assert sentinel["ok"], sentinel
+        await caller.client.publish(topic, b"", qos=1, retain=True)  # clear it
+    assert probe.calls == 1

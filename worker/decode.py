@@ -128,6 +128,8 @@ def decode(
             reply = body_address(message, topics, route, body, shape)
         if isinstance(route, str):
             raise BadRequest(f"not a request topic: {shown(message.topic)}", reason=route)
+        if message.retain:  # it would run again at every (re)subscribe
+            raise BadRequest("a request must not be retained", reason="retained")
         if shape.calls is None:
             assert isinstance(body, dict)  # `read` says only an object is an envelope
             return _enveloped(message, topics, route, body, reply)

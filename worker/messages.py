@@ -27,6 +27,7 @@ class Inbound:
     # MQTT v5 Message Expiry Interval as handed over (the broker sends what remains), and
     # when the message arrived (time.monotonic()): together, when the sender stops caring.
     expiry_s: int | None = None
+    retain: bool = False  # delivered as a retained message (a request never should be)
     received_at: float = field(default_factory=time.monotonic, compare=False)
     # Which delivery of which connection this is: the transport acknowledges it with this
     # token once the message is answered, and only on the connection it came from.

@@ -191,9 +191,9 @@ class Worker:
                     # Taking first: a resumed session's requests come before the SUBACK,
                     # which the request connection reads only as they are taken.
                     consumer = asyncio.create_task(self._consume(conn), name="consume")
-                    await _cancelled_on_error(consumer, conn.subscribe(self.topics.subscriptions()))
+                    topics = self.topics.subscriptions()  # no retained request on subscribing
+                    await _cancelled_on_error(consumer, conn.subscribe(topics, retained=False))
                     self.subscribed.set()
-                    topics = self.topics.subscriptions()
                     log.info("subscribed to %s", ", ".join(topics), extra={"topics": topics})
                     if not self.draining.is_set():  # online: every status, then the heartbeat
                         self._status.resume(self.in_flight)

@@ -38,6 +38,7 @@ from toolbus.transport.paho_log import PAHO_LOG
 from toolbus.transport.properties import publish_properties
 from toolbus.transport.socket_reader import BoundedReader, paho_of
 from toolbus.transport.socket_writer import SocketWriter
+from toolbus.transport.subscriptions import refused_filters, subscribe_options
 from toolbus.transport.tls import tls_context
 from toolbus.transport.will import last_will
 
@@ -73,6 +74,7 @@ def _inbound(message: aiomqtt.Message, connection: MqttConnection) -> Inbound:
         content_type=props.get("ContentType"),
         user_properties=tuple((str(k), str(v)) for k, v in user) if user else (),
         expiry_s=props.get("MessageExpiryInterval"),
+        retain=message.retain,
         delivery=_Delivery(connection, message.mid, message.qos),
     )
 
@@ -234,13 +236,18 @@ class MqttConnection:
         if self._gone.is_set():  # aiomqtt keeps the loss in a future only its message
             await self.lost()  # stream reads (else "Future exception was never retrieved")
 
-    async def subscribe(self, filters: Sequence[str], qos: int = 1) -> None:
+    async def subscribe(
+        self, filters: Sequence[str], qos: int = 1, *, retained: bool = True
+    ) -> None:
         """Subscribed to every filter, or `TransportError`: a filter the broker refused
         (an ACL's "not authorized", a shared subscription it does not support) would
-        leave the connection up and silent, and the worker reporting ready for nothing."""
+        leave the connection up and silent, and the worker reporting ready for nothing.
+        Without `retained` (Retain Handling 2) the broker sends no retained message on
+        subscribing: a retained request would otherwise run again at every subscribe."""
+        options = subscribe_options(qos, retained=retained)
         try:
             granted = await self._unless_lost(
-                self._client.subscribe([(f, qos) for f in filters]), "subscribing"
+                self._client.subscribe([(f, options) for f in filters]), "subscribing"
             )
         except aiomqtt.MqttError as exc:
             raise TransportError(str(exc)) from exc
@@ -388,10 +395,3 @@ def _connect_error(exc: aiomqtt.MqttError) -> TransportError:
         if code in _CREDENTIALS_REFUSED:
             return BrokerRefused(f"it refused the credentials ({exc})")
     return TransportError(str(exc))
-
-
-def refused_filters(filters: Sequence[str], granted: Sequence[Any]) -> list[tuple[str, int]]:
-    """The filters a SUBACK refused, with their reason codes: 0x80 and above (MQTT 5
-    §3.9.3; a v3.1.1 broker's 0x80 too). `granted` holds paho's `ReasonCode`s or ints."""
-    codes = [int(getattr(code, "value", code)) for code in granted]
-    return [(f, code) for f, code in zip(filters, codes, strict=False) if code >= 0x80]
