@@ -23,6 +23,7 @@ from tests.harness import (
     running_worker,
 )
 from tests.mqtt import Caller
+from tests.otlp import OtlpReceiver, otlp_receiver
 from toolbus.dedup import DedupStore, open_store
 from toolbus.dedup.redis import RedisStore
 
@@ -73,6 +74,13 @@ async def workers(redis_server: RedisServer) -> AsyncIterator[Callable[[str], Re
     yield make
     for s in opened:
         await s.__aexit__(None, None, None)
+
+
+@pytest_asyncio.fixture(scope="module")
+async def collector() -> AsyncIterator[OtlpReceiver]:
+    """An OTLP/HTTP receiver standing in for a collector, one per test module."""
+    with otlp_receiver() as receiver:
+        yield receiver
 
 
 @pytest.fixture

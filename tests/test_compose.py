@@ -37,7 +37,7 @@ from tests.compose_stack import (
 )
 from tests.harness import measured
 from tests.mqtt import Caller, reply_topic_for
-from tests.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
+from tests.otlp import OtlpReceiver, ReceivedSpan
 from tests.processes import ROOT, run_bounded
 from toolbus.config import Settings, load_settings
 from toolbus.contracts import WorkerStatus
@@ -214,12 +214,6 @@ def test_the_broker_saves_its_sessions_and_sends_without_delay() -> None:
 
 
 # -- the same configuration, running --------------------------------------------------
-
-
-@pytest_asyncio.fixture(scope="module")
-async def collector() -> AsyncIterator[OtlpReceiver]:
-    with otlp_receiver() as receiver:
-        yield receiver
 
 
 @pytest_asyncio.fixture(scope="module")

@@ -38,7 +38,7 @@ from tests.compose_stack import (
 )
 from tests.harness import Broker, measured
 from tests.mqtt import Caller
-from tests.otlp import OtlpReceiver, otlp_receiver
+from tests.otlp import OtlpReceiver
 from tests.processes import ROOT, run_bounded
 
 PAGE = ROOT / "docs" / "deployment.md"
@@ -182,12 +182,6 @@ def mounts(root: Path) -> dict[str, Path]:
         source, target = volume.split(":")[:2]
         found[target] = (root / "compose" / source).resolve()
     return found
-
-
-@pytest_asyncio.fixture(scope="module")
-async def collector() -> AsyncIterator[OtlpReceiver]:
-    with otlp_receiver() as receiver:
-        yield receiver
 
 
 @pytest_asyncio.fixture(scope="module")

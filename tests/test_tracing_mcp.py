@@ -23,7 +23,7 @@ from opentelemetry.trace import SpanKind
 
 from tests.harness import DEMO_SERVER, SPAN_ENDS, Broker, make_settings, running_worker
 from tests.mqtt import Caller, call_topic, reply_topic_for
-from tests.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
+from tests.otlp import OtlpReceiver, ReceivedSpan
 from tests.processes import Serve, serve_env
 from toolbus.observability.sdk import child_environment
 from toolbus.service import Worker
@@ -40,12 +40,6 @@ CONTEXT_SERVER = {
     "args": [str(Path(__file__).parent / "servers" / "context_server.py")],
 }
 OTLP_SERVER = 2  # OTLP's SpanKind numbers, as the receiver keeps them
-
-
-@pytest_asyncio.fixture(scope="module")
-async def collector() -> AsyncIterator[OtlpReceiver]:
-    with otlp_receiver() as receiver:
-        yield receiver
 
 
 @pytest_asyncio.fixture(scope="module")
