@@ -13,7 +13,6 @@ beside this checkout's, each in processes of its own, alternating `--repeat` tim
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -25,7 +24,10 @@ from pathlib import Path
 from opentelemetry.sdk.trace import TracerProvider
 
 # A child of `--worker-tree` imports the older `toolbus` first, through PYTHONPATH.
-from paired import alternate  # bench/paired.py: this script's folder is first on the path
+from paired import (  # bench/paired.py: this script's folder is first on the path
+    alternate,
+    paired_parser,
+)
 
 from toolbus.call_log import log_call
 from toolbus.decode import Call
@@ -81,12 +83,9 @@ def in_children(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = paired_parser(__doc__, repeat=REPEAT)
     parser.add_argument("--lines", type=int, default=LINES, help="per round")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
-    parser.add_argument("--worker-tree", type=Path, help="also measure DIR/worker, as before")
-    parser.add_argument("--repeat", type=int, default=REPEAT, help="with --worker-tree")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.lines, args.rounds)))

@@ -16,7 +16,6 @@ and prints the median of each: a before/after pair from one run.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -29,7 +28,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from paired import alternate  # bench/paired.py: this script's folder is first on the path
+from paired import (  # bench/paired.py: this script's folder is first on the path
+    alternate,
+    paired_parser,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -135,12 +137,9 @@ def in_children(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = paired_parser(__doc__, repeat=REPEAT)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--calls", type=int, default=CALLS_PER_ROUND, help="per round")
-    parser.add_argument("--worker-tree", type=Path, help="also measure DIR/worker, as before")
-    parser.add_argument("--repeat", type=int, default=REPEAT, help="with --worker-tree")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.rounds, args.calls)))

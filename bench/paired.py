@@ -8,6 +8,7 @@ can be the one a child loads. Each child prints one JSON object on its standard 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -18,6 +19,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def paired_parser(doc: str | None, *, repeat: int) -> argparse.ArgumentParser:
+    """A bench script's parser with the options every paired script has: `--worker-tree`
+    (the other checkout), `--repeat` (runs of each) and the hidden `--child`."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--worker-tree", type=Path, help="also measure DIR/worker, as before")
+    parser.add_argument("--repeat", type=int, default=repeat, help="with --worker-tree")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    return parser
 
 
 def alternate(
