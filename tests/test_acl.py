@@ -133,3 +133,26 @@ async def test_a_body_claim_of_another_caller_is_forbidden(
         )
     assert reply["error"]["code"] == "forbidden"
     assert reply["error"]["details"]["reason"] == "caller_mismatch"
+
+
+async def test_a_bad_tool_level_under_the_callers_own_topic_is_answered(
+    acl_worker: Worker, secured_broker: Broker
+) -> None:
+    """`call/kitchen/{tool}` is kitchen's whatever the tool level holds (the ACL's
+    `call/%u/#`): a tool level the worker cannot use gets kitchen a reply, not a dead letter."""
+    async with (
+        login(secured_broker, "kitchen") as kitchen,
+        login(secured_broker, "operator") as operator,
+    ):
+        assert await operator.subscribe("toolbus/dead") < 0x80
+        assert await operator.subscribe("toolbus/reply/kitchen/r6") < 0x80
+        reply, _ = await kitchen.call(
+            "toolbus/call/kitchen/" + "e" * 300,
+            {"id": "long-tool", "arguments": {"text": "x"}},
+            reply_topic="toolbus/reply/kitchen/r5",
+        )
+        assert (reply["id"], reply["error"]["code"]) == ("long-tool", "bad_request")
+        assert reply["error"]["details"]["reason"] == "name_too_long"
+        assert (await echo(kitchen, "kitchen", "toolbus/reply/kitchen/r6"))["ok"] is True
+        # The worker's messages reach a subscriber in order: no dead letter before that.
+        assert (await operator.next_message()).topic.value == "toolbus/reply/kitchen/r6"

@@ -275,6 +275,29 @@ async def test_topic_mode_malformed_request_topics_are_refused(topic: str) -> No
     assert dead_code(rig) == "bad_request"
 
 
+@pytest.mark.parametrize(
+    ("tool_level", "reason"), [("ech\x7fo", "bad_character"), ("e" * 300, "name_too_long")]
+)
+async def test_topic_mode_a_bad_tool_level_is_answered_under_the_callers_replies(
+    tool_level: str, reason: str
+) -> None:
+    """The caller level is sound (the broker's ACL vouched for it): the refusal of the
+    tool level goes to that caller's reply topic, not to the dead letters."""
+    rig = hostile_rig(**TOPIC_MODE)
+    mine = "tb/reply/kitchen/r1"
+    await call_as(rig, f"tb/call/kitchen/{tool_level}", {"arguments": {"text": "x"}}, mine)
+    got, reply = only_answer(rig)
+    assert got == mine
+    assert reply["error"]["code"] == "bad_request"
+    assert reply["error"]["details"]["reason"] == reason
+    body = {"arguments": {"text": "x"}, "reply_to": mine}  # a 3.1.1 caller's address
+    await call_as(rig, f"tb/call/kitchen/{tool_level}", body, None)
+    assert reply_code(rig, mine) == "bad_request"
+    # Another caller's replies stay out of reach, whatever the tool level holds.
+    await call_as(rig, f"tb/call/garage/{tool_level}", {"arguments": {}}, mine)
+    assert dead_code(rig) == "forbidden"
+
+
 async def test_claim_mode_call_caller_tool_topics_name_the_caller_for_quotas() -> None:
     rig = hostile_rig(callers={"garage": {"rate_per_s": 0.01, "burst": 1}})
     await call_as(rig, "tb/call/garage/echo", {"arguments": {"text": "x"}}, REPLY)

@@ -17,7 +17,7 @@ from toolbus.contracts import Options
 from toolbus.errors import BadRequest, Forbidden
 from toolbus.formats.incoming import ENVELOPE, Shape
 from toolbus.messages import Inbound
-from toolbus.topics import Route, Topics
+from toolbus.topics import Topics
 from toolbus.untrusted import MAX_ECHO_BYTES, shown
 
 
@@ -45,13 +45,13 @@ def response_address(message: Inbound, topics: Topics, caller: str | None) -> Re
 
 
 def body_address(
-    message: Inbound, topics: Topics, route: Route | str, body: object, shape: Shape
+    message: Inbound, topics: Topics, body: object, shape: Shape
 ) -> ReplyAddress | None:
     """A 3.1.1 caller's `reply_to`, once checked (the envelope model reports a wrong type)."""
     reply_to = _reply_to(body, shape)
     if not isinstance(reply_to, str):
         return None
-    _check_reply_topic(topics, reply_to, route.caller if isinstance(route, Route) else None)
+    _check_reply_topic(topics, reply_to, topics.caller_of(message.topic))
     return ReplyAddress(reply_to, expires_at=_expiry_at(message))
 
 

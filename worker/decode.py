@@ -108,9 +108,7 @@ def decode(
         route = topics.route(message.topic)
         # Only the topic can say who the caller is before the body is read; in `claim`
         # mode replies are not scoped to callers, so the body's claim is not needed here.
-        reply = response_address(
-            message, topics, route.caller if isinstance(route, Route) else None
-        )
+        reply = response_address(message, topics, topics.caller_of(message.topic))
         if len(message.payload) > max_payload_bytes:
             raise BadRequest(
                 f"payload of {len(message.payload)} bytes exceeds the limit of {max_payload_bytes}",
@@ -122,10 +120,10 @@ def decode(
             shape = read(body)
         except BadRequest:
             # A 3.1.1 caller still hears why: its `reply_to`, wherever the body put it.
-            reply = reply or body_address(message, topics, route, body, ENVELOPE)
+            reply = reply or body_address(message, topics, body, ENVELOPE)
             raise
         if reply is None:
-            reply = body_address(message, topics, route, body, shape)
+            reply = body_address(message, topics, body, shape)
         if isinstance(route, str):
             raise BadRequest(f"not a request topic: {shown(message.topic)}", reason=route)
         if message.retain:  # it would run again at every (re)subscribe

@@ -126,6 +126,21 @@ class Topics:
             return "empty_level"
         return Route(list_tools, caller or None, tool, ambiguous="/" in tool and not caller)
 
+    def caller_of(self, topic: str) -> str | None:
+        """The caller a request topic names, even when its tool level is unusable: in
+        `topic` mode the shipped ACL (`pattern write toolbus/call/%u/#`) ties everything
+        under `call/{caller}/` to that login, so the refusal is answered under that
+        caller's replies. None: no caller, or a caller level that is itself unusable
+        (and `tools/{caller}/...`, which that ACL lets no caller publish)."""
+        route = self.route(topic)
+        if isinstance(route, Route):
+            return route.caller
+        if self.caller_identity != "topic" or not topic.startswith(self.call + "/"):
+            return None
+        caller = topic[len(self.call) + 1 :].partition("/")[0]
+        usable = caller and len(caller) <= MAX_NAME_CHARS and text_problem(caller) is None
+        return caller if usable else None
+
     def is_request(self, topic: str) -> bool:
         """Is `topic` one the worker takes requests on (well-formed or not)?"""
         return any(
