@@ -34,6 +34,7 @@ class ReceivedSpan:
     parent_span_id: str = ""  # empty for a root span
     kind: int = 0  # OTLP's SpanKind: 2 SERVER, 3 CLIENT, 4 PRODUCER, 5 CONSUMER
     attributes: dict[str, str] = field(default_factory=dict)  # string values only
+    encoded: bytes = b""  # the whole span as received (events, status): to search for text
 
 
 class _Server(ThreadingHTTPServer):
@@ -67,6 +68,7 @@ class _Handler(BaseHTTPRequestHandler):
                 parent_span_id=span.parent_span_id.hex(),
                 kind=span.kind,
                 attributes={a.key: a.value.string_value for a in span.attributes},
+                encoded=span.SerializeToString(),
             )
             for resource_spans in request.resource_spans
             for scope_spans in resource_spans.scope_spans

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 from opentelemetry.sdk.trace import TracerProvider
@@ -35,7 +36,7 @@ from toolbus.dedup import DedupStore, MemoryStore, Once
 from toolbus.dedup.kept import KeptReplies
 from toolbus.dedup.redis import RedisStore
 from toolbus.encode import outbound_reply
-from toolbus.errors import ToolFailed
+from toolbus.errors import InvalidArguments, ToolFailed
 from toolbus.inflight import Slots
 from toolbus.messages import Inbound, Outbound
 from toolbus.observability.export import TraceCollector
@@ -136,8 +137,11 @@ def rig_for(
     publisher: ListPublisher | None = None,
     store: DedupStore | None = None,
     slots: Slots | None = None,
+    tracer: trace.Tracer | None = None,
     **overrides: Any,
 ) -> Rig:
+    """A pipeline over these tools; its spans recorded in memory unless `tracer` (the
+    API's no-op, one that samples nothing) says otherwise."""
     settings = Settings.model_validate(
         {"topic_prefix": "tb", "max_payload_bytes": 4096, **overrides}
     )
@@ -145,7 +149,7 @@ def rig_for(
     provider = TracerProvider()
     provider.add_span_processor(collector)
     provider.add_span_processor(SimpleSpanProcessor(spans))
-    tracer = provider.get_tracer("test")
+    tracer = tracer or provider.get_tracer("test")
     reader = InMemoryMetricReader()
     metrics = Metrics(MeterProvider(metric_readers=[reader]).get_meter("test"))
     registry = build_registry([*BUILTIN_TOOLS, *local_tools], settings)
@@ -424,6 +428,45 @@ async def test_internal_dead_letter_when_dead_lettering_fails_once() -> None:
     await rig.request(None, b"not json", response_topic=None)
     assert [letter["error"]["code"] for letter in rig.dead()] == ["internal"]
     assert rig.counted("toolbus.internal_errors", stage="handle") == 1
+
+
+SECRET = "hunter2-S3CRET"
+
+
+@pytest.mark.parametrize("steps", [False, True])
+async def test_a_refusal_marks_its_spans_with_the_code_and_no_value_or_stack(steps: bool) -> None:
+    """`invalid_arguments` (and every answered error): the code and a message without
+    the call's values on every span that saw it, no exception event (no stack), and so
+    nothing of either in the trace the caller asked for."""
+    probe = Probe()
+    rig = rig_for(probe_tools(probe), probe, trace_steps=steps)
+    body = {"arguments": {"text": {"token": SECRET}}, "publish_trace": True}
+    await rig.request("echo", body)
+    assert [out.topic for out in rig.sent.sent] == [REPLY, f"{REPLY}/trace"]
+    assert json.loads(rig.sent.sent[0].payload)["error"]["code"] == "invalid_arguments"
+    published = rig.sent.sent[1].payload.decode()
+    assert SECRET not in published and "exception" not in published
+    finished = {span.name: span for span in rig.spans.get_finished_spans()}
+    assert ("validate" in finished) is steps
+    for name in ("execute_tool echo", *(("validate",) if steps else ())):
+        span = finished[name]
+        assert (span.attributes or {})["error.type"] == "invalid_arguments"
+        assert span.status.description == InvalidArguments.summary
+    for span in finished.values():
+        assert [e.name for e in span.events if e.name == "exception"] == []
+        assert SECRET not in (span.status.description or "")
+
+
+async def test_trace_arguments_lets_the_refusals_own_message_onto_its_span() -> None:
+    """Values on spans are the operator's choice (`trace_arguments`): then the refusal's
+    own message, value and all, describes the span; still no stack."""
+    probe = Probe()
+    rig = rig_for(probe_tools(probe), probe, trace_arguments=True)
+    await rig.request("echo", {"arguments": {"text": {"token": SECRET}}})
+    assert rig.reply()["error"]["code"] == "invalid_arguments"
+    [span] = [s for s in rig.spans.get_finished_spans() if s.name == "execute_tool echo"]
+    assert SECRET in (span.status.description or "")
+    assert [e.name for e in span.events] == []
 
 
 async def test_a_failed_trace_publish_leaves_the_answer_alone() -> None:

@@ -163,7 +163,7 @@ async def test_bad_headers_start_a_new_trace_and_errors_mark_the_spans(
     assert consumer.attributes["error.type"] == "unknown_tool"
     execute = found["execute_tool no_such_tool"]
     assert execute.attributes["error.type"] == "unknown_tool"
-    assert [e.name for e in execute.events] == ["exception"]
+    assert [e.name for e in execute.events] == []  # an answered error is no crash: no stack
 
 
 async def test_spans_published_back_as_otlp_json(
@@ -317,3 +317,39 @@ def test_injected_headers_carry_the_current_baggage() -> None:
         assert again is not None and baggage.get_all(again) == {"a": "1", "b": "x y"}
     finally:
         context_api.detach(token)
+
+
+def test_a_published_trace_keeps_an_exceptions_type_alone() -> None:
+    """A span that recorded an exception (the mcp SDK's own spans record every one raised
+    through them): the caller who asked for the trace sees its type, not its message
+    (which may quote a value) or its stack (the worker's install paths)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from toolbus.observability.export import otlp_json
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with (
+        pytest.raises(ValueError, match="hunter2"),
+        provider.get_tracer("mcp-python-sdk").start_as_current_span("tools/call x"),
+    ):
+        raise ValueError("'hunter2' is not valid")
+    [recorded] = exporter.get_finished_spans()
+    assert [e.name for e in recorded.events] == ["exception"]  # as the SDK records it
+    text = otlp_json([recorded]).decode()
+    assert "hunter2" not in text
+    [span] = [
+        s
+        for rs in json.loads(text)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+    ]
+    [event] = span["events"]
+    assert span["status"] == {"code": 2, "message": "ValueError"}
+    assert {a["key"]: a["value"] for a in event["attributes"]} == {
+        "exception.type": {"stringValue": "ValueError"},
+        "exception.escaped": {"stringValue": "False"},
+    }

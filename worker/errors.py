@@ -12,8 +12,9 @@
     ├── InDoubt                  in_doubt
     └── RateLimited              rate_limited
 
-Each leaf carries the wire code it maps to, one to one, and renders its own
-wire body. A local tool may raise any of them to choose the code its caller sees.
+Each leaf carries the wire code it maps to, one to one, renders its own
+wire body, and says what its code means without quoting any value (`summary`: what
+spans record). A local tool may raise any of them to choose the code its caller sees.
 Details become JSON values when the error is raised (a `datetime` its ISO text, a
 set a list, anything else its `str()`), so building the reply cannot fail on them.
 The client raises the same classes for a worker's error replies (`from_body`), so a
@@ -40,6 +41,9 @@ from toolbus.contracts import ErrorBody, ErrorCode, Reply
 
 class ToolbusError(Exception):
     code: ClassVar[ErrorCode]
+    # What the code means, in words that hold no value of any call: what spans record
+    # (the message may quote an argument, and a tool's text may hold anything).
+    summary: ClassVar[str] = "the call was refused or failed"
     # False when the tool was certainly never asked (an MCP server's session was down when
     # the call came): its request id is left free to run again, not answered for good.
     reached_tool: bool = True
@@ -70,42 +74,52 @@ class ToolbusError(Exception):
 
 class BadRequest(ToolbusError):
     code = ErrorCode.BAD_REQUEST
+    summary = "the message could not be read as a request"
 
 
 class UnknownTool(ToolbusError):
     code = ErrorCode.UNKNOWN_TOOL
+    summary = "no tool by that name"
 
 
 class InvalidArguments(ToolbusError):
     code = ErrorCode.INVALID_ARGUMENTS
+    summary = "the arguments do not satisfy the tool's schema or guards"
 
 
 class Forbidden(ToolbusError):
     code = ErrorCode.FORBIDDEN
+    summary = "the request asked for what it may not have"
 
 
 class CallTimeout(ToolbusError):
     code = ErrorCode.TIMEOUT
+    summary = "the tool did not finish within its deadline"
 
 
 class Unavailable(ToolbusError):
     code = ErrorCode.UNAVAILABLE
+    summary = "the tool's backend cannot be reached, or the worker is stopping"
 
 
 class ToolFailed(ToolbusError):
     code = ErrorCode.TOOL_ERROR
+    summary = "the tool ran and failed"
 
 
 class InternalError(ToolbusError):
     code = ErrorCode.INTERNAL
+    summary = "a bug in the worker"
 
 
 class InDoubt(ToolbusError):
     code = ErrorCode.IN_DOUBT
+    summary = "a repeat of a call cut short, which may or may not have taken effect"
 
 
 class RateLimited(ToolbusError):
     code = ErrorCode.RATE_LIMITED
+    summary = "the caller is over its quota"
 
 
 class NoReply(TimeoutError):

@@ -41,6 +41,7 @@ from toolbus.observability.spans import (
     default_tracer,
     make_current,
     mark_failed,
+    mark_refused,
     open_child_span,
     record_normalization,
     restore,
@@ -195,7 +196,7 @@ class Executor:
         """Answer `error` instead of running the call (deduplication's verdict, a stop)."""
         prepared.outcome.error = error
         prepared.outcome.invoked = prepared.outcome.invoked and error.reached_tool
-        mark_failed(prepared.span, error.code.value, error)
+        mark_refused(prepared.span, error, values=self._trace_arguments)
 
     async def run(self, prepared: Prepared) -> Outcome:
         """The prepared call's tool run, unless it is refused; then `conclude`d."""

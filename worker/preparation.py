@@ -28,6 +28,7 @@ from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
 from toolbus.normalization.report import Change
 from toolbus.normalization.settled import Plans
+from toolbus.observability.spans import step_span
 from toolbus.registry import Tool
 from toolbus.validate import check_arguments
 
@@ -110,10 +111,10 @@ class Steps:
         """
         try:
             if self._trace_steps and trace.get_current_span().is_recording():
-                with self._tracer.start_as_current_span("normalize"):
+                with step_span(self._tracer, "normalize"):
                     settled = self._plans.settled(tool, call.arguments, call.payload_bytes, report)
                     arguments = self._normalized(tool, call, report) if settled is None else settled
-                with self._tracer.start_as_current_span("validate"):
+                with step_span(self._tracer, "validate"):
                     if settled is None:
                         arguments = self._guarded(tool, arguments, report)
                     check_arguments(tool.name, tool.validator, arguments)

@@ -51,8 +51,15 @@ class TraceCollector(SpanProcessor):
         return True
 
 
+# What a caller sees of an exception a span recorded (the mcp SDK's own spans record
+# every exception raised through them): its type, never its message or stack trace.
+CALLERS_EXCEPTION_ATTRIBUTES = frozenset({"exception.type", "exception.escaped"})
+
+
 def otlp_json(spans: list[ReadableSpan]) -> bytes:
-    """Spans as OTLP/JSON (an `ExportTraceServiceRequest`): hex ids, integer enums."""
+    """Spans as OTLP/JSON (an `ExportTraceServiceRequest`): hex ids, integer enums; as a
+    caller may see them: of an exception a span recorded, its type alone (its stack trace
+    shows the worker's install paths, its message may quote anything)."""
     document = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
     for resource_spans in document.get("resourceSpans", []):
         for scope_spans in resource_spans.get("scopeSpans", []):
@@ -60,7 +67,29 @@ def otlp_json(spans: list[ReadableSpan]) -> bytes:
                 _hex_ids(span)
                 for link in span.get("links", []):
                     _hex_ids(link)
+                _exceptions_named_only(span)
     return json.dumps(document, separators=(",", ":")).encode()
+
+
+def _exceptions_named_only(span: dict[str, Any]) -> None:
+    """Each exception event down to its type, and the status the SDK described with the
+    exception's text (`Type: message`) down to the type too. Toolbus's own spans record
+    no exception (`spans.mark_refused`): their status, value-free, stays."""
+    types = []
+    for event in span.get("events", []):
+        if event.get("name") == "exception":
+            kept = [
+                a
+                for a in event.get("attributes", [])
+                if a.get("key") in CALLERS_EXCEPTION_ATTRIBUTES
+            ]
+            event["attributes"] = kept
+            types += [
+                a["value"].get("stringValue", "") for a in kept if a["key"] == "exception.type"
+            ]
+    status = span.get("status")
+    if types and isinstance(status, dict) and "message" in status:
+        status["message"] = ", ".join(types)
 
 
 def _hex_ids(node: dict[str, Any]) -> None:

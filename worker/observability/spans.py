@@ -6,8 +6,8 @@ a failure is always marked the same way (`mark_failed`), whatever stage saw it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import Token
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -15,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 from opentelemetry import context, trace
 from opentelemetry.context import Context
 
+from toolbus.errors import ToolbusError
 from toolbus.normalization.report import Change
 
 TRACER_NAME = "toolbus"
@@ -135,12 +136,44 @@ def server_attributes(url: str) -> dict[str, Any]:
     return attributes
 
 
-def mark_failed(span: trace.Span, code: str, exception: BaseException | None = None) -> None:
-    """ERROR status with the wire code as `error.type` (and the exception, when there is one)."""
-    span.set_status(trace.StatusCode.ERROR, code)
+def mark_failed(span: trace.Span, code: str, message: str | None = None) -> None:
+    """ERROR status with the wire code as `error.type`; `message` (value-free: see
+    `mark_refused`) as the status description, else the code."""
+    span.set_status(trace.StatusCode.ERROR, message or code)
     span.set_attribute("error.type", code)
-    if exception is not None:
-        span.record_exception(exception)
+
+
+def mark_refused(span: trace.Span, error: ToolbusError, *, values: bool = False) -> None:
+    """A call answered with `error`: its code, and a message that holds no value of the
+    call unless `values` (`trace_arguments`): the error's own text may quote an argument
+    (jsonschema's "'hunter2' is not of type 'integer'"), a tool's text anything. No
+    exception event either: an answered error is an outcome, not a crash, and its stack
+    (install paths, and the message again) would reach a caller who asks for the trace."""
+    mark_failed(span, error.code.value, error.message if values else error.summary)
+
+
+@contextmanager
+def step_span(
+    tracer: trace.Tracer,
+    name: str,
+    *,
+    kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+    attributes: Mapping[str, Any] | None = None,
+) -> Iterator[trace.Span]:
+    """A span for one step that may raise: a refusal marked as `mark_refused` does,
+    where the SDK would record the exception with its message and stack."""
+    with tracer.start_as_current_span(
+        name,
+        kind=kind,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            yield span
+        except ToolbusError as error:
+            mark_refused(span, error)
+            raise
 
 
 def trace_id_of(span: trace.Span) -> str | None:

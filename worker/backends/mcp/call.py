@@ -32,6 +32,7 @@ from toolbus.backends.mcp.convert import call_error, describe
 from toolbus.backends.mcp.session import Session
 from toolbus.errors import Unavailable
 from toolbus.observability.propagation import inject_headers
+from toolbus.observability.spans import step_span
 
 TRANSPORT_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError)
 
@@ -70,16 +71,23 @@ async def send(
 ) -> CallToolResult:
     """`tools/call` on the session, in a CLIENT span of `tracer` when the call is recorded;
     a failure as the caller's error (the session ended if the connection went)."""
+    under = trace.get_current_span()
+    if not under.is_recording():
+        # Untraced (no context at all): nothing to pass on.
+        meta = _meta() if under.get_span_context().is_valid else None
+        return await _call(current, plan, arguments, meta)
+    # The span records the refusal's code, never its text or stack (`step_span`).
+    with step_span(
+        tracer, plan.span_name, kind=trace.SpanKind.CLIENT, attributes=plan.span_attributes
+    ):
+        return await _call(current, plan, arguments, _meta())
+
+
+async def _call(
+    current: Session, plan: CallPlan, arguments: dict[str, Any], meta: RequestParamsMeta | None
+) -> CallToolResult:
     try:
-        under = trace.get_current_span()
-        if not under.is_recording():
-            if not under.get_span_context().is_valid:  # untraced: nothing to pass on
-                return await current.session.call_tool(plan.remote_name, arguments)
-            return await current.session.call_tool(plan.remote_name, arguments, meta=_meta())
-        with tracer.start_as_current_span(
-            plan.span_name, kind=trace.SpanKind.CLIENT, attributes=plan.span_attributes
-        ):
-            return await current.session.call_tool(plan.remote_name, arguments, meta=_meta())
+        return await current.session.call_tool(plan.remote_name, arguments, meta=meta)
     except MCPError as exc:
         if exc.code == CONNECTION_CLOSED:
             current.end("the connection closed")
