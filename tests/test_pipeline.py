@@ -25,6 +25,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoi
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from tests.harness import ListPublisher, RedisServer, measured, metric_points
 from tests.tools import Probe, probe_tools, quits
@@ -467,6 +468,34 @@ async def test_trace_arguments_lets_the_refusals_own_message_onto_its_span() -> 
     [span] = [s for s in rig.spans.get_finished_spans() if s.name == "execute_tool echo"]
     assert SECRET in (span.status.description or "")
     assert [e.name for e in span.events] == []
+
+
+@pytest.mark.parametrize(
+    ("tracer", "reason"),
+    [
+        (trace.NoOpTracer(), "not_recording"),
+        (TracerProvider(sampler=ALWAYS_OFF).get_tracer("t"), "not_sampled"),
+    ],
+)
+async def test_a_trace_asked_for_that_cannot_come_is_said_so_in_the_reply(
+    tracer: trace.Tracer, reason: str
+) -> None:
+    """`publish_trace` on a worker that records nothing (no exporter, `publish_traces`
+    off), or whose sampler dropped the trace: the reply says why no trace follows."""
+    probe = Probe()
+    rig = rig_for(probe_tools(probe), probe, tracer=tracer)
+    await rig.request("echo", {"arguments": {"text": "x"}, "publish_trace": True})
+    assert [out.topic for out in rig.sent.sent] == [REPLY]  # nothing on {REPLY}/trace
+    assert rig.reply()["trace_unavailable"] == reason
+    body = {"arguments": {"text": "x"}, "publish_trace": True, "reply_format": "openai"}
+    await rig.request("echo", body)
+    assert rig.reply()["trace_unavailable"] == reason  # one reply for many calls too
+    await rig.request("echo", {"arguments": {"text": "x"}})
+    assert rig.reply().get("trace_unavailable") is None  # not asked, nothing to say
+    recorded = standard_rig()
+    await recorded.request("echo", {"arguments": {"text": "x"}, "publish_trace": True})
+    assert [out.topic for out in recorded.sent.sent] == [REPLY, f"{REPLY}/trace"]
+    assert json.loads(recorded.sent.sent[0].payload).get("trace_unavailable") is None
 
 
 async def test_a_failed_trace_publish_leaves_the_answer_alone() -> None:

@@ -66,6 +66,14 @@ async def exporting(
         yield served
 
 
+@pytest_asyncio.fixture(scope="module")
+async def bare(
+    broker: Broker, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[Serve, Topics]]:
+    async for served in serving(broker, tmp_path_factory.mktemp("bare")):  # no OTEL_*
+        yield served
+
+
 async def call_for_trace(
     broker: Broker, topics: Topics, tool: str, arguments: dict[str, Any]
 ) -> tuple[dict[str, Any], bytes]:
@@ -140,3 +148,25 @@ async def test_a_refused_value_reaches_neither_the_published_trace_nor_the_expor
     assert {s.name.split(" ")[0] for s in exported} >= {"process", "execute_tool", "send"}
     assert not [s.name for s in exported if SECRET.encode() in s.encoded]
     assert not [s.name for s in exported if b"exception.stacktrace" in s.encoded]
+
+
+async def test_a_worker_that_records_nothing_says_why_no_trace_follows(
+    broker: Broker, bare: tuple[Serve, Topics]
+) -> None:
+    """No exporter and `publish_traces` off: the reply says `not_recording`, and nothing
+    comes on `{reply_topic}/trace` (the next call's reply arrives first)."""
+    _, topics = bare
+    reply_topic = f"{topics.prefix}/reply/{uuid.uuid4().hex[:8]}"
+    async with Caller(broker.url) as caller:
+        await caller.subscribe(f"{reply_topic}/trace")
+        reply, _ = await caller.call(
+            call_topic(topics, "echo"),
+            {"arguments": {"text": "x"}, "publish_trace": True},
+            reply_topic=reply_topic,
+        )
+        assert reply["ok"] and reply["trace_unavailable"] == "not_recording"
+        plain, _ = await caller.call(
+            call_topic(topics, "echo"), {"arguments": {"text": "y"}}, reply_topic=reply_topic
+        )
+        assert "trace_unavailable" not in plain or plain["trace_unavailable"] is None
+        assert caller.unclaimed() == []  # no trace came before the second reply

@@ -44,6 +44,10 @@ class ErrorCode(StrEnum):
     `details.retry_after_ms` says when to try again, `details.limit` which quota it hit."""
 
 
+TraceUnavailable = Literal["not_recording", "not_sampled"]
+"""Why a request that asked for its spans gets none (`Reply.trace_unavailable`)."""
+
+
 class ReplyFormat(StrEnum):
     """The shape of a reply: ours, or what a provider's SDK appends to its conversation."""
 
@@ -195,6 +199,13 @@ class Reply(_Wire):
     duration_ms: float
     normalized: list[NormalizationEntry] = Field(default_factory=list)
     trace_id: str | None = Field(default=None, description="The trace this call belongs to.")
+    trace_unavailable: TraceUnavailable | None = Field(
+        default=None,
+        description="Set when the request asked for its spans (`publish_trace`) and none "
+        "will follow on `{reply_topic}/trace`: `not_recording` (the worker records no "
+        "spans: no exporter and `publish_traces` off) or `not_sampled` (the trace was "
+        "sampled out).",
+    )
     traceparent: str | None = Field(
         default=None, description="W3C context of the reply, for MQTT 3.1.1 callers."
     )
@@ -234,6 +245,13 @@ class CallsReply(_Wire):
     results: list[Reply] = Field(description="Each call's own reply, in the calls' order.")
     duration_ms: float = Field(description="From the message's arrival to its reply.")
     trace_id: str | None = Field(default=None, description="The trace this message belongs to.")
+    trace_unavailable: TraceUnavailable | None = Field(
+        default=None,
+        description="Set when the request asked for its spans (`publish_trace`) and none "
+        "will follow on `{reply_topic}/trace`: `not_recording` (the worker records no "
+        "spans: no exporter and `publish_traces` off) or `not_sampled` (the trace was "
+        "sampled out).",
+    )
     traceparent: str | None = Field(
         default=None, description="W3C context of the reply, for MQTT 3.1.1 callers."
     )

@@ -247,7 +247,7 @@ class Pipeline:
         """Build and publish the reply; one that cannot be built or encoded (a tool's
         result the reply model rejects, say) still answers: `instead`, else `internal`."""
         try:
-            await self._reply(address, build())
+            await self._reply(address, self._noted(decoded, build()))
         except Exception:
             log.exception("could not encode the reply to %s", decoded.id)
             self._metrics.internal_error("encode")
@@ -255,6 +255,14 @@ class Pipeline:
                 await self._answer_with(message, decoded, address, instead)
             else:
                 await self._last_resort(message, decoded)
+
+    def _noted(self, decoded: Call | Calls, reply: Reply | CallsReply) -> Reply | CallsReply:
+        """The reply to a request that asked for its spans, when none will follow: why
+        (the message's span, current here, does not record), not silence."""
+        if not self._trace_wanted(decoded) or trace.get_current_span().is_recording():
+            return reply
+        reason = "not_recording" if records_nothing(self._tracer) else "not_sampled"
+        return reply.model_copy(update={"trace_unavailable": reason})
 
     async def _dead_if_failed(self, message: Inbound, ident: str, reply: Reply) -> None:
         """A failed call with no reply address: its dead letter (a replay has had one)."""
