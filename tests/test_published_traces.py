@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,13 +20,17 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.harness import DEMO_SERVER, Broker
-from tests.mqtt import Caller, call_topic
+from tests.harness import DEMO_SERVER, SPAN_ENDS, Broker, make_settings, running_worker
+from tests.mqtt import Caller, call_topic, reply_topic_for
 from tests.otlp import OtlpReceiver, ReceivedSpan
 from tests.processes import RUN_BOUND_S, Serve, serve_env
 from toolbus.topics import Topics
 
 SECRET = "hunter2-S3CRET"
+CONTEXT_SERVER = {
+    "command": sys.executable,
+    "args": [str(Path(__file__).parent / "servers" / "context_server.py")],
+}
 # What would show the worker's install or a Python stack to a caller.
 INSTALL_MARKS = ("Traceback", 'File "', "site-packages", ".py", "exception.stacktrace")
 WORKER_SERVICE = "toolbus"  # the demo server exports as a service of its own
@@ -78,7 +83,7 @@ async def call_for_trace(
     broker: Broker, topics: Topics, tool: str, arguments: dict[str, Any]
 ) -> tuple[dict[str, Any], bytes]:
     """The reply, and the trace published after it, to a call that asked for its spans."""
-    reply_topic = f"{topics.prefix}/reply/{uuid.uuid4().hex[:8]}"
+    reply_topic = reply_topic_for(topics)
     async with Caller(broker.url) as caller:
         await caller.subscribe(f"{reply_topic}/trace")
         reply, _ = await caller.call(
@@ -148,6 +153,40 @@ async def test_a_refused_value_reaches_neither_the_published_trace_nor_the_expor
     assert {s.name.split(" ")[0] for s in exported} >= {"process", "execute_tool", "send"}
     assert not [s.name for s in exported if SECRET.encode() in s.encoded]
     assert not [s.name for s in exported if b"exception.stacktrace" in s.encoded]
+
+
+async def test_an_mcp_servers_refusal_reaches_the_caller_without_its_text_or_stack(
+    broker: Broker, spans: Any
+) -> None:
+    """A server's JSON-RPC error quoting the value: the caller's reply has it (its own
+    value, its own answer); the trace it asked for has the failure's codes alone (the mcp
+    SDK's span describes it with the server's text); the worker's own spans have neither
+    text nor stack."""
+    settings = make_settings(broker, mcpServers={"context": CONTEXT_SERVER})
+    async with running_worker(settings) as worker:
+        reply, payload = await call_for_trace(broker, worker.topics, "refuse", {"value": SECRET})
+    assert reply["error"]["code"] == "tool_error"
+    assert SECRET in reply["error"]["message"]
+    text = payload.decode()
+    assert SECRET not in text
+    assert not [mark for mark in INSTALL_MARKS if mark in text]
+    # The SDK's own span described its failure with the server's text: its code stays.
+    [sdk] = [s for s in published_spans(payload) if s["name"] == "MCP send tools/call refuse"]
+    assert sdk["status"] == {"code": 2}
+
+    def mine() -> list[Any]:
+        return [
+            s
+            for s in spans.get_finished_spans()
+            if format(s.context.trace_id, "032x") == reply["trace_id"]
+        ]
+
+    await SPAN_ENDS.until(lambda: any(s.name.startswith("process ") for s in mine()))
+    ours = [s for s in mine() if s.instrumentation_scope.name.startswith("toolbus")]
+    assert {s.name for s in ours} >= {"execute_tool refuse", "tools/call refuse"}
+    for span in ours:
+        assert [e.name for e in span.events] == []
+        assert SECRET not in (span.status.description or "")
 
 
 async def test_a_worker_that_records_nothing_says_why_no_trace_follows(

@@ -58,8 +58,7 @@ CALLERS_EXCEPTION_ATTRIBUTES = frozenset({"exception.type", "exception.escaped"}
 
 def otlp_json(spans: list[ReadableSpan]) -> bytes:
     """Spans as OTLP/JSON (an `ExportTraceServiceRequest`): hex ids, integer enums; as a
-    caller may see them: of an exception a span recorded, its type alone (its stack trace
-    shows the worker's install paths, its message may quote anything)."""
+    caller may see them (`_failures_without_text`)."""
     document = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
     for resource_spans in document.get("resourceSpans", []):
         for scope_spans in resource_spans.get("scopeSpans", []):
@@ -67,29 +66,26 @@ def otlp_json(spans: list[ReadableSpan]) -> bytes:
                 _hex_ids(span)
                 for link in span.get("links", []):
                     _hex_ids(link)
-                _exceptions_named_only(span)
+                _failures_without_text(span)
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def _exceptions_named_only(span: dict[str, Any]) -> None:
-    """Each exception event down to its type, and the status the SDK described with the
-    exception's text (`Type: message`) down to the type too. Toolbus's own spans record
-    no exception (`spans.mark_refused`): their status, value-free, stays."""
-    types = []
+def _failures_without_text(span: dict[str, Any]) -> None:
+    """A failure as its codes alone: the status code and `error.type` stay, the status
+    description goes (a library's span describes it with the error's text: the mcp SDK
+    with a server's message, which may quote a value), and an exception event keeps its
+    type (its message may quote anything, its stack shows the worker's install paths).
+    The caller has the error's message in its reply."""
+    status = span.get("status")
+    if isinstance(status, dict):
+        status.pop("message", None)
     for event in span.get("events", []):
         if event.get("name") == "exception":
-            kept = [
+            event["attributes"] = [
                 a
                 for a in event.get("attributes", [])
                 if a.get("key") in CALLERS_EXCEPTION_ATTRIBUTES
             ]
-            event["attributes"] = kept
-            types += [
-                a["value"].get("stringValue", "") for a in kept if a["key"] == "exception.type"
-            ]
-    status = span.get("status")
-    if types and isinstance(status, dict) and "message" in status:
-        status["message"] = ", ".join(types)
 
 
 def _hex_ids(node: dict[str, Any]) -> None:
