@@ -125,7 +125,7 @@ async def test_a_refused_value_reaches_neither_the_published_trace_nor_the_expor
     arguments: dict[str, Any],
     code: str,
 ) -> None:
-    _, topics = exporting
+    serve, topics = exporting
     reply, payload = await call_for_trace(broker, topics, tool, arguments)
     assert reply["error"]["code"] == code
     trace_id = reply["trace_id"]
@@ -153,6 +153,10 @@ async def test_a_refused_value_reaches_neither_the_published_trace_nor_the_expor
     assert {s.name.split(" ")[0] for s in exported} >= {"process", "execute_tool", "send"}
     assert not [s.name for s in exported if SECRET.encode() in s.encoded]
     assert not [s.name for s in exported if b"exception.stacktrace" in s.encoded]
+    # Nor in the worker's log (`log_arguments` is off); an MCP server's own stderr, which
+    # the worker relays as `toolbus.mcp.{server}`, says what that server chooses to.
+    logged = [line for line in serve.output.splitlines() if SECRET in line]
+    assert [line for line in logged if '"logger":"toolbus.mcp.' not in line] == []
 
 
 async def test_an_mcp_servers_refusal_reaches_the_caller_without_its_text_or_stack(
