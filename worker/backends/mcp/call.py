@@ -73,7 +73,7 @@ async def send(
     a failure as the caller's error (the session ended if the connection went)."""
     under = trace.get_current_span()
     if not under.is_recording():
-        # Untraced (no context at all): nothing to pass on.
+        # Not recorded: a caller's context still passes on; without one, nothing does.
         meta = _meta() if under.get_span_context().is_valid else None
         return await _call(current, plan, arguments, meta)
     # The span records the refusal's code, never its text or stack (`step_span`).
