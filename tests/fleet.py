@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 from tests.mqtt import Caller
 from tests.processes import install_plugin
@@ -145,6 +146,48 @@ class WorkerProcess:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
         raise AssertionError("no VmRSS")
+
+
+BROKER_DROPPED = "$SYS/broker/publish/messages/dropped"
+
+
+class BrokerDrops:
+    """mosquitto's own count of the messages it dropped at its queue limits
+    (`max_queued_messages`), followed on its `$SYS` topic from when this is entered: the
+    broker publishes it each `sys_interval` when it changed (start the `Broker` with
+    `sys_interval_s=1`), retained, so the count at entry comes first."""
+
+    def __init__(self, broker_url: str) -> None:
+        self._watcher = Caller(broker_url)
+        self._at_entry = self._latest = 0
+
+    async def __aenter__(self) -> Self:
+        await self._watcher.__aenter__()
+        await self._watcher.subscribe(BROKER_DROPPED)
+        self._at_entry = self._latest = await self._next()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._watcher.__aexit__(None, None, None)
+
+    async def _next(self, timeout_s: float = 10.0) -> int:
+        message = await self._watcher.next_message(timeout_s)
+        assert isinstance(message.payload, bytes)
+        return int(message.payload)
+
+    def so_far(self) -> int:
+        """Dropped since entry, as of the last count the broker published."""
+        for message in self._watcher.unclaimed():
+            assert isinstance(message.payload, bytes)
+            self._latest = int(message.payload)
+        return self._latest - self._at_entry
+
+    async def beyond(self, count: int, timeout_s: float = 30.0) -> int:
+        """Once more than `count` were dropped since entry: how many."""
+        async with asyncio.timeout(timeout_s):
+            while self.so_far() <= count:
+                self._latest = await self._next(timeout_s)
+        return self._latest - self._at_entry
 
 
 @dataclass(frozen=True)
