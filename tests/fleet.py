@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
+from tests.compose_stack import mosquitto_conf
+from tests.harness import Broker
 from tests.mqtt import Caller
-from tests.processes import install_plugin
+from tests.processes import ROOT, install_plugin
 from tests.test_cli import cli_env
 
 READY_TIMEOUT_S = 30.0
@@ -188,6 +190,25 @@ class BrokerDrops:
             while self.so_far() <= count:
                 self._latest = await self._next(timeout_s)
         return self._latest - self._at_entry
+
+
+SHIPPED_BROKERS = ("make run", "compose")  # config/mosquitto.conf, compose's mosquitto.conf
+
+
+def shipped_broker(directory: Path, which: str) -> Broker:
+    """A `Broker` (not started) running a shipped mosquitto.conf as written, but on a free
+    loopback port, saving to `directory` and publishing its `$SYS` counts each second:
+    `make run`'s (config/mosquitto.conf) or the compose stack's."""
+    broker = Broker(directory)
+    if which == "compose":
+        text = mosquitto_conf(broker.port, directory)
+    else:
+        text = "".join(
+            f"listener {broker.port} 127.0.0.1\n" if line.split()[:1] == ["listener"] else line
+            for line in (ROOT / "config" / "mosquitto.conf").read_text().splitlines(True)
+        )
+    broker.config.write_text(f"{text}sys_interval 1\n")
+    return broker
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,14 @@ from typing import Any
 
 import pytest
 
-from tests.fleet import BrokerDrops, Executions, WorkerProcess, recording_env
+from tests.fleet import (
+    SHIPPED_BROKERS,
+    BrokerDrops,
+    Executions,
+    WorkerProcess,
+    recording_env,
+    shipped_broker,
+)
 from tests.harness import Broker, measured, unique_prefix
 from tests.mqtt import Caller
 from toolbus.client import Client, Retry
@@ -41,6 +48,7 @@ FLOOD_CALLS = 300
 VICTIM_CALLS = 8  # under the quota's burst: the victim itself is never over it
 RATE_QUOTA = {"rate_per_s": 5, "burst": 10}
 SMALL_QUEUE = 20  # the broker's per-session queue: a flood of FLOOD_CALLS overflows it
+BACKLOG_CALLS = 3000  # a backlog over mosquitto's default queue limit (1 000 per session)
 WAIT_S = 150.0  # bounds on whole floods on a loaded 2-core machine, not figures
 
 
@@ -292,3 +300,51 @@ async def test_without_retries_a_call_the_broker_dropped_ends_in_no_reply(
     assert all(isinstance(o, Reply | NoReply) for o in outcomes), outcomes
     assert all(o.id == f"f{n}" for n, o in enumerate(outcomes) if isinstance(o, NoReply))
     assert all(runs == 1 for runs in executions.counts().values())
+
+
+@pytest.mark.parametrize("shipped", SHIPPED_BROKERS)
+async def test_a_shipped_broker_holds_a_floods_backlog_instead_of_dropping_it(
+    shipped: str, tmp_path: Path
+) -> None:
+    """A backlog of BACKLOG_CALLS requests, more than mosquitto's default queue limit of
+    1 000 per session, waits in a shipped broker for the worker and is answered in full:
+    none is dropped without a word (to the flooder or to a caller queued behind it)."""
+    (tmp_path / "mosquitto").mkdir()
+    broker = shipped_broker(tmp_path / "mosquitto", shipped)
+    broker.start()
+    prefix = unique_prefix()
+    worker = WorkerProcess(broker.url, recording_env(tmp_path, prefix, concurrency="4"))
+    reply_topic = f"{prefix}/reply/flooder/r"
+    answered: set[str] = set()
+    try:
+        await worker.start()
+        async with BrokerDrops(broker.url) as drops, Caller(broker.url) as flooder:
+            await flooder.subscribe(reply_topic)
+            await asyncio.gather(
+                *(
+                    flooder.publish(
+                        f"{prefix}/call/echo",
+                        json.dumps({"id": f"f{n}", "arguments": {"text": "x"}}),
+                        response_topic=reply_topic,
+                    )
+                    for n in range(BACKLOG_CALLS)
+                )
+            )
+
+            async def every_reply() -> None:
+                while len(answered) < BACKLOG_CALLS:
+                    answered.add(json.loads((await flooder.next_message(WAIT_S)).payload)["id"])
+
+            async with asyncio.timeout(WAIT_S), asyncio.TaskGroup() as group:
+                replies = group.create_task(every_reply())
+                dropped = group.create_task(drops.beyond(0, timeout_s=WAIT_S))
+                # Whichever comes first: every reply, or the broker's count of a drop.
+                await asyncio.wait({replies, dropped}, return_when=asyncio.FIRST_COMPLETED)
+                lost = dropped.result() if dropped.done() else 0
+                replies.cancel()
+                dropped.cancel()
+    finally:
+        await worker.stop()
+        broker.stop()
+    assert lost == 0, f"{shipped}'s broker dropped {lost} of {BACKLOG_CALLS} requests"
+    assert len(answered) == BACKLOG_CALLS
