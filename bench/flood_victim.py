@@ -1,7 +1,8 @@
 """What one caller's flood does to another: a victim's echo latency, and where the flood went.
 
 Run: `make bench-flood-victim` or `.venv/bin/python bench/flood_victim.py [--quick]
-[--flood N] [--json PATH]` (about 80 s; `--quick` about 40). Every part is a process of
+[--flood N] [--json PATH]` (about 2 minutes on a shared 2-core machine; `--quick`, under
+one). Every part is a process of
 its own: a private mosquitto on a free loopback port, one `toolbus serve` (`caller_identity
 = "topic"`, log level INFO as shipped: a line per call), the flooder (this script with
 `--flooder`), and the victim in this process.
