@@ -2,10 +2,9 @@
 
 Run: `make bench-flood-victim` or `.venv/bin/python bench/flood_victim.py [--quick]
 [--flood N] [--json PATH]` (about 2 minutes on a shared 2-core machine; `--quick`, under
-one). Every part is a process of
-its own: a private mosquitto on a free loopback port, one `toolbus serve` (`caller_identity
-= "topic"`, log level INFO as shipped: a line per call), the flooder (this script with
-`--flooder`), and the victim in this process.
+one). Every part is a process of its own: a private mosquitto on a free loopback port,
+one `toolbus serve` (`caller_identity = "topic"`, log level INFO as shipped: a line per
+call), the flooder (this script with `--flooder`), and the victim in this process.
 
 For each shipped broker configuration, run as written but on a free port and with
 `sys_interval 1` (config/mosquitto.conf, which `make run` starts, and the compose stack's),
