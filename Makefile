@@ -13,7 +13,7 @@ BROKER_PORT ?= 1883
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: FORCE python-info bench-tracing bench-logging bench-normalize bench-flood bench-mcp-output bench-client compose-check check-tree asyncapi-parser mcp-everything bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary
+.PHONY: FORCE python-info bench-tracing bench-logging bench-normalize bench-flood bench-flood-victim bench-mcp-output bench-client compose-check check-tree asyncapi-parser mcp-everything bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary
 
 # The package installs in strict editable mode: a tree of links to worker/ that imports as
 # `toolbus`, which mypy and editors can read (the default mode's import hook they cannot).
@@ -141,6 +141,9 @@ bench-normalize: $(STAMP)
 
 bench-flood: $(STAMP) mosquitto-binary
 	$(BIN)/python bench/flood.py --requests 100000
+
+bench-flood-victim: $(STAMP) mosquitto-binary
+	$(BIN)/python bench/flood_victim.py
 
 bench-mcp-output: $(STAMP)
 	$(BIN)/python bench/mcp_output.py

@@ -17,9 +17,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
+from tests.compose_stack import mosquitto_conf
+from tests.harness import Broker
 from tests.mqtt import Caller
-from tests.processes import install_plugin
+from tests.processes import ROOT, install_plugin
 from tests.test_cli import cli_env
 
 READY_TIMEOUT_S = 30.0
@@ -145,6 +148,67 @@ class WorkerProcess:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
         raise AssertionError("no VmRSS")
+
+
+BROKER_DROPPED = "$SYS/broker/publish/messages/dropped"
+
+
+class BrokerDrops:
+    """mosquitto's own count of the messages it dropped at its queue limits
+    (`max_queued_messages`), followed on its `$SYS` topic from when this is entered: the
+    broker publishes it each `sys_interval` when it changed (start the `Broker` with
+    `sys_interval_s=1`), retained, so the count at entry comes first."""
+
+    def __init__(self, broker_url: str) -> None:
+        self._watcher = Caller(broker_url)
+        self._at_entry = self._latest = 0
+
+    async def __aenter__(self) -> Self:
+        await self._watcher.__aenter__()
+        await self._watcher.subscribe(BROKER_DROPPED)
+        self._at_entry = self._latest = await self._next()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._watcher.__aexit__(None, None, None)
+
+    async def _next(self, timeout_s: float = 10.0) -> int:
+        message = await self._watcher.next_message(timeout_s)
+        assert isinstance(message.payload, bytes)
+        return int(message.payload)
+
+    def so_far(self) -> int:
+        """Dropped since entry, as of the last count the broker published."""
+        for message in self._watcher.unclaimed():
+            assert isinstance(message.payload, bytes)
+            self._latest = int(message.payload)
+        return self._latest - self._at_entry
+
+    async def beyond(self, count: int, timeout_s: float = 30.0) -> int:
+        """Once more than `count` were dropped since entry: how many."""
+        async with asyncio.timeout(timeout_s):
+            while self.so_far() <= count:
+                self._latest = await self._next(timeout_s)
+        return self._latest - self._at_entry
+
+
+SHIPPED_BROKERS = ("make run", "compose")  # config/mosquitto.conf, compose's mosquitto.conf
+
+
+def shipped_broker(directory: Path, which: str) -> Broker:
+    """A `Broker` (not started) running a shipped mosquitto.conf as written, but on a free
+    loopback port, saving to `directory` and publishing its `$SYS` counts each second:
+    `make run`'s (config/mosquitto.conf) or the compose stack's."""
+    broker = Broker(directory)
+    if which == "compose":
+        text = mosquitto_conf(broker.port, directory)
+    else:
+        text = "".join(
+            f"listener {broker.port} 127.0.0.1\n" if line.split()[:1] == ["listener"] else line
+            for line in (ROOT / "config" / "mosquitto.conf").read_text().splitlines(True)
+        )
+    broker.config.write_text(f"{text}sys_interval 1\n")
+    return broker
 
 
 @dataclass(frozen=True)

@@ -71,13 +71,15 @@ class Broker:
         tls: ListenerTls | None = None,
         passwords: dict[str, str] | None = None,
         acl_file: Path | None = None,
+        sys_interval_s: int | None = None,
     ) -> None:
         """`persistence`: sessions and queued messages saved to `directory` every second
         (and restored on start); `max_queued_messages`: per-session backlog (mosquitto's
         default 1000; beyond it the broker drops QoS 1 messages for that session);
         `tls`: the listener speaks TLS only (`url` is then `mqtts://`); `passwords`:
         only these users, with these passwords, may connect; `acl_file`: what each
-        of them may do."""
+        of them may do; `sys_interval_s`: how often the broker publishes its `$SYS` counts
+        (mosquitto's default: every 10 s), e.g. `$SYS/broker/publish/messages/dropped`."""
         self.port = free_port()
         self.url = f"{'mqtts' if tls else 'mqtt'}://127.0.0.1:{self.port}"
         self.config = directory / "mosquitto.conf"
@@ -86,6 +88,7 @@ class Broker:
             if persistence
             else "persistence false\n"
         )
+        counts = f"sys_interval {sys_interval_s}\n" if sys_interval_s is not None else ""
         access = "allow_anonymous true\n"
         if passwords is not None:
             access = (
@@ -104,6 +107,7 @@ class Broker:
             "set_tcp_nodelay true\n"
             f"{saving}"
             f"max_queued_messages {max_queued_messages}\n"
+            f"{counts}"
             "log_dest stderr\n"
             "log_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
         )

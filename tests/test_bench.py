@@ -102,6 +102,26 @@ def test_flood_bench_runs() -> None:
     assert "answered 200" in result.stdout, result.stdout
 
 
+def test_flood_victim_bench_runs(tmp_path: Path) -> None:
+    """Both shipped brokers, quotas off and on: the victim measured, the flood accounted for."""
+    figures = tmp_path / "victim.json"
+    result = run(
+        sys.executable, "bench/flood_victim.py",
+        "--flood", "100", "--baseline-s", "0.5", "--rate", "20", "--json", str(figures),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    runs = json.loads(figures.read_text())["runs"]
+    assert [(r["broker"], bool(r["quotas"])) for r in runs] == [
+        (broker, quotas) for broker in ("make run", "compose") for quotas in (False, True)
+    ]
+    for r in runs:
+        flood = r["flood"]
+        accounted = flood["answered_ok"] + sum(flood["refused"].values())
+        assert accounted + flood["never_answered"] == 100, r
+        assert r["victim_alone"]["outcomes"] == {"ok": r["victim_alone"]["calls"]}, r
+    assert "| make run | on |" in result.stdout
+
+
 def test_mcp_output_bench_runs() -> None:
     result = run(sys.executable, "bench/mcp_output.py", "--scale", "0.01")
     assert result.returncode == 0, result.stderr[-2000:]
