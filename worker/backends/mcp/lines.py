@@ -55,6 +55,11 @@ class LineSplitter:
             self._take(data[start:])
         return lines
 
+    @property
+    def open(self) -> bool:
+        """Whether a line has begun and not yet ended."""
+        return bool(self._line) or self._over > 0
+
     def rest(self) -> bytes | Oversized | None:
         """The line still open (no newline yet), if any; the splitter starts afresh."""
         if not self._over and not self._line:
