@@ -61,6 +61,9 @@ EXIT_POLL_S = 0.01
 PARTIAL_LINE_S = 2.0
 """How long a stdout line may stay unfinished. A server writes each message at once; bytes
 left without a newline (a stray `print(..., end="")`) would take the next answer with them."""
+LATE_READ_S = 0.01
+"""Once a line's time is up, how long to wait for more of it: what has already arrived
+is read first (the worker's loop, not the server, may have been the slow one)."""
 
 
 def line_limit_bytes(max_result_bytes: int) -> int:
@@ -236,6 +239,8 @@ class Pipes:
         if began is None:
             return await self.process.stdout.receive(READ_BYTES)
         with anyio.move_on_after(began + PARTIAL_LINE_S - anyio.current_time()):
+            return await self.process.stdout.receive(READ_BYTES)
+        with anyio.move_on_after(LATE_READ_S):
             return await self.process.stdout.receive(READ_BYTES)
         return None
 
