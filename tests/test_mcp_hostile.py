@@ -9,11 +9,13 @@ status). Timings are printed, never asserted: the bound on re-lists is a count p
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import resource
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest_asyncio
 from opentelemetry.sdk.metrics import MeterProvider
@@ -75,6 +77,39 @@ async def test_a_flood_of_list_changed_costs_a_few_relists_and_no_log_lines(
     # One at start-up; then at most one per interval while it lasted, and one queued.
     assert lists <= 3 + took_s / RELIST_INTERVAL_S, (lists, took_s)
     assert [(c["added"], c["removed"]) for c in changes] == [(["loud.fresh_tool"], [])]
+
+
+async def next_status(
+    client: Caller, topic: str, wanted: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """The first retained status on `topic` from now on that is `wanted`."""
+    await client.subscribe(topic)
+    async with asyncio.timeout(30):
+        while True:
+            message = await client.messages.get()
+            if message.topic.value == topic:
+                status: dict[str, Any] = json.loads(message.payload)
+                if wanted(status):
+                    return status
+
+
+async def test_a_real_change_shows_in_the_servers_status_count(
+    broker: Broker, client: Caller, tmp_path: Path
+) -> None:
+    """A re-list changes a server's tools, not its state: its status still counts them
+    right (at the next heartbeat), and still names none of them."""
+    settings = make_settings(
+        broker, status_interval_s=0.2, mcpServers={"shifty": misbehaving(tmp_path)}
+    )
+    async with running_worker(settings) as worker:
+        topic = worker.topics.server_status("shifty", worker.worker_id)
+        first = await next_status(client, topic, lambda s: s["state"] == "ready")
+        assert first["tool_count"] == len(worker.mcp.servers["shifty"].tool_names)
+        assert (await call(client, worker, "add_tool", {"name": "fresh_tool"}))["ok"]
+        grown = await next_status(
+            client, topic, lambda s: s["tool_count"] == first["tool_count"] + 1
+        )
+        assert grown["state"] == "ready" and "fresh_tool" not in json.dumps(grown)
 
 
 async def test_a_fragment_without_newline_is_dropped_and_the_next_call_answered(

@@ -67,6 +67,7 @@ class _Server:
     last_error: str | None = None
     tool_count: int = 0
     bad_stdout_lines: int = 0
+    source: McpServer | None = None  # read again at each heartbeat: tools change in place
 
 
 class StatusReporter:
@@ -154,7 +155,7 @@ class StatusReporter:
         if server.state != known.state:
             known.since = self._clock()
         known.state, known.last_error = server.state, server.last_error
-        known.tool_count, known.bad_stdout_lines = len(server.tool_names), server.bad_stdout_lines
+        known.source = server
         if self._counts is None:
             return
         task = asyncio.create_task(self._publish_change(server.name), name=f"status:{server.name}")
@@ -204,6 +205,9 @@ class StatusReporter:
 
     def _server_message(self, name: str) -> Outbound:
         server = self._servers[name]
+        if server.source is not None:  # a re-list changes the tools, not the state
+            server.tool_count = len(server.source.tool_names)
+            server.bad_stdout_lines = server.source.bad_stdout_lines
         status = ServerStatus(
             server=name,
             state=server.state,
