@@ -112,26 +112,39 @@ async def test_a_real_change_shows_in_the_servers_status_count(
         assert grown["state"] == "ready" and "fresh_tool" not in json.dumps(grown)
 
 
-async def test_a_fragment_without_newline_is_dropped_and_the_next_call_answered(
+async def test_a_fragment_without_newline_never_takes_the_next_answer(
     broker: Broker, client: Caller, tmp_path: Path
 ) -> None:
+    """Bytes that look like the start of an answer, and no newline after them: the next
+    answer is read whole, whether it comes at once (glued on, taken off again) or after
+    the line's time is up (dropped)."""
     reader = InMemoryMetricReader()
     meter = MeterProvider(metric_readers=[reader]).get_meter("test")
     settings = make_settings(broker, mcpServers={"frag": misbehaving(tmp_path)})
-    with watching("toolbus.mcp", "unfinished", logging.WARNING) as dropped:
+    start = {"text": '{"jsonrpc": "2.0", "id": 9'}
+    with (
+        watching("toolbus.mcp", "unfinished", logging.WARNING) as dropped,
+        watching("toolbus.mcp.frag", "fragment written") as written,
+    ):
         async with running_worker(settings, meter=meter) as worker:
-            # Bytes that look like the start of an answer, and no newline after them.
-            begun = await call(client, worker, "fragment", {"text": '{"jsonrpc": "2.0", "id": 9'})
-            assert begun["ok"], begun
+            assert (await call(client, worker, "fragment", start))["ok"]
+            async with asyncio.timeout(30):
+                await written.seen.wait()
+            at_once = await call(client, worker, "work", {"value": "at once"}, wait_s=30)
+            assert at_once["ok"] and at_once["result"]["text"] == "did at once", at_once
+
+            dropped.seen.clear()
+            assert (await call(client, worker, "fragment", start))["ok"]
             async with asyncio.timeout(PARTIAL_LINE_S + 30):
                 await dropped.seen.wait()
-            after = await call(client, worker, "work", {"value": "next"}, wait_s=30)
-            assert after["ok"] and after["result"]["text"] == "did next", after
+            later = await call(client, worker, "work", {"value": "later"}, wait_s=30)
+            assert later["ok"] and later["result"]["text"] == "did later", later
             assert worker.mcp.servers["frag"].bad_stdout_lines == 0  # nothing glued, nothing bad
             assert worker.mcp.states() == {"frag": "ready"}  # the session went on
-    [warning] = [r for r in dropped.records if "unfinished" in r.getMessage()]
-    assert warning.levelno == logging.WARNING
-    assert value(points(reader), "toolbus.mcp.stdout.partial_dropped", server="frag") == 1
+    warnings = [r.getMessage() for r in dropped.records if "unfinished" in r.getMessage()]
+    assert len(warnings) == 2 and "glued" in warnings[0] and "glued" not in warnings[1], warnings
+    assert all(r.levelno == logging.WARNING for r in dropped.records if "unfinished" in r.msg)
+    assert value(points(reader), "toolbus.mcp.stdout.partial_dropped", server="frag") == 2
 
 
 async def test_a_call_while_a_session_closes_is_told_the_truth_then_served_again(

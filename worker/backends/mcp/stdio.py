@@ -10,11 +10,13 @@ this module is a transport of its own under the SDK's `ClientSession`:
             own `jsonrpc_message_adapter`. A line is bounded in time as well: one
             still unfinished `PARTIAL_LINE_S` after its first byte is dropped (a
             WARNING, counted), or the server's next answer would be glued to it and
-            lost. A line over `line_limit_bytes` is never parsed: if its ends show
-            which request it answers, that request gets `RESULT_TOO_LARGE` (a
-            `tool_error` for the caller) and the session goes on; if it starts like
-            a message but answers nothing we can name, the session ends (and is
-            restarted); anything else is a bad line, counted.
+            lost; a line that does not parse but whose part from the last read on
+            does is that message, the bytes before it dropped the same way. A line
+            over `line_limit_bytes` is never parsed: if its ends show which request
+            it answers, that request gets `RESULT_TOO_LARGE` (a `tool_error` for the
+            caller) and the session goes on; if it starts like a message but answers
+            nothing we can name, the session ends (and is restarted); anything else
+            is a bad line, counted.
     stdin   one JSON-RPC message per line, as the SDK writes them.
     stderr  split the same way, each line to the log `toolbus.mcp.{server}` (a long
             one cut, never fatal), a tail kept for error reports (`stderr`).
@@ -220,8 +222,8 @@ class Pipes:
                     began = None
                 elif lines or began is None:  # the open line began in this chunk
                     began = anyio.current_time()
-                for line in lines:
-                    item = self._item(line)
+                for index, line in enumerate(lines):
+                    item = self._item(line, splitter.carried if index == 0 else 0)
                     if item is None or not delivering:
                         continue  # the session is gone: drain, so the server never blocks
                     try:
@@ -244,20 +246,20 @@ class Pipes:
             return await self.process.stdout.receive(READ_BYTES)
         return None
 
-    def _drop_partial(self, line: bytes | Oversized | None) -> None:
+    def _drop_partial(self, line: bytes | Oversized | None, *, glued: bool = False) -> None:
         size = line.size_bytes if isinstance(line, Oversized) else len(line or b"")
         start = line.head if isinstance(line, Oversized) else (line or b"")
         log.warning(
-            "MCP server %s left a stdout line of %d bytes unfinished for %.1f s: dropped, so "
-            "its next message reads whole: %s",
+            "MCP server %s left a stdout line of %d bytes unfinished %s: dropped: %s",
             self.name,
             size,
-            PARTIAL_LINE_S,
+            "with its next message glued on" if glued else f"for {PARTIAL_LINE_S:.1f} s",
             start[:BAD_LINE_CHARS].decode("utf-8", "replace"),
         )
         self._on_partial()
 
-    def _item(self, line: bytes | Oversized) -> SessionMessage | Exception | None:
+    def _item(self, line: bytes | Oversized, carried: int) -> SessionMessage | Exception | None:
+        """What a line is; `carried`: how many of its bytes came before the last read."""
         if isinstance(line, Oversized):
             return self._oversized(line)
         if not line or line.isspace():  # (not `strip()`: that copies the line)
@@ -265,7 +267,15 @@ class Pipes:
         try:
             return SessionMessage(jsonrpc_message_adapter.validate_json(line, by_name=False))
         except ValueError as exc:  # not JSON-RPC: the session hands it to our handler
-            return exc
+            bad = exc
+        if not carried:
+            return bad
+        try:  # bytes left unfinished, then a message glued on: the message alone, once
+            message = jsonrpc_message_adapter.validate_json(line[carried:], by_name=False)
+        except ValueError:
+            return bad
+        self._drop_partial(line[:carried], glued=True)
+        return SessionMessage(message)
 
     def _oversized(self, line: Oversized) -> SessionMessage | Exception | None:
         ident = answered_id(line)
