@@ -297,6 +297,8 @@ class McpServer:
     async def _hold(self, current: Session) -> None:
         """Serve through this session until it ends or the worker stops: re-list the
         tools when the server asks (paced, see `listing`), ping an HTTP server."""
+        if current.ended.is_set():
+            return  # ended while opening: never `ready` (its listener heard nothing then)
         self._current = current
         self._tools.sync(current.tools)
         self._set_state("ready")
