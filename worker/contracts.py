@@ -309,7 +309,12 @@ class ServerStatus(_Wire):
     worker_id: str
     since: datetime = Field(description="When the server entered this state (ISO 8601, UTC).")
     last_error: str | None = None
-    tools: list[str] = Field(default_factory=list)
+    tool_count: int = Field(
+        default=0,
+        ge=0,
+        description="How many tools the server lists; never their names, which a status "
+        "would show to every reader, whatever tools their caller profile lets them use.",
+    )
     bad_stdout_lines: int = Field(default=0, description="Non-JSON lines the server printed.")
 
 

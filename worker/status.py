@@ -2,7 +2,7 @@
 
 `{prefix}/status/workers/{worker_id}` says online/offline, since when, the requests in
 flight and handled, and every server's state; `{prefix}/status/servers/{server}/{worker_id}`
-carries one server's state, last error and tools as this worker sees it. Both are
+carries one server's state, last error and tool count as this worker sees it. Both are
 retained, so a dashboard (or `toolbus status`) that subscribes later sees them at once.
 
 What keeps them true:
@@ -65,8 +65,9 @@ class _Server:
     state: McpServerState = "connecting"
     since: datetime = field(default_factory=utc_now)
     last_error: str | None = None
-    tools: list[str] = field(default_factory=list)
+    tool_count: int = 0
     bad_stdout_lines: int = 0
+    source: McpServer | None = None  # read again at each heartbeat: tools change in place
 
 
 class StatusReporter:
@@ -154,7 +155,7 @@ class StatusReporter:
         if server.state != known.state:
             known.since = self._clock()
         known.state, known.last_error = server.state, server.last_error
-        known.tools, known.bad_stdout_lines = list(server.tool_names), server.bad_stdout_lines
+        known.source = server
         if self._counts is None:
             return
         task = asyncio.create_task(self._publish_change(server.name), name=f"status:{server.name}")
@@ -204,13 +205,16 @@ class StatusReporter:
 
     def _server_message(self, name: str) -> Outbound:
         server = self._servers[name]
+        if server.source is not None:  # a re-list changes the tools, not the state
+            server.tool_count = len(server.source.tool_names)
+            server.bad_stdout_lines = server.source.bad_stdout_lines
         status = ServerStatus(
             server=name,
             state=server.state,
             worker_id=self._worker_id,
             since=server.since,
             last_error=server.last_error,
-            tools=server.tools,
+            tool_count=server.tool_count,
             bad_stdout_lines=server.bad_stdout_lines,
         )
         return Outbound(

@@ -113,7 +113,7 @@ def render(pool: Pool, topics: Topics, note: str = "") -> RenderableType:
             _plain(server.worker_id),
             Text(printable(shown), style=style),
             _since(server.since, now),
-            str(len(server.tools)),
+            str(server.tool_count),
             _plain(server.last_error or ""),
         )
     parts: list[RenderableType] = [table, servers]

@@ -136,7 +136,7 @@ def build_worker(
         listeners=[status.server_changed],
         tracer=tracer,
     )
-    metrics = Metrics(meter, server_states=mcp.states)
+    metrics = Metrics(meter, server_states=mcp.states, partial_lines=mcp.partial_lines)
     executor = build_executor(
         settings, registry, tracer=tracer, metrics=metrics, startup=mcp, root_spans=False
     )

@@ -13,7 +13,10 @@ answers), `add_tool`/`remove_tool` (changes its tool list and notifies), `pictur
 `big_result` (a result of N MB), `big_answer_id_last` (writes its own N MB answer with
 the id at the end, as some servers order the keys), `stdout_flood` (one N MB line that
 answers no call, then a normal answer), `stderr_flood` (one N KB stderr line, then a
-normal answer).
+normal answer). Hostile to the session: `list_flood` (N `tools/list_changed` in a row;
+`lists` counts the `tools/list` requests served), `fragment` (answers, then writes bytes
+without a newline), `close_stdout` (closes the wire and lives on, deaf to its stdin
+closing and to SIGTERM, until SIGKILL).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import contextlib
 import json
 import os
 import select
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,12 +37,24 @@ from typing import Any
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ImageContent, TextContent
+from mcp.types import Tool as ListedTool
 
 STATE = Path(os.environ.get("TB_STATE_DIR", "."))
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 16).decode()
 
-server = MCPServer("toolbus-test-misbehaving")
+lists = 0  # `tools/list` requests served
+
+
+class CountingServer(MCPServer):
+    async def list_tools(self) -> list[ListedTool]:
+        global lists  # noqa: PLW0603 -- a test server's whole state
+        lists += 1
+        return await super().list_tools()
+
+
+server = CountingServer("toolbus-test-misbehaving")
 calls = 0
+linger = threading.Event()  # set: outlive stdin's end (see `close_stdout`)
 
 
 def bump(name: str) -> int:
@@ -230,6 +247,48 @@ def stderr_flood(kbytes: float) -> str:
 
 
 @server.tool()
+async def list_flood(count: int, ctx: Context, gap_s: float = 0.0) -> str:
+    """Says `count` times that its tools changed (they did not), `gap_s` apart (a loop's
+    pace: a simulated sleep)."""
+    for _ in range(count):
+        await ctx.session.send_tool_list_changed()
+        await anyio.sleep(gap_s)
+    return f"said so {count} times"
+
+
+@server.tool()
+async def lists_served() -> int:
+    """How many `tools/list` requests this process has answered."""
+    return lists
+
+
+@server.tool()
+async def fragment(text: str) -> str:
+    """Answers, then writes `text` to stdout without a newline (once the answer is out)."""
+
+    def write() -> None:
+        write_all(wire_fd(), text.encode())
+        print("fragment written", file=sys.stderr, flush=True)
+
+    asyncio.get_running_loop().call_later(0.2, write)  # simulated: after the answer
+    return "answered; a fragment follows"
+
+
+@server.tool()
+async def close_stdout() -> str:
+    """Closes the wire to the client and lives on: deaf to SIGTERM and to stdin's end."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    linger.set()
+    null = os.open(os.devnull, os.O_WRONLY)
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.fstat(int(name)).st_ino == WIRE_INODE:
+                os.dup2(null, int(name))  # the pipe's last writer gone: the client sees EOF
+    await asyncio.Event().wait()
+    return "never"
+
+
+@server.tool()
 def picture() -> list[Any]:
     """Returns an image and a caption."""
     return [
@@ -248,6 +307,8 @@ def main() -> None:
     if os.environ.get("TB_GARBAGE"):
         garbage("Welcome to the misbehaving server v0.0 (a banner on stdout)")
     server.run("stdio")
+    if linger.is_set():
+        threading.Event().wait()  # until SIGKILL
 
 
 if __name__ == "__main__":

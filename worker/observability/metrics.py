@@ -8,6 +8,7 @@
     toolbus.rate_limited          counter    {limit}           limit: rate or in_flight
     toolbus.internal_errors       counter    {stage}           bugs caught: see docs/operations.md
     toolbus.mcp.server.up         gauge      {server}          1 ready, 0 otherwise
+    toolbus.mcp.stdout.partial_dropped  counter  {server}      unfinished stdout lines dropped
     toolbus.dedup.store_emptied   counter    {}                the Redis store lost its records
 
 Exported as `observability.sdk.configure_metrics` sets up (OTLP, console, Prometheus on
@@ -32,6 +33,7 @@ class Metrics:
     Args:
         meter: where to create them; the global provider's `toolbus` meter by default.
         server_states: read at each collection for `toolbus.mcp.server.up`.
+        partial_lines: read at each collection for `toolbus.mcp.stdout.partial_dropped`.
     """
 
     def __init__(
@@ -39,6 +41,7 @@ class Metrics:
         meter: Meter | None = None,
         *,
         server_states: Callable[[], Mapping[str, str]] = dict,
+        partial_lines: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         meter = meter or metrics.get_meter(METER_NAME)
         self._calls = meter.create_counter(
@@ -77,12 +80,22 @@ class Metrics:
         meter.create_observable_gauge(
             "toolbus.mcp.server.up", callbacks=[self._observe_servers], description="1 when ready"
         )
+        self._partial_lines = partial_lines
+        meter.create_observable_counter(
+            "toolbus.mcp.stdout.partial_dropped",
+            callbacks=[self._observe_partial_lines],
+            unit="{line}",
+            description="Stdout lines an MCP server left unfinished too long, dropped",
+        )
 
     def _observe_servers(self, options: CallbackOptions) -> Iterable[Observation]:
         return [
             Observation(int(state == "ready"), {"server": name})
             for name, state in self._servers().items()
         ]
+
+    def _observe_partial_lines(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(n, {"server": name}) for name, n in self._partial_lines().items()]
 
     def call_done(
         self, tool: str, outcome: str, duration_s: float, changes: Iterable[Change]

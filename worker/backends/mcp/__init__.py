@@ -3,7 +3,8 @@
 The only package that imports `mcp`:
 
     backend  the facade: every configured server, started and stopped together
-    server   one server's state machine, retries, session and tools
+    server   one server's state machine, retries, session and calls
+    listing  one server's tools as registered, and when to list them again
     call     one tool's calls: the plan made when it is listed, one call on a session
     stdio    a stdio server's process, and bounded pipes to it (our own transport)
     stderr   a stdio server's stderr: bounded lines to the log, a tail for reports

@@ -85,6 +85,10 @@ class McpBackend:
     def states(self) -> dict[str, str]:
         return {name: server.state for name, server in self.servers.items()}
 
+    def partial_lines(self) -> dict[str, int]:
+        """Unfinished stdout lines dropped so far, by server."""
+        return {name: server.partial_stdout_lines for name, server in self.servers.items()}
+
     close_bound_s = CLOSE_DEADLINE_S * 3
     """The longest `__aexit__` takes: servers close together, stragglers are cancelled."""
 

@@ -31,10 +31,13 @@ class LineSplitter:
     """Splits a byte stream into lines (without their `\\n`), each at most `limit_bytes`.
 
     A line still open when the stream ends is not returned by `feed`; `rest` has it.
+    After each `feed`, `carried` is how many bytes of its first line came from earlier
+    feeds (0: none, or the line is oversized).
     """
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
+        self.carried = 0
         self._line = bytearray()
         self._over = 0  # the size of an oversized line so far; 0 while within the limit
         self._head = b""
@@ -44,16 +47,25 @@ class LineSplitter:
         """The lines that `data` completes, in order."""
         lines: list[bytes | Oversized] = []
         start = 0
+        self.carried = 0
         while (end := data.find(b"\n", start)) >= 0:
             if end - start <= self.limit_bytes and not self._line and not self._over:
                 lines.append(data[start:end])  # whole within this chunk: copied once, not thrice
             else:
+                before = len(self._line) if start == 0 else 0
                 self._take(data[start:end])
+                if not self._over:  # an oversized line is never taken apart
+                    self.carried = before
                 lines.append(self._complete())
             start = end + 1
         if start < len(data):
             self._take(data[start:])
         return lines
+
+    @property
+    def open(self) -> bool:
+        """Whether a line has begun and not yet ended."""
+        return bool(self._line) or self._over > 0
 
     def rest(self) -> bytes | Oversized | None:
         """The line still open (no newline yet), if any; the splitter starts afresh."""

@@ -16,23 +16,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
-from functools import partial
 from typing import Any, Literal
 
 from mcp import ClientSession
 from mcp.client import IncomingMessage
 from mcp.shared.exceptions import MCPError
-from mcp_types import Tool as ListedTool
 from mcp_types import ToolListChangedNotification
 from opentelemetry import trace
 from tenacity import RetryCallState
 
-from toolbus.backends.mcp.call import TRANSPORT_ERRORS, CallPlan, call_plan, send
-from toolbus.backends.mcp.convert import bad_line, checked_result, describe, to_tool
+from toolbus.backends.mcp.call import TRANSPORT_ERRORS, CallPlan, send
+from toolbus.backends.mcp.convert import bad_line, checked_result, describe
 from toolbus.backends.mcp.http import open_http
+from toolbus.backends.mcp.listing import ToolListing
 from toolbus.backends.mcp.retry import (
     Stopping,
     connect_attempts,
@@ -42,11 +43,11 @@ from toolbus.backends.mcp.retry import (
 )
 from toolbus.backends.mcp.session import Ending, Session, list_tools
 from toolbus.backends.mcp.stdio import CLOSE_DEADLINE_S, open_stdio
-from toolbus.config import McpPolicy, McpServerConfig, ToolSettings, tool_settings
+from toolbus.config import McpPolicy, McpServerConfig, ToolSettings
 from toolbus.contracts import ToolResult
 from toolbus.errors import Unavailable
 from toolbus.observability.spans import server_attributes
-from toolbus.registry import Registry, Tool, sanitize_name
+from toolbus.registry import Registry
 
 log = logging.getLogger("toolbus.mcp")
 
@@ -85,14 +86,13 @@ class McpServer:
         self.last_error: str | None = None
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_LINES_KEPT)
         self.bad_stdout_lines = 0
-        self.tool_names: list[str] = []
+        self.partial_stdout_lines = 0  # dropped unfinished (`stdio.PARTIAL_LINE_S`)
         self.connects = 0
         self.attempts = 0  # of the current (re)connect: what a report of `down` counts
         self._current: Session | None = None
         self._on_state = on_state
         self._settled = asyncio.Event()
         self._stop = asyncio.Event()
-        self._tools_changed = asyncio.Event()
         self._limit = config.max_in_flight or policy.max_in_flight
         self.max_result_bytes = config.max_result_bytes or policy.max_result_bytes
         self._span_attributes: dict[str, Any] = {
@@ -102,10 +102,21 @@ class McpServer:
             # A URL may carry a token (userinfo, query): never the whole of it.
             **(server_attributes(config.url) if config.url else {"network.transport": "pipe"}),
         }
-        self._slots = asyncio.Semaphore(self._limit)
-        self._plans: dict[str, CallPlan] = {}  # by the tool's name on the server
         self._registry = registry
-        self._tool_settings = tool_settings
+        self._tools = ToolListing(
+            name,
+            self.origin,
+            rank=rank,
+            registry=registry,
+            tool_settings=tool_settings,
+            slots=(self._limit, asyncio.Semaphore(self._limit)),
+            span_attributes=self._span_attributes,
+            invoke=self._call,
+        )
+
+    @property
+    def tool_names(self) -> list[str]:
+        return self._tools.tool_names
 
     # -- state -----------------------------------------------------------------
 
@@ -207,6 +218,7 @@ class McpServer:
                 raise
             current.end("the connection was lost")
         finally:
+            current.end("the session ended")  # no-op if it had: its listener tells the state
             self._current = None
             await current.close()
         return current.why
@@ -238,8 +250,19 @@ class McpServer:
         self._set_state("down", reason)
         log_exhausted(self.name, self.attempts, reason, self.stderr_tail, self._registry)
 
+    def _session_ended(self, why: str) -> None:
+        """Told the moment a ready session ends, whoever ends it: from then on the state
+        says so, before the session is closed (a stdio server may take seconds to stop),
+        so a call refused meanwhile is told why, not that the server is `ready`."""
+        if self.state != "ready":
+            return  # a session ending while it opens: the retries report it
+        if self._stop.is_set():
+            self._set_state("stopped", self.last_error)
+        else:
+            self._set_state("degraded", why)
+
     async def _open(self) -> Session:
-        ending = Ending()
+        ending = Ending(listener=self._session_ended)
         try:
             # On failure the stack must exit *with* the exception: anyio turns its
             # cancel-scope cancellation into the real error (e.g. ConnectError) there.
@@ -267,46 +290,51 @@ class McpServer:
             max_result_bytes=self.max_result_bytes,
             tail=self.stderr_tail,
             on_end=ending.end,
+            on_partial=self._partial_dropped,
             message_handler=self._on_message,
         )
 
     async def _hold(self, current: Session) -> None:
-        """Serve through this session until it ends or the worker stops."""
+        """Serve through this session until it ends or the worker stops: re-list the
+        tools when the server asks (paced, see `listing`), ping an HTTP server."""
+        if current.ended.is_set():
+            return  # ended while opening: never `ready` (its listener heard nothing then)
         self._current = current
-        self._sync_tools(current.tools)
+        self._tools.sync(current.tools)
         self._set_state("ready")
+        health_s = self.policy.health_interval_s if self.config.url else math.inf
+        next_ping = time.monotonic() + health_s
         while not self._stop.is_set() and not current.ended.is_set():
-            waits = {
-                asyncio.ensure_future(self._stop.wait()),
-                asyncio.ensure_future(current.ended.wait()),
-                asyncio.ensure_future(self._tools_changed.wait()),
-            }
-            try:
-                await asyncio.wait(
-                    waits,
-                    timeout=self.policy.health_interval_s if self.config.url else None,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-            finally:
-                for waiter in waits:
-                    waiter.cancel()
-            if self._tools_changed.is_set():
-                self._tools_changed.clear()
+            relist_in = self._tools.due_in()
+            wake_in = min(
+                math.inf if relist_in is None else relist_in, next_ping - time.monotonic()
+            )
+            waits = [self._stop.wait(), current.ended.wait()]
+            if relist_in is None:  # one is already asked for: it waits its turn, not the event
+                waits.append(self._tools.asked.wait())
+            await _first_of(waits, None if wake_in == math.inf else max(0.0, wake_in))
+            if self._stop.is_set() or current.ended.is_set():
+                break
+            if self._tools.due_in() == 0.0:
                 await self._relist(current)
-            elif self.config.url and not current.ended.is_set() and not self._stop.is_set():
+            if time.monotonic() >= next_ping:
                 await self._ping(current)
+                next_ping = time.monotonic() + health_s
 
     async def _relist(self, current: Session) -> None:
+        self._tools.starting()
         try:
             async with asyncio.timeout(self.config.connect_timeout_s):
                 tools = await list_tools(current.session)
         except (MCPError, TimeoutError, *TRANSPORT_ERRORS) as exc:
             current.end(f"re-listing tools failed: {describe(exc)}")
             return
-        added, removed = self._sync_tools(tools)
-        log.info(
-            "mcp tools changed", extra={"server": self.name, "added": added, "removed": removed}
-        )
+        added, removed = self._tools.sync(tools)
+        if added or removed:
+            log.info(
+                "mcp tools changed",
+                extra={"server": self.name, "added": added, "removed": removed},
+            )
 
     async def _ping(self, current: Session) -> None:
         try:
@@ -315,48 +343,15 @@ class McpServer:
         except (MCPError, TimeoutError, *TRANSPORT_ERRORS) as exc:
             current.end(f"health check failed: {describe(exc)}")
 
-    def _sync_tools(self, listed: list[ListedTool]) -> tuple[list[str], list[str]]:
-        plans: dict[str, CallPlan] = {}
-        tools = [self._tool(t, plans) for t in listed]
-        self._plans = plans
-        self.tool_names = [t.name for t in tools]
-        return self._registry.replace_origin(self.origin, tools)
-
-    def _tool(self, listed: ListedTool, plans: dict[str, CallPlan]) -> Tool:
-        remote_name = listed.name
-        name = sanitize_name(remote_name)
-        if name != remote_name:
-            log.warning(
-                "MCP server %s announced tool %r: registered as %s", self.name, remote_name, name
-            )
-        settings = tool_settings(self._tool_settings, name, self.name)
-        limit = settings.max_in_flight
-        slots = (limit, asyncio.Semaphore(limit)) if limit else (self._limit, self._slots)
-        plans[remote_name] = planned = call_plan(
-            self.name, remote_name, slots, self._span_attributes
-        )
-        return to_tool(
-            listed,
-            name,
-            server=self.name,
-            rank=self.rank,
-            settings=settings,
-            invoke=partial(self._call, planned),  # no wrapper: one coroutine per call, not two
-        )
-
     def limit(self, remote_name: str) -> int:
         """Calls to this tool that may run at once: its own limit, else the server's."""
-        planned = self._plans.get(remote_name)
-        return planned.limit if planned else self._limit
+        return self._tools.limit(remote_name)
 
     # -- calls ---------------------------------------------------------------------
 
     async def call(self, remote_name: str, arguments: dict[str, Any]) -> ToolResult:
         """Call a tool by its name on the server (the registry's tools are bound to their plan)."""
-        plan = self._plans.get(remote_name) or call_plan(
-            self.name, remote_name, (self._limit, self._slots), self._span_attributes
-        )
-        return await self._call(plan, arguments)
+        return await self._call(self._tools.plan(remote_name), arguments)
 
     async def _call(self, plan: CallPlan, arguments: dict[str, Any]) -> ToolResult:
         # Waiting for a slot counts against the call's deadline (the executor's timeout).
@@ -367,11 +362,15 @@ class McpServer:
                     f"MCP server {self.name} is {self.state}"
                     + (f": {self.last_error}" if self.last_error else ""),
                     server=self.name,
+                    state=self.state,
                 )
                 refused.reached_tool = False  # nothing was sent: a repeat may run it
                 raise refused
             result = await send(current, plan, arguments, self._tracer)
         return checked_result(result, self.name, self.max_result_bytes)
+
+    def _partial_dropped(self) -> None:
+        self.partial_stdout_lines += 1
 
     async def _on_message(self, message: IncomingMessage) -> None:
         if isinstance(message, Exception):
@@ -383,4 +382,14 @@ class McpServer:
                 bad_line(message),
             )
         elif isinstance(message, ToolListChangedNotification):
-            self._tools_changed.set()  # re-listed by the server's task, not in the dispatcher
+            self._tools.ask()  # re-listed by the server's task, paced, not in the dispatcher
+
+
+async def _first_of(waits: list[Any], timeout_s: float | None) -> None:
+    """Until the first of `waits` (coroutines) is done, or `timeout_s` passes."""
+    futures = {asyncio.ensure_future(w) for w in waits}
+    try:
+        await asyncio.wait(futures, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for future in futures:
+            future.cancel()

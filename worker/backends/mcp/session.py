@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
@@ -27,16 +28,20 @@ class Ending:
     """How a session ends: once, with the first reason anyone gives.
 
     Made before the session opens, so that the transport can end it (a process that
-    exits during start-up) before there is a `Session` to end.
+    exits during start-up) before there is a `Session` to end. `listener` hears the
+    reason at once, in the task that ends it (the server's state must not lag).
     """
 
     event: asyncio.Event = field(default_factory=asyncio.Event)
     why: str = "the session ended"
+    listener: Callable[[str], None] | None = None
 
     def end(self, why: str) -> None:
         if not self.event.is_set():
             self.why = why
             self.event.set()
+            if self.listener is not None:
+                self.listener(why)
 
 
 @dataclass

@@ -7,11 +7,16 @@ contract is public (`mcp.client.Transport`: a pair of streams of `SessionMessage
 this module is a transport of its own under the SDK's `ClientSession`:
 
     stdout  split by `LineSplitter` (bounded, linear), each line parsed by the SDK's
-            own `jsonrpc_message_adapter`. A line over `line_limit_bytes` is never
-            parsed: if its ends show which request it answers, that request gets
-            `RESULT_TOO_LARGE` (a `tool_error` for the caller) and the session goes
-            on; if it starts like a message but answers nothing we can name, the
-            session ends (and is restarted); anything else is a bad line, counted.
+            own `jsonrpc_message_adapter`. A line is bounded in time as well: one
+            still unfinished `PARTIAL_LINE_S` after its first byte is dropped (a
+            WARNING, counted), or the server's next answer would be glued to it and
+            lost; a line that does not parse but whose part from the last read on
+            does is that message, the bytes before it dropped the same way. A line
+            over `line_limit_bytes` is never parsed: if its ends show which request
+            it answers, that request gets `RESULT_TOO_LARGE` (a `tool_error` for the
+            caller) and the session goes on; if it starts like a message but answers
+            nothing we can name, the session ends (and is restarted); anything else
+            is a bad line, counted.
     stdin   one JSON-RPC message per line, as the SDK writes them.
     stderr  split the same way, each line to the log `toolbus.mcp.{server}` (a long
             one cut, never fatal), a tail kept for error reports (`stderr`).
@@ -39,7 +44,7 @@ from mcp.client.session import MessageHandlerFnT
 from mcp.shared.message import SessionMessage
 from mcp_types import ErrorData, JSONRPCError, jsonrpc_message_adapter
 
-from toolbus.backends.mcp.convert import RESULT_TOO_LARGE, describe
+from toolbus.backends.mcp.convert import BAD_LINE_CHARS, RESULT_TOO_LARGE, describe
 from toolbus.backends.mcp.environment import server_environment
 from toolbus.backends.mcp.lines import LineSplitter, Oversized, answered_id, looks_like_json_object
 from toolbus.backends.mcp.stderr import StderrPipe
@@ -55,6 +60,12 @@ TERM_GRACE_S = 1.0  # after SIGTERM, before SIGKILL
 KILL_REAP_S = 1.0  # after SIGKILL, for the event loop to see the exit
 EXIT_SEEN_S = 1.0  # after stdout ends, for the exit status to arrive
 EXIT_POLL_S = 0.01
+PARTIAL_LINE_S = 2.0
+"""How long a stdout line may stay unfinished. A server writes each message at once; bytes
+left without a newline (a stray `print(..., end="")`) would take the next answer with them."""
+LATE_READ_S = 0.01
+"""Once a line's time is up, how long to wait for more of it: what has already arrived
+is read first (the worker's loop, not the server, may have been the slow one)."""
 
 
 def line_limit_bytes(max_result_bytes: int) -> int:
@@ -72,12 +83,14 @@ async def open_stdio(
     max_result_bytes: int,
     tail: deque[str],
     on_end: Callable[[str], None],
+    on_partial: Callable[[], None],
     message_handler: MessageHandlerFnT,
 ) -> ClientSession:
     """Start the server and open a session to it; both close with `stack`.
 
     `on_end` is called with the reason once the server's side is over (its stdout
-    ended, or a line answering no call was too long to read).
+    ended, or a line answering no call was too long to read); `on_partial` each time
+    an unfinished stdout line is dropped.
     """
     assert config.command is not None
     # The worker's own environment, read as any process launcher does: only the basics.
@@ -91,6 +104,7 @@ async def open_stdio(
             max_result_bytes=max_result_bytes,
             tail=tail,
             on_end=on_end,
+            on_partial=on_partial,
         )
     )
     return await stack.enter_async_context(
@@ -108,6 +122,7 @@ async def stdio_transport(
     max_result_bytes: int,
     tail: deque[str],
     on_end: Callable[[str], None],
+    on_partial: Callable[[], None] = lambda: None,
 ) -> AsyncIterator[
     tuple[
         MemoryObjectReceiveStream[SessionMessage | Exception],
@@ -125,7 +140,14 @@ async def stdio_transport(
         raise
     stderr.given()
     # No awaits until the task group is entered: a cancellation there would leak it.
-    pipes = Pipes(name, process, max_result_bytes=max_result_bytes, stderr=stderr, on_end=on_end)
+    pipes = Pipes(
+        name,
+        process,
+        max_result_bytes=max_result_bytes,
+        stderr=stderr,
+        on_end=on_end,
+        on_partial=on_partial,
+    )
     incoming_send, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     outgoing, outgoing_receive = anyio.create_memory_object_stream[SessionMessage](0)
     async with anyio.create_task_group() as tasks:
@@ -164,6 +186,7 @@ class Pipes:
         max_result_bytes: int,
         stderr: StderrPipe,
         on_end: Callable[[str], None],
+        on_partial: Callable[[], None] = lambda: None,
     ) -> None:
         self.name = name
         self.process = process
@@ -172,6 +195,7 @@ class Pipes:
         self.stderr = stderr
         self.stopping = False
         self._on_end = on_end
+        self._on_partial = on_partial
 
     def _end(self, why: str) -> None:
         if not self.stopping:
@@ -183,13 +207,23 @@ class Pipes:
         assert self.process.stdout is not None
         splitter = LineSplitter(self.line_limit_bytes)
         delivering = True
+        began: float | None = None  # when the open line, if any, began
         with contextlib.suppress(
             anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError
         ):
             while True:
-                chunk = await self.process.stdout.receive(READ_BYTES)
-                for line in splitter.feed(chunk):
-                    item = self._item(line)
+                chunk = await self._receive(began)
+                if chunk is None:  # the open line outlived its time: drop it
+                    self._drop_partial(splitter.rest())
+                    began = None
+                    continue
+                lines = splitter.feed(chunk)
+                if not splitter.open:
+                    began = None
+                elif lines or began is None:  # the open line began in this chunk
+                    began = anyio.current_time()
+                for index, line in enumerate(lines):
+                    item = self._item(line, splitter.carried if index == 0 else 0)
                     if item is None or not delivering:
                         continue  # the session is gone: drain, so the server never blocks
                     try:
@@ -201,7 +235,31 @@ class Pipes:
         # After the reason: the session then fails what is in flight (connection closed).
         await sink.aclose()
 
-    def _item(self, line: bytes | Oversized) -> SessionMessage | Exception | None:
+    async def _receive(self, began: float | None) -> bytes | None:
+        """The next chunk of stdout; None once a line open since `began` is too old."""
+        assert self.process.stdout is not None
+        if began is None:
+            return await self.process.stdout.receive(READ_BYTES)
+        with anyio.move_on_after(began + PARTIAL_LINE_S - anyio.current_time()):
+            return await self.process.stdout.receive(READ_BYTES)
+        with anyio.move_on_after(LATE_READ_S):
+            return await self.process.stdout.receive(READ_BYTES)
+        return None
+
+    def _drop_partial(self, line: bytes | Oversized | None, *, glued: bool = False) -> None:
+        size = line.size_bytes if isinstance(line, Oversized) else len(line or b"")
+        start = line.head if isinstance(line, Oversized) else (line or b"")
+        log.warning(
+            "MCP server %s left a stdout line of %d bytes unfinished %s: dropped: %s",
+            self.name,
+            size,
+            "with its next message glued on" if glued else f"for {PARTIAL_LINE_S:.1f} s",
+            start[:BAD_LINE_CHARS].decode("utf-8", "replace"),
+        )
+        self._on_partial()
+
+    def _item(self, line: bytes | Oversized, carried: int) -> SessionMessage | Exception | None:
+        """What a line is; `carried`: how many of its bytes came before the last read."""
         if isinstance(line, Oversized):
             return self._oversized(line)
         if not line or line.isspace():  # (not `strip()`: that copies the line)
@@ -209,7 +267,15 @@ class Pipes:
         try:
             return SessionMessage(jsonrpc_message_adapter.validate_json(line, by_name=False))
         except ValueError as exc:  # not JSON-RPC: the session hands it to our handler
-            return exc
+            bad = exc
+        if not carried:
+            return bad
+        try:  # bytes left unfinished, then a message glued on: the message alone, once
+            message = jsonrpc_message_adapter.validate_json(line[carried:], by_name=False)
+        except ValueError:
+            return bad
+        self._drop_partial(line[:carried], glued=True)
+        return SessionMessage(message)
 
     def _oversized(self, line: Oversized) -> SessionMessage | Exception | None:
         ident = answered_id(line)
