@@ -32,6 +32,7 @@ from tests.mqtt import Caller
 from toolbus.client_ids import client_ids
 from toolbus.config import BrokerUrl
 from toolbus.links import Takeovers
+from toolbus.observability.metrics import Metrics
 from toolbus.transport import SESSION_TAKEN_OVER
 from toolbus.transport.reasons import disconnect_reason
 from toolbus.wiring import build_worker
@@ -192,7 +193,7 @@ def test_client_ids_are_stable_under_one_secret_and_hidden() -> None:
 
 
 def test_takeovers_in_a_row_wait_longer_up_to_the_cap() -> None:
-    takeovers = Takeovers(max_delay_s=4.0)
+    takeovers = Takeovers(4.0, Metrics(), "w")
     waits = []
     for _ in range(5):
         takeovers.connected()

@@ -31,7 +31,7 @@ from toolbus.broker import BrokerUrl
 from toolbus.client_ids import ClientIds
 from toolbus.client_ids import client_ids as ids_for
 from toolbus.inflight import InFlight, Slots
-from toolbus.links import LINKS, RECONNECT_FIRST_DELAY_S, Links, Takeovers
+from toolbus.links import RECONNECT_FIRST_DELAY_S, Links, Takeovers
 from toolbus.messages import Inbound
 from toolbus.observability.metrics import Metrics
 from toolbus.pipeline import Pipeline
@@ -184,7 +184,7 @@ class Worker:
     async def _serve(self, stop: asyncio.Event) -> None:
         delay_s = RECONNECT_FIRST_DELAY_S
         connected_once = False
-        takeovers = Takeovers(self._reconnect_max_delay_s)
+        takeovers = Takeovers(self._reconnect_max_delay_s, self.metrics, self.worker_id)
         while not stop.is_set():
             links = self._links.requests(self._status.will()), self._links.replies()
             try:
@@ -209,7 +209,7 @@ class Worker:
             except TransportError as exc:
                 if isinstance(exc, BrokerRefused) and not connected_once:
                     raise  # a configuration no retry can fix: say so and stop
-                delay_s = self._lost(exc, links, delay_s, takeovers)
+                delay_s = takeovers.said(exc, links, delay_s)
             finally:
                 await self._status.pause()
                 self._conn = None
@@ -221,39 +221,6 @@ class Worker:
             delay_s = min(delay_s * 2, self._reconnect_max_delay_s)
         # Stopped while disconnected: calls still running get their grace period too.
         await self._finish_handlers()
-
-    def _lost(
-        self,
-        exc: TransportError,
-        links: tuple[MqttConnection, MqttConnection],
-        delay_s: float,
-        takeovers: Takeovers,
-    ) -> float:
-        """Say why the connection went and return the wait before the next connect.
-        Taken over (another client came with our id): loudly, counted, and the wait
-        grows with each takeover in a row, so two clients on one id do not ping-pong."""
-        taken = [name for name, link in zip(LINKS, links, strict=True) if link.taken_over]
-        if not taken:
-            log.warning(
-                "broker connection lost or refused (%s); retrying in %.1f s",
-                exc,
-                delay_s,
-                extra={"error": str(exc), "retry_in_s": round(delay_s, 3)},
-            )
-            return delay_s
-        delay_s = max(delay_s, takeovers.taken_over())
-        for name in taken:
-            self.metrics.session_taken_over(name)
-        log.error(
-            "session taken over",
-            extra={
-                "connection": ",".join(taken),
-                "worker_id": self.worker_id,
-                "in_a_row": takeovers.streak,
-                "retry_in_s": round(delay_s, 3),
-            },
-        )
-        return delay_s
 
     async def _consume(self, conn: MqttConnection, *, only_queued: bool = False) -> None:
         """Take messages one free slot at a time (slot first: see `InFlight`)."""
