@@ -154,6 +154,7 @@ async def refused_code(broker: Broker, username: str, password: str, client_id: 
         async with client:
             pass
     rc = refused.value.rc
+    assert rc is not None
     return rc.value if isinstance(rc, ReasonCode) else int(rc)
 
 
