@@ -26,7 +26,14 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from tests.harness import Broker, make_settings, metric_points, mosquitto_binary, running_worker
+from tests.harness import (
+    Broker,
+    make_settings,
+    measured,
+    metric_points,
+    mosquitto_binary,
+    running_worker,
+)
 from tests.logwait import watching
 from tests.mqtt import Caller
 from toolbus.client_ids import client_ids
@@ -38,6 +45,7 @@ from toolbus.transport.reasons import disconnect_reason
 from toolbus.wiring import build_worker
 
 TAKEN_OVER = "toolbus.session_taken_over"
+ATTACKS, CALLS = 12, 300
 WAIT_S = 30.0
 
 
@@ -94,11 +102,23 @@ async def test_the_worker_id_its_status_shows_takes_nothing_over(broker: Broker)
         before = worker._conn
         assert before is not None
         with watching("toolbus.service", level=logging.WARNING) as trouble:
-            for client_id in (shown, f"{shown}-replies"):
+            answered = 0
+            for attack in range(ATTACKS):  # as the audit: 12 connects among 300 calls
+                client_id = shown if attack % 2 == 0 else f"{shown}-replies"
+                calls = asyncio.gather(
+                    *(
+                        caller.call_tool(topics, "echo", {"text": f"{attack}.{i}"}, wait_s=10)
+                        for i in range(CALLS // ATTACKS)
+                    ),
+                    return_exceptions=True,
+                )
                 async with connected_as(broker, client_id):
                     pass
-            reply = await caller.call_tool(topics, "echo", {"text": "still here"})
-        assert reply["ok"], reply
+                answered += sum(isinstance(r, dict) and r["ok"] is True for r in await calls)
+        measured(
+            f"takeover: {ATTACKS} connects as the status's worker id: {answered}/{CALLS} answered"
+        )
+        assert answered == CALLS
         assert worker._conn is before
         assert before.connected
         assert trouble.records == []
