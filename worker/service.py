@@ -1,7 +1,7 @@
 """Service: the `Worker`. Connect, reconnect, bound concurrency, drain, report status.
 
 Two MQTT v5 connections per worker, reconnected together with jittered exponential
-backoff: requests arrive on one (the worker's id, session and will; it stops reading
+backoff: requests arrive on one (the worker's session and will; it stops reading
 while `concurrency` requests wait, see `transport.socket_reader`), replies leave on the
 other, whose acknowledgements must come in even then. Requests arrive on a shared
 subscription so replicas split the load; each message is handled by the pipeline in

@@ -67,8 +67,9 @@ class Settings(BaseSettings):
     )
     worker_id: str | None = Field(
         default=None,
-        description="MQTT client id; generated when absent. Set it (unique per replica) "
-        "for a persistent session: requests held at a crash are redelivered on return.",
+        description="The status topic's name (not the MQTT client id); generated when "
+        "absent. Set it (unique per replica) for a persistent session: requests held at a "
+        "crash are redelivered on return.",
     )
     client_id_secret: SecretStr | None = Field(
         default=None,
