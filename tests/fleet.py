@@ -53,6 +53,8 @@ def recording_env(tmp_path: Path, prefix: str, **settings: str) -> dict[str, str
     env = cli_env(prefix, plugin)
     env["TB_RECORD_FILE"] = str(tmp_path / "executions")
     env.update({f"TOOLBUS_{key.upper()}": value for key, value in settings.items()})
+    if "worker_id" in settings:  # a restart resumes its session only under keyed client ids
+        env.setdefault("TOOLBUS_CLIENT_ID_SECRET", f"secret-of-{prefix}")
     return env
 
 

@@ -36,7 +36,13 @@ def call_topic(topics: Topics, tool: str | None = None) -> str:
 
 class Caller:
     def __init__(
-        self, url: str, *, v5: bool = True, username: str | None = None, password: str | None = None
+        self,
+        url: str,
+        *,
+        v5: bool = True,
+        username: str | None = None,
+        password: str | None = None,
+        client_id: str | None = None,
     ) -> None:
         b = BrokerUrl.from_url(url)
         self.v5 = v5
@@ -45,7 +51,7 @@ class Caller:
             b.port,
             username=username,
             password=password,
-            identifier=f"test-{uuid.uuid4().hex[:10]}",
+            identifier=client_id or f"test-{uuid.uuid4().hex[:10]}",
             protocol=aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
             max_inflight_messages=1000,
             # As the worker does: without it each QoS 1 round trip can wait out Nagle's

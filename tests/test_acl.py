@@ -24,6 +24,8 @@ from toolbus.service import Worker
 ROOT = Path(__file__).parent.parent
 ACL = ROOT / "compose" / "mosquitto" / "acl"
 LOGINS = {"toolbus": "pw-worker", "operator": "pw-op", "kitchen": "pw-k", "garage": "pw-g"}
+# Logins an operator could make with mosquitto_passwd, that must not act as a caller.
+LOGINS |= {"kitchen/echo": "pw-ke", "anonymous": "pw-a"}
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +140,8 @@ async def test_a_body_claim_of_another_caller_is_forbidden(
 async def test_a_bad_tool_level_under_the_callers_own_topic_is_answered(
     acl_worker: Worker, secured_broker: Broker
 ) -> None:
-    """`call/kitchen/{tool}` is kitchen's whatever the tool level holds (the ACL's
-    `call/%u/#`): a tool level the worker cannot use gets kitchen a reply, not a dead letter."""
+    """`call/kitchen/{tool}` is kitchen's whatever the tool level holds (kitchen's ACL
+    block: `call/kitchen/#`): a tool level the worker cannot use gets kitchen a reply, not a dead letter."""
     async with (
         login(secured_broker, "kitchen") as kitchen,
         login(secured_broker, "operator") as operator,
@@ -156,3 +158,57 @@ async def test_a_bad_tool_level_under_the_callers_own_topic_is_answered(
         assert (await echo(kitchen, "kitchen", "toolbus/reply/kitchen/r6"))["ok"] is True
         # The worker's messages reach a subscriber in order: no dead letter before that.
         assert (await operator.next_message()).topic.value == "toolbus/reply/kitchen/r6"
+
+
+async def test_a_login_with_a_slash_cannot_act_as_the_caller_before_it(
+    acl_worker: Worker, secured_broker: Broker
+) -> None:
+    """Under `pattern write toolbus/call/%u/#` the login `kitchen/echo` could publish on
+    toolbus/call/kitchen/echo (caller `kitchen`, tool `echo`) and read kitchen's replies
+    under toolbus/reply/kitchen/echo/ (issue 24.3). The shipped ACL has no patterns: a
+    login without a block of its own can do nothing."""
+    async with (
+        login(secured_broker, "kitchen") as kitchen,
+        login(secured_broker, "kitchen/echo") as impostor,
+        login(secured_broker, "operator") as operator,
+    ):
+        assert await operator.subscribe("toolbus/call/#") < 0x80
+        await impostor.subscribe("toolbus/reply/kitchen/#")
+        await impostor.subscribe("toolbus/reply/kitchen/echo/#")
+        await impostor.publish(
+            "toolbus/call/kitchen/echo",
+            b'{"arguments": {"text": "as kitchen"}}',
+            response_topic="toolbus/reply/kitchen/echo/stolen",
+            correlation=b"stolen",
+        )
+        # kitchen's own call, its reply where the impostor's read pattern reached, then
+        # a second one: the impostor would have had the first reply before this returns.
+        assert (await echo(kitchen, "kitchen", "toolbus/reply/kitchen/echo/r1"))["ok"] is True
+        assert (await echo(kitchen, "kitchen", "toolbus/reply/kitchen/echo/r2"))["ok"] is True
+        seen = [m.topic.value for m in operator.unclaimed()]
+        assert seen == ["toolbus/call/kitchen/echo"] * 2  # kitchen's two, not the impostor's
+        assert impostor.unclaimed() == []
+
+
+async def test_a_login_named_anonymous_is_not_the_anonymous_caller(
+    acl_worker: Worker, secured_broker: Broker
+) -> None:
+    """The login `anonymous` could publish on toolbus/call/anonymous/... and read
+    toolbus/reply/anonymous/#, the anonymous caller's replies (issue 24.3). It has no
+    block in the shipped ACL, and the worker refuses that level besides (test_hostile)."""
+    async with (
+        login(secured_broker, "anonymous") as anonymous,
+        login(secured_broker, "operator") as operator,
+        login(secured_broker, "kitchen") as kitchen,
+    ):
+        assert await operator.subscribe("toolbus/call/#") < 0x80
+        await anonymous.subscribe("toolbus/reply/anonymous/#")
+        await anonymous.publish(
+            "toolbus/call/anonymous/echo",
+            b'{"arguments": {"text": "as anonymous"}}',
+            response_topic="toolbus/reply/anonymous/mine",
+            correlation=b"mine",
+        )
+        assert (await echo(kitchen, "kitchen", "toolbus/reply/kitchen/r5"))["ok"] is True
+        assert [m.topic.value for m in operator.unclaimed()] == ["toolbus/call/kitchen/echo"]
+        assert anonymous.unclaimed() == []

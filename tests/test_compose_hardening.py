@@ -112,8 +112,10 @@ def test_the_password_example_is_placeholders_mosquitto_passwd_takes() -> None:
     # mosquitto_passwd -U reads every line as `login:password`: no comments, no blanks.
     assert all(re.fullmatch(r"[a-z]+:change-me-[a-z]+", line) for line in lines), lines
     logins = set(example())
-    assert acl_users() <= logins and len(logins) == len(lines)
-    assert len(logins - acl_users()) >= 2  # callers, under the ACL's patterns
+    assert len(logins) == len(lines)
+    # Every login has a block of its own (no `%u` patterns: issue 24.3), callers too.
+    assert acl_users() == logins
+    assert not [line for line in ACL.read_text().splitlines() if line.startswith("pattern")]
 
 
 def test_the_workers_lines_are_the_ones_the_compose_file_has_commented() -> None:
@@ -259,14 +261,28 @@ async def test_both_workers_serve_a_caller_under_the_acl(stack: NativeStack) -> 
     assert letter["error"]["details"]["reason"] == "outside_prefixes"
 
 
-async def test_the_health_login_may_call_no_tool(stack: NativeStack) -> None:
-    async with login(stack, "health") as health:
-        reply, _ = await health.call(
+async def test_the_health_login_may_publish_no_request(stack: NativeStack) -> None:
+    """`health` has a block of its own, the uptime and nothing else: its request never
+    reaches a subscriber (before, the `%u` patterns let it call as the caller `health`)."""
+    async with (
+        login(stack, "health") as health,
+        login(stack, "operator") as operator,
+        login(stack, "kitchen") as kitchen,
+    ):
+        assert await operator.subscribe("toolbus/call/#") < 0x80
+        await health.publish(
             "toolbus/call/health/echo",
-            {"arguments": {"text": "x"}},
-            reply_topic="toolbus/reply/health/h1",
+            b'{"arguments": {"text": "x"}}',
+            response_topic="toolbus/reply/health/h1",
+            correlation=b"h1",
         )
-    assert reply["error"]["code"] == "forbidden", reply
+        reply, _ = await kitchen.call(
+            "toolbus/call/kitchen/echo",
+            {"arguments": {"text": "x"}},
+            reply_topic="toolbus/reply/kitchen/h2",
+        )
+        assert reply["ok"] is True, reply
+        assert [m.topic.value for m in operator.unclaimed()] == ["toolbus/call/kitchen/echo"]
 
 
 async def test_the_documented_call_works_with_the_example_login(

@@ -259,6 +259,24 @@ async def test_topic_mode_anonymous_requests_get_the_anonymous_profile() -> None
     assert listing["result"]["structured"]["tools"] == []
 
 
+async def test_topic_mode_only_the_bare_topics_are_the_anonymous_caller() -> None:
+    """A login named `anonymous` publishing on its own level became the anonymous
+    caller, with its profile and its reply space (issue 24.3): the level is reserved."""
+    rig = hostile_rig(caller_identity="topic", callers={"anonymous": {"tools": ["echo"]}})
+    anon = "tb/reply/anonymous/r"
+    for topic, body in (
+        ("tb/call/anonymous/echo", {"arguments": {"text": "x"}}),
+        ("tb/call/anonymous", {"tool": "echo", "arguments": {"text": "x"}}),
+        ("tb/tools/anonymous", {}),
+    ):
+        await call_as(rig, topic, body, anon)
+        _, reply = only_answer(rig)
+        assert reply["error"]["code"] == "forbidden", topic
+        assert reply["error"]["details"]["reason"] == "reserved_caller", topic
+    await call_as(rig, "tb/call", {"tool": "echo", "arguments": {"text": "x"}}, anon)
+    assert reply_code(rig, anon) == "ok"
+
+
 async def test_require_caller_refuses_anonymous_requests() -> None:
     rig = hostile_rig(caller_identity="topic", require_caller=True)
     anon = "tb/reply/anonymous/r"

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from toolbus.addresses import ReplyAddress, body_address, deadline_at, response_address
+from toolbus.callers import ANONYMOUS_CALLER
 from toolbus.contracts import Options, ReplyFormat, Request, ToolsFormat
 from toolbus.errors import BadRequest, Forbidden, ToolbusError
 from toolbus.formats import envelope
@@ -360,6 +361,8 @@ def _caller(topics: Topics, route: Route, request: Options) -> str | None:
     if topics.caller_identity == "topic":
         if claimed is not None and claimed != route.caller:
             raise Forbidden("the body names a caller the topic does not", reason="caller_mismatch")
+        if route.caller == ANONYMOUS_CALLER:  # a login of that name must not become it
+            raise Forbidden("only the bare topics are anonymous", reason="reserved_caller")
         caller = route.caller
     else:
         if route.caller and claimed and route.caller != claimed:

@@ -1,7 +1,7 @@
 """Service: the `Worker`. Connect, reconnect, bound concurrency, drain, report status.
 
 Two MQTT v5 connections per worker, reconnected together with jittered exponential
-backoff: requests arrive on one (the worker's id, session and will; it stops reading
+backoff: requests arrive on one (the worker's session and will; it stops reading
 while `concurrency` requests wait, see `transport.socket_reader`), replies leave on the
 other, whose acknowledgements must come in even then. Requests arrive on a shared
 subscription so replicas split the load; each message is handled by the pipeline in
@@ -24,13 +24,15 @@ import contextlib
 import logging
 import random
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from toolbus.broker import BrokerUrl
+from toolbus.client_ids import ClientIds
+from toolbus.client_ids import client_ids as ids_for
 from toolbus.inflight import InFlight, Slots
-from toolbus.messages import Inbound, Outbound
+from toolbus.links import RECONNECT_FIRST_DELAY_S, Links, Takeovers
+from toolbus.messages import Inbound
 from toolbus.observability.metrics import Metrics
 from toolbus.pipeline import Pipeline
 from toolbus.publisher import ConnectionPublisher
@@ -45,10 +47,8 @@ if TYPE_CHECKING:  # annotations only: importing the mcp SDK costs a second
 
 log = logging.getLogger("toolbus.service")
 
-RECONNECT_FIRST_DELAY_S = 0.5
 SLOT_LOOK_S = 0.25  # how often a consumer with every slot busy checks its connection
 START_TIMEOUT_S = 30.0
-REPLIES_ID_SUFFIX = "-replies"  # the reply connection's client id: the worker id + this
 
 
 class Worker:
@@ -56,7 +56,8 @@ class Worker:
 
     Args:
         broker: where to connect.
-        worker_id: MQTT client id and status topic name.
+        worker_id: the status topic's name, public: not the MQTT client id.
+        client_ids: the MQTT client ids, secret (see `client_ids`); random by default.
         topics, pipeline, publisher, status, mcp: the collaborators it drives.
         metrics: counts messages in flight.
         slots: messages handled at once (`concurrency`), shared with the pipeline, whose
@@ -83,6 +84,7 @@ class Worker:
         shutdown_grace_s: float,
         publish_timeout_s: float,
         reconnect_max_delay_s: float,
+        client_ids: ClientIds | None = None,
         session_expiry_s: int = 0,
     ) -> None:
         self.broker, self.worker_id, self.topics = broker, worker_id, topics
@@ -90,7 +92,10 @@ class Worker:
         self._publisher, self._status = publisher, status
         self._grace_s, self._publish_timeout_s = shutdown_grace_s, publish_timeout_s
         self._reconnect_max_delay_s = reconnect_max_delay_s
-        self._links = _Links(broker, worker_id, slots.count, session_expiry_s, publish_timeout_s)
+        self.client_ids = client_ids or ids_for(worker_id, None)
+        self._links = Links(
+            broker, self.client_ids, slots.count, session_expiry_s, publish_timeout_s
+        )
         self.subscribed = asyncio.Event()
         self.draining = asyncio.Event()  # set once stopping has begun
         self.in_flight = InFlight(pipeline.handle, self._ack, slots, metrics)
@@ -179,13 +184,13 @@ class Worker:
     async def _serve(self, stop: asyncio.Event) -> None:
         delay_s = RECONNECT_FIRST_DELAY_S
         connected_once = False
+        takeovers = Takeovers(self._reconnect_max_delay_s, self.metrics, self.worker_id)
         while not stop.is_set():
+            links = self._links.requests(self._status.will()), self._links.replies()
             try:
-                async with (
-                    self._links.requests(self._status.will()) as conn,
-                    self._links.replies() as out,
-                ):
+                async with links[0] as conn, links[1] as out:
                     connected_once = True
+                    takeovers.connected()
                     self._conn = conn
                     self._publisher.attach(out)
                     # Taking first: a resumed session's requests come before the SUBACK,
@@ -204,12 +209,7 @@ class Worker:
             except TransportError as exc:
                 if isinstance(exc, BrokerRefused) and not connected_once:
                     raise  # a configuration no retry can fix: say so and stop
-                log.warning(
-                    "broker connection lost or refused (%s); retrying in %.1f s",
-                    exc,
-                    delay_s,
-                    extra={"error": str(exc), "retry_in_s": round(delay_s, 3)},
-                )
+                delay_s = takeovers.said(exc, links, delay_s)
             finally:
                 await self._status.pause()
                 self._conn = None
@@ -291,41 +291,6 @@ async def _take_slot(in_flight: InFlight, conn: MqttConnection) -> None:
                 raise TransportError("connection lost while every slot was busy") from None
         else:
             return
-
-
-@dataclass(frozen=True)
-class _Links:
-    """The worker's two connections, opened anew on each (re)connect."""
-
-    broker: BrokerUrl
-    worker_id: str
-    concurrency: int
-    session_expiry_s: int
-    timeout_s: float
-
-    def requests(self, will: Outbound) -> MqttConnection:
-        """Where requests arrive: the worker's identity, session and `will` (made at
-        each connect: it carries the MCP servers' states of that moment). It holds at
-        most `concurrency` requests waiting, whatever the broker sends."""
-        return MqttConnection(
-            self.broker,
-            client_id=self.worker_id,
-            will=will,
-            receive_maximum=self.concurrency,
-            hold=self.concurrency,
-            manual_ack=True,
-            session_expiry_s=self.session_expiry_s,
-            timeout_s=self.timeout_s,
-        )
-
-    def replies(self) -> MqttConnection:
-        """Where replies leave: the request connection may stop reading (see
-        `transport.socket_reader`), and a reply's PUBACK must still come in."""
-        return MqttConnection(
-            self.broker,
-            client_id=f"{self.worker_id}{REPLIES_ID_SUFFIX}",
-            timeout_s=self.timeout_s,
-        )
 
 
 async def _consume_until(

@@ -75,7 +75,7 @@ class StatusReporter:
 
     Args:
         topics: where status topics live.
-        worker_id: this worker's id (also its MQTT client id).
+        worker_id: this worker's id (public: not its MQTT client ids, see `client_ids`).
         publisher: where statuses are published.
         servers: the MCP servers to report, `connecting` until they say otherwise.
         interval_s: the heartbeat: every status is published again this often.

@@ -18,6 +18,7 @@ from opentelemetry.metrics import Meter
 
 from toolbus.access import Access
 from toolbus.backends.local import LocalTool
+from toolbus.client_ids import client_ids
 from toolbus.config import Settings, tool_settings
 from toolbus.dedup import Once, open_store
 from toolbus.execute import Executor, Startup
@@ -115,6 +116,13 @@ def build_worker(
             "no worker_id set: requests held at a crash are lost, not delivered again; "
             "set a stable worker_id (unique per replica) for a persistent session"
         )
+    ids = client_ids(worker_id, _client_id_secret(settings))
+    if settings.worker_id and not ids.persistent:
+        log.warning(
+            "no client_id_secret and no broker password: the client ids are random for "
+            "this process, so a restart does not resume the broker session (requests held "
+            "at a crash are lost); set client_id_secret for a persistent session"
+        )
     topics = topics_for(settings)
     registry = build_registry(local_tools, settings)
     publisher = ConnectionPublisher(timeout_s=settings.publish_timeout_s)
@@ -181,9 +189,20 @@ def build_worker(
         shutdown_grace_s=settings.shutdown_grace_s,
         publish_timeout_s=settings.publish_timeout_s,
         reconnect_max_delay_s=settings.reconnect_max_delay_s,
-        # A session outlives the connection only under a stable, configured identity.
-        session_expiry_s=settings.session_expiry_s if settings.worker_id else 0,
+        client_ids=ids,
+        # A session outlives the connection only under a stable, configured identity
+        # whose client ids no caller can derive (see `client_ids`).
+        session_expiry_s=settings.session_expiry_s if ids.persistent else 0,
     )
+
+
+def _client_id_secret(settings: Settings) -> bytes | None:
+    """What keys the client ids: `client_id_secret`, else the broker password (only a
+    stable worker_id makes ids worth keeping across starts)."""
+    secret = settings.client_id_secret or settings.broker_password
+    if settings.worker_id is None or secret is None:
+        return None
+    return secret.get_secret_value().encode()
 
 
 def serve_http(

@@ -71,7 +71,7 @@ PARAMETERS = {
         "it to the client's login (`pattern write {prefix}/call/%u/#`); with `claim` it "
         "is what the request says, and only when no tool has the name `{caller}/{tool}`.",
     },
-    "worker_id": {"description": "The worker's MQTT client id (`worker_id`)."},
+    "worker_id": {"description": "The worker's id (`worker_id`), not its MQTT client ids."},
     "server": {"description": "The MCP server's name in `mcpServers`."},
     "reply_topic": {"description": "The reply topic of the call (Response Topic or `reply_to`)."},
 }

@@ -67,8 +67,15 @@ class Settings(BaseSettings):
     )
     worker_id: str | None = Field(
         default=None,
-        description="MQTT client id; generated when absent. Set it (unique per replica) "
-        "for a persistent session: requests held at a crash are redelivered on return.",
+        description="The status topic's name (not the MQTT client id); generated when "
+        "absent. Set it (unique per replica) for a persistent session: requests held at a "
+        "crash are redelivered on return.",
+    )
+    client_id_secret: SecretStr | None = Field(
+        default=None,
+        description="Keys the worker's MQTT client ids (`{worker_id}-{token}`), so no "
+        "caller can take them over; unset: the broker password, else random per start "
+        "(then no session outlives the process). Same value on every start.",
     )
     dedup_store: str = Field(
         default="memory",
@@ -240,6 +247,12 @@ class Settings(BaseSettings):
                 if inner:
                     raise ValueError(f"reply prefixes must not nest: {prefix!r} holds {inner[0]!r}")
         return self
+
+    @field_validator("client_id_secret")
+    @classmethod
+    def _secret_or_unset(cls, value: SecretStr | None) -> SecretStr | None:
+        # An empty value (`TOOLBUS_CLIENT_ID_SECRET=` in a compose file) is no secret.
+        return value if value is not None and value.get_secret_value() else None
 
     @field_validator("worker_id")
     @classmethod

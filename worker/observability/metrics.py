@@ -10,6 +10,7 @@
     toolbus.mcp.server.up         gauge      {server}          1 ready, 0 otherwise
     toolbus.mcp.stdout.partial_dropped  counter  {server}      unfinished stdout lines dropped
     toolbus.dedup.store_emptied   counter    {}                the Redis store lost its records
+    toolbus.session_taken_over    counter    {connection}      another client came with our id
 
 Exported as `observability.sdk.configure_metrics` sets up (OTLP, console, Prometheus on
 the HTTP listener's /metrics); no-ops until configured.
@@ -76,6 +77,12 @@ class Metrics:
             unit="{event}",
             description="Times the Redis dedup store was found emptied (restart, flush)",
         )
+        self._taken_over = meter.create_counter(
+            "toolbus.session_taken_over",
+            unit="{event}",
+            description="Times the broker dropped a worker connection because another "
+            "client connected with its client id (MQTT v5 reason 0x8E)",
+        )
         self._servers = server_states
         meter.create_observable_gauge(
             "toolbus.mcp.server.up", callbacks=[self._observe_servers], description="1 when ready"
@@ -122,3 +129,6 @@ class Metrics:
 
     def dedup_store_emptied(self) -> None:
         self._emptied.add(1)
+
+    def session_taken_over(self, connection: str) -> None:
+        self._taken_over.add(1, {"connection": connection})

@@ -1,10 +1,12 @@
 """MQTT transport: the only package that imports aiomqtt (and paho beneath it).
 
 `MqttConnection` is one MQTT v5 connection; `socket_reader` bounds what it reads; `tls`
-builds its SSL context; `errors` tells a lost connection from a refusal.
+builds its SSL context; `errors` tells a lost connection from a refusal; `reasons` reads
+what the broker said refusing or dropping one (e.g. `SESSION_TAKEN_OVER`).
 """
 
 from toolbus.transport.connection import MqttConnection
 from toolbus.transport.errors import BrokerRefused, TransportError
+from toolbus.transport.reasons import SESSION_TAKEN_OVER
 
-__all__ = ["BrokerRefused", "MqttConnection", "TransportError"]
+__all__ = ["SESSION_TAKEN_OVER", "BrokerRefused", "MqttConnection", "TransportError"]

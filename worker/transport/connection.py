@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import ssl
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -33,9 +32,10 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from toolbus.broker import BrokerUrl
 from toolbus.messages import Inbound, Outbound
-from toolbus.transport.errors import BrokerRefused, TransportError
+from toolbus.transport.errors import TransportError
 from toolbus.transport.paho_log import PAHO_LOG
 from toolbus.transport.properties import publish_properties
+from toolbus.transport.reasons import SESSION_TAKEN_OVER, connect_error, disconnect_reason
 from toolbus.transport.socket_reader import BoundedReader, paho_of
 from toolbus.transport.socket_writer import SocketWriter
 from toolbus.transport.subscriptions import refused_filters, subscribe_options
@@ -156,6 +156,7 @@ class MqttConnection:
         self._aiomqtt_disconnected: Callable[..., None] = aiomqtt_disconnected
         self._paho.on_disconnect = self._disconnected
         self._connect_failed = False  # aiomqtt then has nothing to learn of a disconnect
+        self.disconnect_reason: int | None = None  # the broker's DISCONNECT reason code
         self._stack = AsyncExitStack()
         self._reader = BoundedReader(self._client, hold)
         self._writer = SocketWriter(self._paho)
@@ -163,6 +164,11 @@ class MqttConnection:
     @property
     def client_id(self) -> str:
         return self._client.identifier
+
+    @property
+    def taken_over(self) -> bool:
+        """Dropped because another client connected with this client id (MQTT v5 0x8E)."""
+        return self.disconnect_reason == SESSION_TAKEN_OVER
 
     @property
     def read_pauses(self) -> int:
@@ -191,7 +197,7 @@ class MqttConnection:
                 await asyncio.shield(entering)
         except aiomqtt.MqttError as exc:
             self._drop_socket()
-            raise _connect_error(exc) from exc
+            raise connect_error(exc) from exc
         except BaseException as exc:  # our deadline, or our caller's cancellation
             entering.add_done_callback(self._close_late)
             if isinstance(exc, TimeoutError):
@@ -352,6 +358,7 @@ class MqttConnection:
 
     def _disconnected(self, client: paho.Client, *args: Any) -> None:
         """paho's `on_disconnect`, after aiomqtt's: no PUBACK comes on this connection now."""
+        self.disconnect_reason = disconnect_reason(*args)
         if not self._connect_failed:  # (its connect future may be cancelled by then)
             self._aiomqtt_disconnected(client, *args)
             self._gone.set()
@@ -374,24 +381,3 @@ class MqttConnection:
 def _unacknowledged(acked: asyncio.Future[None]) -> None:
     if not acked.done():
         acked.set_exception(TransportError("the broker did not acknowledge in time"))
-
-
-# CONNACK reason codes that refuse the credentials: MQTT v5, then 3.1.1.
-_CREDENTIALS_REFUSED = frozenset({134, 135, 4, 5})  # bad user name or password, not authorized
-
-
-def _connect_error(exc: aiomqtt.MqttError) -> TransportError:
-    """What a failed connect means: `BrokerRefused` when retrying cannot help."""
-    # aiomqtt raises `from None`: the handshake's own error is still the context.
-    cause = exc.__context__
-    if isinstance(cause, ssl.SSLCertVerificationError):
-        return BrokerRefused(
-            f"TLS certificate verification failed: {cause.verify_message} (check that "
-            "tls_ca_file holds the CA that signed the broker's certificate, and that the "
-            "certificate names the host of the broker URL)"
-        )
-    if isinstance(exc, aiomqtt.MqttCodeError):
-        code = exc.rc.value if isinstance(exc.rc, ReasonCode) else exc.rc
-        if code in _CREDENTIALS_REFUSED:
-            return BrokerRefused(f"it refused the credentials ({exc})")
-    return TransportError(str(exc))
