@@ -30,10 +30,11 @@ from typing import TYPE_CHECKING, Self
 
 from toolbus.broker import BrokerUrl
 from toolbus.inflight import InFlight, Slots
-from toolbus.messages import Inbound, Outbound
+from toolbus.messages import Outbound
 from toolbus.observability.metrics import Metrics
 from toolbus.pipeline import Pipeline
 from toolbus.publisher import ConnectionPublisher
+from toolbus.redeliveries import Redeliveries
 from toolbus.registry import Registry
 from toolbus.status import StatusReporter
 from toolbus.tasks import cancel_and_wait
@@ -63,7 +64,7 @@ class Worker:
             many-call messages borrow free ones; the consumer waits for a free slot.
         shutdown_grace_s: how long calls may run on after stop is asked.
         publish_timeout_s: the bound on every publish and on unsubscribing.
-        reconnect_max_delay_s: the cap on the reconnect backoff.
+        reconnect_max_delay_s, keepalive_s: the cap on the reconnect backoff; MQTT's.
         session_expiry_s: keep the broker session this long after a disconnect, so
             requests received but unanswered at a crash come back (0: clean sessions).
     """
@@ -84,16 +85,20 @@ class Worker:
         publish_timeout_s: float,
         reconnect_max_delay_s: float,
         session_expiry_s: int = 0,
+        keepalive_s: int = 60,
     ) -> None:
         self.broker, self.worker_id, self.topics = broker, worker_id, topics
         self.pipeline, self.mcp, self.metrics = pipeline, mcp, metrics
         self._publisher, self._status = publisher, status
         self._grace_s, self._publish_timeout_s = shutdown_grace_s, publish_timeout_s
         self._reconnect_max_delay_s = reconnect_max_delay_s
-        self._links = _Links(broker, worker_id, slots.count, session_expiry_s, publish_timeout_s)
+        self._links = _Links(
+            broker, worker_id, slots.count, session_expiry_s, publish_timeout_s, keepalive_s
+        )
         self.subscribed = asyncio.Event()
         self.draining = asyncio.Event()  # set once stopping has begun
-        self.in_flight = InFlight(pipeline.handle, self._ack, slots, metrics)
+        self.redeliveries = Redeliveries(pipeline.handle, publisher, slots.count, session_expiry_s)
+        self.in_flight = InFlight(self.redeliveries.answer, slots, metrics)
         self._conn: MqttConnection | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -187,6 +192,7 @@ class Worker:
                 ):
                     connected_once = True
                     self._conn = conn
+                    self.redeliveries.connected(conn)  # acknowledges what arrives on it
                     self._publisher.attach(out)
                     # Taking first: a resumed session's requests come before the SUBACK,
                     # which the request connection reads only as they are taken.
@@ -253,11 +259,6 @@ class Worker:
         await self._finish_handlers(deadline)
         await self._status.stop(self.in_flight)  # each server `stopped`, then `offline`
 
-    def _ack(self, message: Inbound) -> None:
-        """Answered: acknowledge it, on the connection it came from if that one is live."""
-        if (conn := self._conn) is None or not conn.ack(message):
-            log.debug("answered a request from an earlier connection: the broker resends it")
-
     async def _begin_stopping(self) -> None:
         self.draining.set()
         self.pipeline.stopping()  # calls cancelled from here on answer `unavailable`
@@ -302,6 +303,7 @@ class _Links:
     concurrency: int
     session_expiry_s: int
     timeout_s: float
+    keepalive_s: int
 
     def requests(self, will: Outbound) -> MqttConnection:
         """Where requests arrive: the worker's identity, session and `will` (made at
@@ -316,6 +318,7 @@ class _Links:
             manual_ack=True,
             session_expiry_s=self.session_expiry_s,
             timeout_s=self.timeout_s,
+            keepalive_s=self.keepalive_s,
         )
 
     def replies(self) -> MqttConnection:
@@ -325,6 +328,7 @@ class _Links:
             self.broker,
             client_id=f"{self.worker_id}{REPLIES_ID_SUFFIX}",
             timeout_s=self.timeout_s,
+            keepalive_s=self.keepalive_s,
         )
 
 

@@ -181,6 +181,7 @@ def build_worker(
         shutdown_grace_s=settings.shutdown_grace_s,
         publish_timeout_s=settings.publish_timeout_s,
         reconnect_max_delay_s=settings.reconnect_max_delay_s,
+        keepalive_s=settings.keepalive_s,
         # A session outlives the connection only under a stable, configured identity.
         session_expiry_s=settings.session_expiry_s if settings.worker_id else 0,
     )

@@ -5,6 +5,6 @@ builds its SSL context; `errors` tells a lost connection from a refusal.
 """
 
 from toolbus.transport.connection import MqttConnection
-from toolbus.transport.errors import BrokerRefused, TransportError
+from toolbus.transport.errors import BrokerRefused, TransportError, Unacknowledged
 
-__all__ = ["BrokerRefused", "MqttConnection", "TransportError"]
+__all__ = ["BrokerRefused", "MqttConnection", "TransportError", "Unacknowledged"]
