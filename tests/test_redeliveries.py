@@ -289,6 +289,11 @@ async def send_once(worker: Worker, v5: Caller, v311: Caller) -> list[Sent]:
     return sent
 
 
+def gave_up(worker: Worker) -> str:
+    """What the worker logs of a reply it gave up on (not of a status it gave up on)."""
+    return f"could not publish to {worker.topics.reply_prefixes[0]}"
+
+
 def key_of(message: aiomqtt.Message) -> tuple[str, bytes | None]:
     return (message.topic.value, correlation_of(message))
 
@@ -358,7 +363,7 @@ async def test_calls_in_flight_in_a_stall_answer_a_caller_that_sends_once(
             await probe.wait_active(len(sent), timeout_s=WAIT_S)
             with (
                 counting("toolbus.service", "broker connection lost", 1) as lost,
-                counting("toolbus.publisher", "could not publish to", len(sent)) as given_up,
+                counting("toolbus.publisher", gave_up(worker), len(sent)) as given_up,
                 counting("toolbus.service", "subscribed to", 1) as back,
             ):
                 async with stalled(own_broker):
@@ -396,7 +401,7 @@ async def test_a_stall_within_the_keepalive_answers_once_and_acknowledges_late(
         async with running_worker(settings, probe_tools(probe)) as worker:
             sent = await send_once(worker, v5, v311)
             await probe.wait_active(len(sent), timeout_s=WAIT_S)
-            with counting("toolbus.publisher", "could not publish to", len(sent)) as given_up:
+            with counting("toolbus.publisher", gave_up(worker), len(sent)) as given_up:
                 async with stalled(own_broker):
                     probe.release.set()
                     async with asyncio.timeout(WAIT_S):
