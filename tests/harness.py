@@ -29,7 +29,7 @@ from tests.certs import ListenerTls
 from tests.processes import BUNDLED_CONFIG
 from toolbus.backends.local import LocalTool
 from toolbus.config import Settings, read_config_file
-from toolbus.messages import Outbound
+from toolbus.messages import Outbound, Unconfirmed
 from toolbus.tools import BUILTIN_TOOLS
 from toolbus.wiring import build_worker
 
@@ -279,8 +279,9 @@ class ListPublisher:
     def __init__(self) -> None:
         self.sent: list[Outbound] = []
 
-    async def publish(self, out: Outbound) -> None:
+    async def publish(self, out: Outbound) -> Unconfirmed | None:
         self.sent.append(out)
+        return None  # taken at once (a subclass may give a message up)
 
     def on(self, topic: str) -> list[Outbound]:
         return [out for out in self.sent if out.topic == topic]

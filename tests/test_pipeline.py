@@ -39,7 +39,7 @@ from toolbus.dedup.redis import RedisStore
 from toolbus.encode import outbound_reply
 from toolbus.errors import InvalidArguments, ToolFailed
 from toolbus.inflight import Slots
-from toolbus.messages import Inbound, Outbound
+from toolbus.messages import Inbound, Outbound, Unconfirmed
 from toolbus.observability.export import TraceCollector
 from toolbus.observability.metrics import Metrics
 from toolbus.pipeline import Pipeline
@@ -130,6 +130,19 @@ class FailingPublisher(ListPublisher):
             self.failed = True
             raise RuntimeError("publisher bug")
         await super().publish(out)
+
+
+class GivingUpPublisher(ListPublisher):
+    """Keeps everything, and reports what it sends to `topics` as given up on: the
+    broker did not acknowledge it in time."""
+
+    def __init__(self, *topics: str) -> None:
+        super().__init__()
+        self.topics = topics
+
+    async def publish(self, out: Outbound) -> Unconfirmed | None:
+        await super().publish(out)
+        return Unconfirmed(out) if out.topic in self.topics else None
 
 
 def rig_for(
@@ -504,6 +517,39 @@ async def test_a_failed_trace_publish_leaves_the_answer_alone() -> None:
     assert rig.reply()["ok"] is True  # one reply, the real one; no `internal` after it
     assert rig.counted("toolbus.internal_errors", stage="trace") == 1
     assert rig.counted("toolbus.internal_errors", stage="handle") == 0
+
+
+@pytest.mark.parametrize("traced", [False, True])
+async def test_a_reply_the_broker_did_not_take_is_handed_back(traced: bool) -> None:
+    """The worker leaves such a request unacknowledged (see `redeliveries`)."""
+    rig = standard_rig(GivingUpPublisher(REPLY))
+    body = {"arguments": {"text": "x"}, "publish_trace": traced}
+    message = Inbound(
+        topic="tb/call/echo",
+        payload=json.dumps(body).encode(),
+        response_topic=REPLY,
+        correlation_data=CORRELATION,
+    )
+    unconfirmed = await rig.pipeline.handle(message)
+    assert unconfirmed is not None
+    assert unconfirmed.out == rig.sent.on(REPLY)[0]
+
+
+async def test_a_dead_letter_or_a_trace_given_up_on_is_not_handed_back() -> None:
+    """Nobody waits for those: their requests are acknowledged all the same."""
+    rig = standard_rig(GivingUpPublisher("tb/dead", f"{REPLY}/trace"))
+    dead = Inbound(topic="tb/call", payload=b"not json")
+    assert await rig.pipeline.handle(dead) is None
+    assert len(rig.dead()) == 1
+    body = {"arguments": {"text": "x"}, "publish_trace": True}
+    traced = Inbound(
+        topic="tb/call/echo",
+        payload=json.dumps(body).encode(),
+        response_topic=REPLY,
+        correlation_data=CORRELATION,
+    )
+    assert await rig.pipeline.handle(traced) is None
+    assert rig.sent.on(f"{REPLY}/trace")  # the trace was given up on
 
 
 # -- one run per request id --------------------------------------------------------------

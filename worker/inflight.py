@@ -47,16 +47,16 @@ class Slots:
 
 
 class InFlight:
-    """Slots, handler tasks and their counts; `answered` is told of each message answered."""
+    """Slots, handler tasks and their counts. `handle` answers a message and acknowledges
+    it once answered (see `redeliveries`)."""
 
     def __init__(
         self,
         handle: Callable[[Inbound], Awaitable[None]],
-        answered: Callable[[Inbound], None],
         slots: Slots,
         metrics: Metrics,
     ) -> None:
-        self._handle_message, self._answered, self._metrics = handle, answered, metrics
+        self._handle_message, self._metrics = handle, metrics
         self._slots = slots
         self._tasks: set[asyncio.Task[None]] = set()
         self._sequence = 0
@@ -90,9 +90,6 @@ class InFlight:
     async def _run(self, message: Inbound) -> None:
         try:
             await self._handle_message(message)
-            # Only now: a handler cancelled before answering leaves its message unacked,
-            # for the broker to deliver again.
-            self._answered(message)
         finally:
             self.handled += 1
             self.count -= 1

@@ -86,6 +86,7 @@ class Links:
     concurrency: int
     session_expiry_s: int
     timeout_s: float
+    keepalive_s: int
 
     def requests(self, will: Outbound) -> MqttConnection:
         """Where requests arrive: the worker's identity, session and `will` (made at
@@ -100,6 +101,7 @@ class Links:
             manual_ack=True,
             session_expiry_s=self.session_expiry_s,
             timeout_s=self.timeout_s,
+            keepalive_s=self.keepalive_s,
         )
 
     def replies(self) -> MqttConnection:
@@ -109,4 +111,5 @@ class Links:
             self.broker,
             client_id=self.ids.replies,
             timeout_s=self.timeout_s,
+            keepalive_s=self.keepalive_s,
         )

@@ -7,6 +7,7 @@ so the pipeline runs (and is tested) without a broker or paho objects.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -32,6 +33,9 @@ class Inbound:
     # Which delivery of which connection this is: the transport acknowledges it with this
     # token once the message is answered, and only on the connection it came from.
     delivery: object = field(default=None, compare=False, repr=False)
+    # The broker's Packet Identifier of a QoS 1 delivery: kept by a redelivery on the same
+    # session (MQTT 5 section 4.4), and not reused while the request is unacknowledged.
+    packet_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,3 +51,16 @@ class Outbound:
     content_type: str | None = JSON
     user_properties: tuple[tuple[str, str], ...] = field(default=())
     expiry_s: int | None = None  # MQTT v5 Message Expiry Interval
+
+
+@dataclass(frozen=True, slots=True)
+class Unconfirmed:
+    """A publish given up on before the broker acknowledged it: the message may be lost.
+
+    `late` is its PUBACK, should it still come: the message went out on a connection
+    still up (a stalled broker reads it when it resumes); it fails once that connection
+    is lost without it. None: never sent, or its connection was lost.
+    """
+
+    out: Outbound
+    late: asyncio.Future[None] | None = None

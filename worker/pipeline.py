@@ -4,8 +4,10 @@
 sender through a `Publisher`: the reply on the sender's reply topic, a dead letter
 when there is no reply address, and the call's spans on `{reply}/trace` when asked.
 It never raises: whatever fails while building an answer still answers `internal`
-with the call id (or dead-letters), and is counted. No broker is involved here, so
-every case is testable in-process with a publisher that collects into a list.
+with the call id (or dead-letters), and is counted. It returns the reply the broker
+did not acknowledge, if any: the worker then leaves the request unacknowledged. No
+broker is involved here, so every case is testable in-process with a publisher that
+collects into a list.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from toolbus.encode import (
 )
 from toolbus.execute import Executor
 from toolbus.inflight import Slots
-from toolbus.messages import Inbound, Outbound
+from toolbus.messages import Inbound, Outbound, Unconfirmed
 from toolbus.observability.export import COLLECTOR, TraceCollector, descendants, otlp_json
 from toolbus.observability.metrics import Metrics
 from toolbus.observability.propagation import carrying_baggage, extract_context, inject_headers
@@ -53,9 +55,10 @@ log = logging.getLogger("toolbus.pipeline")
 
 
 class Publisher(Protocol):
-    """Where the pipeline's messages go. Never raises: a lost message is logged there."""
+    """Where the pipeline's messages go. Never raises: a lost message is logged there,
+    and returned (`Unconfirmed`) when the broker did not acknowledge it in time."""
 
-    async def publish(self, out: Outbound) -> None: ...
+    async def publish(self, out: Outbound) -> Unconfirmed | None: ...
 
 
 class Pipeline:
@@ -130,19 +133,24 @@ class Pipeline:
         """From now on a call cancelled mid-way answers `unavailable` (the worker stops)."""
         self._answerer.stopping()
 
-    async def handle(self, message: Inbound) -> None:
-        """Answer one message: a reply, a dead letter, or (last resort) `internal`."""
+    async def handle(self, message: Inbound) -> Unconfirmed | None:
+        """Answer one message: a reply, a dead letter, or (last resort) `internal`.
+
+        Returns the reply if the broker did not acknowledge it (None: answered). A dead
+        letter or a published trace given up on is only logged: nobody waits for those.
+        """
         decoded: Call | Calls | Rejected | None = None
         answered = False
+        unconfirmed: Unconfirmed | None = None
         try:
             decoded = decode(message, self.topics, self._max_payload_bytes, self._max_calls)
             context = extract_context(message.user_properties, decoded.trace_fields)
             if context is None and records_nothing(self._tracer):
                 # No SDK and no caller's trace to pass on: no span at all, not even a no-op
                 # one (three of them cost a fifth of a local call).
-                await self._dispatch(message, decoded)
+                unconfirmed = await self._dispatch(message, decoded)
                 answered = True
-                return
+                return unconfirmed
             with (
                 carrying_baggage(context),
                 self._tracer.start_as_current_span(
@@ -163,7 +171,7 @@ class Pipeline:
                     self._collector.watch(span.get_span_context().trace_id)
                 if isinstance(decoded, Rejected):
                     mark_failed(span, decoded.error.code.value)
-                await self._dispatch(message, decoded)
+                unconfirmed = await self._dispatch(message, decoded)
                 answered = True
             if traced and not isinstance(decoded, Rejected) and decoded.reply is not None:
                 await self._publish_trace(decoded.id, decoded.reply, span)
@@ -172,15 +180,17 @@ class Pipeline:
             # After the answer only the trace could fail: the caller has heard already.
             self._metrics.internal_error("trace" if answered else "handle")
             if not answered:
-                await self._last_resort(message, decoded)
+                unconfirmed = await self._last_resort(message, decoded)
+        return unconfirmed
 
-    async def _dispatch(self, message: Inbound, decoded: Call | Calls | Rejected) -> None:
+    async def _dispatch(
+        self, message: Inbound, decoded: Call | Calls | Rejected
+    ) -> Unconfirmed | None:
         if isinstance(decoded, Rejected):
-            await self._reject(message, decoded)
-        elif isinstance(decoded, Calls):
-            await self._calls(message, decoded)
-        else:
-            await self._call(message, decoded)
+            return await self._reject(message, decoded)
+        if isinstance(decoded, Calls):
+            return await self._calls(message, decoded)
+        return await self._call(message, decoded)
 
     def _trace_wanted(self, decoded: Call | Calls | Rejected) -> bool:
         return (
@@ -189,7 +199,7 @@ class Pipeline:
             and (decoded.publish_trace or self._publish_traces)
         )
 
-    async def _reject(self, message: Inbound, rejected: Rejected) -> None:
+    async def _reject(self, message: Inbound, rejected: Rejected) -> Unconfirmed | None:
         log.warning(
             "rejected message",
             extra={
@@ -199,19 +209,19 @@ class Pipeline:
             },
         )
         if rejected.reply is not None:
-            await self._reply(rejected.reply, reply_for_rejected(rejected))
-        else:
-            await self._dead(message, rejected.error.body(), rejected.id)
+            return await self._reply(rejected.reply, reply_for_rejected(rejected))
+        await self._dead(message, rejected.error.body(), rejected.id)
+        return None
 
-    async def _call(self, message: Inbound, call: Call) -> None:
+    async def _call(self, message: Inbound, call: Call) -> Unconfirmed | None:
         """One call: its reply, or its dead letter when it failed and has no address."""
         reply = await self._answerer.answer(call)
         if call.reply is None:
             await self._dead_if_failed(message, call.id, reply)
-        else:
-            await self._answer_with(message, call, call.reply, lambda: reply)
+            return None
+        return await self._answer_with(message, call, call.reply, lambda: reply)
 
-    async def _calls(self, message: Inbound, calls: Calls) -> None:
+    async def _calls(self, message: Inbound, calls: Calls) -> Unconfirmed | None:
         """A message's calls, run together; one reply holds every answer, in order."""
         room = self._answerer.room(calls.calls[0].caller)
         replies = await run_together(
@@ -225,8 +235,8 @@ class Pipeline:
             error = calls_failure(calls, replies)
             if error is not None:
                 await self._dead(message, error, calls.id)
-            return
-        await self._answer_with(
+            return None
+        return await self._answer_with(
             message,
             calls,
             calls.reply,
@@ -243,18 +253,17 @@ class Pipeline:
         build: Callable[[], Reply | CallsReply],
         *,
         instead: Callable[[], CallsReply] | None = None,
-    ) -> None:
+    ) -> Unconfirmed | None:
         """Build and publish the reply; one that cannot be built or encoded (a tool's
         result the reply model rejects, say) still answers: `instead`, else `internal`."""
         try:
-            await self._reply(address, self._noted(decoded, build()))
+            return await self._reply(address, self._noted(decoded, build()))
         except Exception:
             log.exception("could not encode the reply to %s", decoded.id)
             self._metrics.internal_error("encode")
             if instead is not None:
-                await self._answer_with(message, decoded, address, instead)
-            else:
-                await self._last_resort(message, decoded)
+                return await self._answer_with(message, decoded, address, instead)
+            return await self._last_resort(message, decoded)
 
     def _noted(self, decoded: Call | Calls, reply: Reply | CallsReply) -> Reply | CallsReply:
         """The reply to a request that asked for its spans, when none will follow: why
@@ -269,7 +278,9 @@ class Pipeline:
         if reply.error is not None and not reply.replayed:
             await self._dead(message, reply.error, ident)
 
-    async def _last_resort(self, message: Inbound, decoded: Call | Calls | Rejected | None) -> None:
+    async def _last_resort(
+        self, message: Inbound, decoded: Call | Calls | Rejected | None
+    ) -> Unconfirmed | None:
         """`internal`, with the call id when known, to the reply address or the dead letters.
 
         Through the usual reply path when it works (trace id, PRODUCER span, 3.1.1
@@ -283,14 +294,15 @@ class Pipeline:
         try:
             if address is None or ident is None:
                 await self._dead(message, error, ident)
-                return
+                return None
             try:
-                await self._reply(address, reply)
+                return await self._reply(address, reply)
             except Exception:
                 log.exception("could not send the internal reply to %s normally", ident)
-                await self._publisher.publish(outbound_reply(address, reply))
+                return await self._publisher.publish(outbound_reply(address, reply))
         except Exception:
             log.exception("could not answer a message on %s at all", shown(message.topic))
+        return None
 
     async def _publish_trace(self, ident: str, address: ReplyAddress, span: trace.Span) -> None:
         """This call's finished spans, as OTLP JSON, after its reply (on `{reply}/trace`)."""
@@ -307,13 +319,12 @@ class Pipeline:
             )
         )
 
-    async def _reply(self, address: ReplyAddress, reply: Reply | CallsReply) -> None:
+    async def _reply(self, address: ReplyAddress, reply: Reply | CallsReply) -> Unconfirmed | None:
         """Publish a reply in a PRODUCER span whose context travels with it (a span only
         when the message's span records; the caller's context travels regardless)."""
         current = trace.get_current_span()
         if not current.get_span_context().is_valid:  # untraced: nothing to add or pass on
-            await self._publisher.publish(outbound_reply(address, reply))
-            return
+            return await self._publisher.publish(outbound_reply(address, reply))
         reply = reply.model_copy(update={"trace_id": trace_id_of(current)})
         with child_span(
             self._tracer,
@@ -322,7 +333,7 @@ class Pipeline:
             kind=trace.SpanKind.PRODUCER,
         ):
             out = outbound_reply(address, reply, inject_headers())
-            await self._publisher.publish(out)
+            return await self._publisher.publish(out)
 
     async def _dead(self, message: Inbound, error: ErrorBody, ident: str | None) -> None:
         quiet = error.code is ErrorCode.RATE_LIMITED  # a flood must not flood the log

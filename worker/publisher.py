@@ -2,7 +2,9 @@
 
 A reply must survive a broker blip: `publish` waits for the connection the worker
 re-establishes and retries a failed publish, all within `publish_timeout_s`; only
-then is the message given up, with an error in the log. It never raises.
+then is the message given up, with an error in the log, and returned as `Unconfirmed`
+(with the PUBACK that may still come): the worker then leaves its request
+unacknowledged (see `redeliveries`). It never raises.
 
 Once the worker is stopping no connection follows the current one (`last_connection`):
 a publish that finds it gone gives the message up at once, with a warning, instead of
@@ -14,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from toolbus.messages import Outbound
-from toolbus.transport import MqttConnection, TransportError
+from toolbus.messages import Outbound, Unconfirmed
+from toolbus.transport import MqttConnection, TransportError, Unacknowledged
 from toolbus.untrusted import shown, topic_problem
 
 log = logging.getLogger("toolbus.publisher")
@@ -61,18 +63,21 @@ class ConnectionPublisher:
     def _gone_for_good(self, conn: MqttConnection | None) -> bool:
         return self._last and (conn is None or not conn.connected)
 
-    async def publish(self, out: Outbound) -> None:
+    async def publish(self, out: Outbound) -> Unconfirmed | None:
+        """None once the broker acknowledged `out` (or it can never be sent: an invalid
+        topic, a message the transport cannot encode); `Unconfirmed` when given up."""
         if (problem := topic_problem(out.topic)) is not None:
             # The last line of defence: the broker would drop the connection, and with
             # it every request this worker holds (decode refuses such topics first).
             log.error("refused to publish to an invalid topic %s (%s)", shown(out.topic), problem)
-            return
+            return None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
         # One bound over every attempt: each waits only for what remains of it, so a
         # PUBACK that did not come in time leaves no time to send again (a retry would
         # only double the message on a broker that is slow, not gone). No timer of its
         # own on the usual path: the transport bounds its wait for the PUBACK.
+        late: asyncio.Future[None] | None = None  # the last attempt's PUBACK, if it still comes
         try:
             while True:
                 conn = self._conn
@@ -82,7 +87,7 @@ class ConnectionPublisher:
                         "worker is stopping: message lost",
                         out.topic,
                     )
-                    return
+                    return Unconfirmed(out, late)
                 if conn is None or not self._connected.is_set():
                     async with asyncio.timeout_at(deadline):
                         await self._changed.wait()
@@ -92,16 +97,25 @@ class ConnectionPublisher:
                     break
                 try:
                     await conn.publish(out, timeout_s=remaining_s)
+                except Unacknowledged as exc:
+                    late = exc.late  # sent, and no time left to send again
+                    break
                 except TransportError as exc:
                     if self._gone_for_good(conn):
                         continue  # said once, above
                     log.debug("publish to %s failed (%s); retrying", out.topic, exc)
                     await asyncio.sleep(min(RETRY_PUBLISH_DELAY_S, remaining_s))
                 else:
-                    return
+                    return None
         except TimeoutError:
             pass  # no connection came back in time
         except Exception:  # a message the transport cannot encode: lost, never raised
             log.exception("could not publish to %s: message lost", out.topic)
-            return
-        log.error("could not publish to %s within %.1f s: message lost", out.topic, self._timeout_s)
+            return None
+        log.error(
+            "could not publish to %s within %.1f s: %s",
+            out.topic,
+            self._timeout_s,
+            "not acknowledged yet" if late is not None else "message lost",
+        )
+        return Unconfirmed(out, late)

@@ -32,10 +32,10 @@ from toolbus.client_ids import ClientIds
 from toolbus.client_ids import client_ids as ids_for
 from toolbus.inflight import InFlight, Slots
 from toolbus.links import RECONNECT_FIRST_DELAY_S, Links, Takeovers
-from toolbus.messages import Inbound
 from toolbus.observability.metrics import Metrics
 from toolbus.pipeline import Pipeline
 from toolbus.publisher import ConnectionPublisher
+from toolbus.redeliveries import Redeliveries
 from toolbus.registry import Registry
 from toolbus.status import StatusReporter
 from toolbus.tasks import cancel_and_wait
@@ -64,7 +64,7 @@ class Worker:
             many-call messages borrow free ones; the consumer waits for a free slot.
         shutdown_grace_s: how long calls may run on after stop is asked.
         publish_timeout_s: the bound on every publish and on unsubscribing.
-        reconnect_max_delay_s: the cap on the reconnect backoff.
+        reconnect_max_delay_s, keepalive_s: the cap on the reconnect backoff; MQTT's.
         session_expiry_s: keep the broker session this long after a disconnect, so
             requests received but unanswered at a crash come back (0: clean sessions).
     """
@@ -86,6 +86,7 @@ class Worker:
         reconnect_max_delay_s: float,
         client_ids: ClientIds | None = None,
         session_expiry_s: int = 0,
+        keepalive_s: int = 60,
     ) -> None:
         self.broker, self.worker_id, self.topics = broker, worker_id, topics
         self.pipeline, self.mcp, self.metrics = pipeline, mcp, metrics
@@ -94,11 +95,12 @@ class Worker:
         self._reconnect_max_delay_s = reconnect_max_delay_s
         self.client_ids = client_ids or ids_for(worker_id, None)
         self._links = Links(
-            broker, self.client_ids, slots.count, session_expiry_s, publish_timeout_s
+            broker, self.client_ids, slots.count, session_expiry_s, publish_timeout_s, keepalive_s
         )
         self.subscribed = asyncio.Event()
         self.draining = asyncio.Event()  # set once stopping has begun
-        self.in_flight = InFlight(pipeline.handle, self._ack, slots, metrics)
+        self.redeliveries = Redeliveries(pipeline.handle, publisher, slots.count, session_expiry_s)
+        self.in_flight = InFlight(self.redeliveries.answer, slots, metrics)
         self._conn: MqttConnection | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -192,6 +194,7 @@ class Worker:
                     connected_once = True
                     takeovers.connected()
                     self._conn = conn
+                    self.redeliveries.connected(conn)  # acknowledges what arrives on it
                     self._publisher.attach(out)
                     # Taking first: a resumed session's requests come before the SUBACK,
                     # which the request connection reads only as they are taken.
@@ -252,11 +255,6 @@ class Worker:
             log.warning("could not take every queued message before stopping: %s", exc)
         await self._finish_handlers(deadline)
         await self._status.stop(self.in_flight)  # each server `stopped`, then `offline`
-
-    def _ack(self, message: Inbound) -> None:
-        """Answered: acknowledge it, on the connection it came from if that one is live."""
-        if (conn := self._conn) is None or not conn.ack(message):
-            log.debug("answered a request from an earlier connection: the broker resends it")
 
     async def _begin_stopping(self) -> None:
         self.draining.set()

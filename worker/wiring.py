@@ -190,6 +190,7 @@ def build_worker(
         publish_timeout_s=settings.publish_timeout_s,
         reconnect_max_delay_s=settings.reconnect_max_delay_s,
         client_ids=ids,
+        keepalive_s=settings.keepalive_s,
         # A session outlives the connection only under a stable, configured identity
         # whose client ids no caller can derive (see `client_ids`).
         session_expiry_s=settings.session_expiry_s if ids.persistent else 0,

@@ -134,6 +134,13 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     publish_timeout_s: float = Field(default=10.0, gt=0)
     reconnect_max_delay_s: float = Field(default=30.0, gt=0)
+    keepalive_s: int = Field(
+        default=60,
+        ge=1,
+        le=65535,
+        description="MQTT keepalive: a broker silent this long is pinged, and its "
+        "connection dropped (and made again) after as long again without an answer.",
+    )
     publish_traces: bool = Field(
         default=False,
         description="Publish every call's spans back on `{reply_topic}/trace` (records spans).",

@@ -6,7 +6,13 @@ what the broker said refusing or dropping one (e.g. `SESSION_TAKEN_OVER`).
 """
 
 from toolbus.transport.connection import MqttConnection
-from toolbus.transport.errors import BrokerRefused, TransportError
+from toolbus.transport.errors import BrokerRefused, TransportError, Unacknowledged
 from toolbus.transport.reasons import SESSION_TAKEN_OVER
 
-__all__ = ["SESSION_TAKEN_OVER", "BrokerRefused", "MqttConnection", "TransportError"]
+__all__ = [
+    "SESSION_TAKEN_OVER",
+    "BrokerRefused",
+    "MqttConnection",
+    "TransportError",
+    "Unacknowledged",
+]

@@ -35,6 +35,7 @@ from toolbus.messages import Inbound, Outbound
 from toolbus.transport.errors import TransportError
 from toolbus.transport.paho_log import PAHO_LOG
 from toolbus.transport.properties import publish_properties
+from toolbus.transport.pubacks import Pubacks
 from toolbus.transport.reasons import SESSION_TAKEN_OVER, connect_error, disconnect_reason
 from toolbus.transport.socket_reader import BoundedReader, paho_of
 from toolbus.transport.socket_writer import SocketWriter
@@ -76,6 +77,7 @@ def _inbound(message: aiomqtt.Message, connection: MqttConnection) -> Inbound:
         expiry_s=props.get("MessageExpiryInterval"),
         retain=message.retain,
         delivery=_Delivery(connection, message.mid, message.qos),
+        packet_id=message.mid if message.qos > 0 else None,
     )
 
 
@@ -147,7 +149,7 @@ class MqttConnection:
         self._paho.connect_timeout = timeout_s / 2 if tls is not None else timeout_s
         self._paho.manual_ack_set(manual_ack)
         self._timeout_s = timeout_s
-        self._acks: dict[int, asyncio.Future[None]] = {}  # message id -> its PUBACK
+        self._acks = Pubacks()  # the PUBACKs our publishes wait for
         self._gone = asyncio.Event()  # set once paho has seen the connection go
         self._paho.on_publish = self._published
         aiomqtt_disconnected = self._paho.on_disconnect
@@ -304,9 +306,12 @@ class MqttConnection:
 
     def ack(self, message: Inbound) -> bool:
         """Acknowledge a request now that it is answered. False when it came on another
-        connection: the broker then delivers it again (or has dropped the session)."""
+        connection, or this one is lost: the broker then delivers it again (or has
+        dropped the session)."""
         delivery = message.delivery
         if not isinstance(delivery, _Delivery) or delivery.connection is not self:
+            return False
+        if not self.connected:
             return False
         if delivery.qos > 0:
             self._paho.ack(delivery.mid, delivery.qos)
@@ -315,7 +320,9 @@ class MqttConnection:
     async def publish(self, out: Outbound, timeout_s: float | None = None) -> None:
         """Published and (QoS 1) acknowledged within `timeout_s` (the connection's bound
         by default). Raises `TransportError` as soon as the connection is lost: a dead
-        broker never sends the PUBACK, and the caller could use a new connection.
+        broker never sends the PUBACK, and the caller could use a new connection. A
+        PUBACK late on a live connection raises `Unacknowledged`, whose `late` tells
+        whether it still came (a stalled broker reads the message when it resumes).
 
         Straight through paho, not aiomqtt's `publish`: that one costs two tasks and an
         event per message (`wait_for` around `Event.wait`); here the PUBACK resolves
@@ -328,19 +335,7 @@ class MqttConnection:
             raise TransportError(f"could not publish: {paho.error_string(info.rc)}")
         if out.qos == 0 or info.is_published():
             return
-        loop = asyncio.get_running_loop()
-        acked = loop.create_future()
-        self._acks[info.mid] = acked
-        # A timer that fails the future, not `asyncio.timeout` (which cancels the task):
-        # the same bound for a third of the steps, on every reply.
-        timer = loop.call_later(
-            self._timeout_s if timeout_s is None else timeout_s, _unacknowledged, acked
-        )
-        try:
-            await acked
-        finally:
-            timer.cancel()
-            self._acks.pop(info.mid, None)
+        await self._acks.wait(info.mid, self._timeout_s if timeout_s is None else timeout_s)
 
     def _published(
         self,
@@ -350,11 +345,8 @@ class MqttConnection:
         reason_code: ReasonCode,
         properties: Properties,
     ) -> None:
-        """paho's `on_publish`: the PUBACK of one of our publishes came (any reason code:
-        as with aiomqtt, a refusal is not retried, since sending again would not help)."""
-        acked = self._acks.pop(mid, None)
-        if acked is not None and not acked.done():
-            acked.set_result(None)
+        """paho's `on_publish`: the PUBACK of one of our publishes came."""
+        self._acks.came(mid)
 
     def _disconnected(self, client: paho.Client, *args: Any) -> None:
         """paho's `on_disconnect`, after aiomqtt's: no PUBACK comes on this connection now."""
@@ -362,12 +354,7 @@ class MqttConnection:
         if not self._connect_failed:  # (its connect future may be cancelled by then)
             self._aiomqtt_disconnected(client, *args)
             self._gone.set()
-        acks, self._acks = self._acks, {}
-        for acked in acks.values():
-            if not acked.done():
-                acked.set_exception(
-                    TransportError("connection lost before the broker acknowledged")
-                )
+        self._acks.lost()
 
     async def lost(self) -> None:
         """Returns once the connection is lost, for one that subscribes to nothing (the
@@ -378,6 +365,3 @@ class MqttConnection:
                 pass  # nothing is subscribed: nothing comes
 
 
-def _unacknowledged(acked: asyncio.Future[None]) -> None:
-    if not acked.done():
-        acked.set_exception(TransportError("the broker did not acknowledge in time"))

@@ -1,10 +1,13 @@
 """Transport errors: a connection lost or refused, and a refusal no retry can fix.
 
 TransportError        the broker connection failed or was lost: connect again
-└── BrokerRefused     the broker (or its certificate) refuses us for who we are
+├── BrokerRefused     the broker (or its certificate) refuses us for who we are
+└── Unacknowledged    a publish's PUBACK did not come in time (it may still come)
 """
 
 from __future__ import annotations
+
+import asyncio
 
 
 class TransportError(Exception):
@@ -18,3 +21,15 @@ class BrokerRefused(TransportError):
     Trying again cannot help until the configuration changes: a worker refused at its
     first connect stops with this error (see `service.Worker`).
     """
+
+
+class Unacknowledged(TransportError):
+    """A publish's PUBACK did not come within its bound, on a connection still up.
+
+    The message was sent: a stalled broker reads it when it resumes. `late` resolves if
+    its PUBACK comes after all, and fails once the connection is lost without it.
+    """
+
+    def __init__(self, late: asyncio.Future[None]) -> None:
+        super().__init__("the broker did not acknowledge in time")
+        self.late = late
