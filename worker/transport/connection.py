@@ -363,5 +363,3 @@ class MqttConnection:
         with contextlib.suppress(aiomqtt.MqttError):
             async for _ in self._client.messages:
                 pass  # nothing is subscribed: nothing comes
-
-
