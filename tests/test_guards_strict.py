@@ -163,9 +163,14 @@ async def test_a_tools_preset_wins_over_the_global_one() -> None:
 
 
 async def test_a_tools_own_limits_narrow_its_preset() -> None:
-    rig = strict_rig(tools={"note": {"guards": {"max_string_length": 10}}})
-    reply = await rig.call("note", {"arguments": {"text": "x" * 11}})
-    assert violations(reply) == [("arguments.text", "max_string_length", None)]
+    """The names the schema declares are the tool's own: a string limit shorter than
+    `files` bounds the values and the keys the caller chose, not them."""
+    rig = strict_rig(tools={"note": {"guards": {"max_string_length": 4}}})
+    assert (await rig.call("note", {"arguments": {"files": ["a.ts"]}}))["ok"]
+    too_long = await rig.call("note", {"arguments": {"text": "x" * 5}})
+    assert violations(too_long) == [("arguments.text", "max_string_length", None)]
+    chosen = await rig.call("note", {"arguments": {"meta": {"color": 1}}})
+    assert violations(chosen) == [("arguments.meta", "max_string_length", None)]
 
 
 # -- keys --------------------------------------------------------------------------------

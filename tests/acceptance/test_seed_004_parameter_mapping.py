@@ -256,7 +256,7 @@ async def test_traversal_is_refused(caller: Caller, worker: Worker) -> None:
     validation rule in the seed, so in any string; in `focusArea.files` (a path
     parameter) in any encoding too.
     """
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"code_scope": {"files": ["../../etc/passwd"], "entryPoints": []}}, "files[0]"),
         ({"code_scope": {"files": ["src/%2e%2e/%2e%2e/etc"], "entryPoints": []}}, "files[0]"),
         ({"stuck_description": "went .. nowhere"}, "stuckPoints[0]"),

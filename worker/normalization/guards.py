@@ -4,9 +4,10 @@ Before normalization (cheap, on whatever arrived): total argument size and nesti
 depth. After it, walking the arguments with the tool's shapes: string length,
 forbidden-character patterns, the path guard for parameters marked as paths (which
 hands the tool the canonical path, reported as `path_canonical`; see `paths`), array
-length, and lenient arrays whose invalid items are dropped and reported. Keys are judged
-as string values are (length, patterns), as the tool receives them: after renaming, so
-an object parsed from a JSON string has its keys judged too. The `strict` preset adds
+length, and lenient arrays whose invalid items are dropped and reported. A key the
+tool's schema does not declare at its level (the caller's choice, not the tool's) is
+judged as a string value is (length, patterns), as the tool receives it: after renaming,
+so an object parsed from a JSON string has its keys judged too. The `strict` preset adds
 the seed's rules (see `strict`). The limits in
 force at each level come from `limits`. Every violation is collected; a refusal is
 `invalid_arguments` with `details.violations`. Values no guard changed are passed on as
@@ -151,8 +152,8 @@ class _Walk:
             properties = shape.properties
             changed: dict[str, Any] | None = None
             for index, (k, v) in enumerate(value.items()):
-                if not plain(k, limits):
-                    self.key(k, index, limits, path)
+                if k not in properties and not plain(k, limits):
+                    self.key(k, index, limits, path)  # a key the schema does not name
                 named = limits.strict and k in strict.PATH_NAMES
                 if type(v) is str and not named and k not in children and plain(v, limits):
                     continue  # the common string: nothing to refuse, change or report

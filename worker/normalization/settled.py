@@ -83,7 +83,7 @@ class Plan:
                     if out is None:
                         out = _before(arguments, key)
                     renames.append(change)
-            if not _plain_key(target, limits):
+            if not _key_passes(target, walked, limits):
                 return None
             if out is not None:
                 out[target] = item
@@ -171,7 +171,7 @@ class Plan:
                 if walked:
                     return False  # a key to respell, or one validation will judge
                 child = ANY
-            if not _plain_key(key, limits):
+            if not _key_passes(key, walked, limits):
                 return False
             if not self._value(
                 item,
@@ -185,10 +185,13 @@ class Plan:
         return True
 
 
-def _plain_key(key: str, limits: Limits) -> bool:
-    """A key the guards pass as it is: within the string limits, and under `strict` not
-    a `file`/`files` field, whose values are judged as file paths (the full path's)."""
-    return plain(key, limits) and not (limits.strict and key in PATH_NAMES)
+def _key_passes(key: str, declared: bool, limits: Limits) -> bool:
+    """A key the guards pass without a word: one the schema declares (the tool's own name)
+    or one within the string limits, as a value is judged; under `strict`, not a `file`
+    or `files` field (its values are file paths, judged on the full path)."""
+    if limits.strict and key in PATH_NAMES:
+        return False
+    return declared or plain(key, limits)
 
 
 def _before(arguments: dict[str, Any], key: str) -> dict[str, Any]:
