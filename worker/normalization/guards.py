@@ -118,14 +118,16 @@ class _Walk:
         self.guards = guards
         self.tool = tool
         self.violations: list[dict[str, Any]] = []
+        self._seen: set[tuple[str, str, Any]] = set()
         self.report: list[Change] = []
 
     def refuse(self, path: str, rule: str, **facts: Any) -> None:
-        key = facts.get("key")
-        if any(
-            v["path"] == path and v["rule"] == rule and v.get("key") == key for v in self.violations
-        ):
-            return  # one string, one rule, one violation (`..` both as a path and as text)
+        # One string, one rule, one violation (`..` both as a path and as text); a set, as
+        # an array of thousands of bad items makes thousands of violations.
+        seen = (path, rule, facts.get("key"))
+        if seen in self._seen:
+            return
+        self._seen.add(seen)
         self.violations.append({"path": path, "rule": rule, **facts})
 
     def value(  # noqa: PLR0917 -- the walk's state, passed down as the other methods do
