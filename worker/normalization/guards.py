@@ -193,9 +193,9 @@ class _Walk:
         if len(text) > limits.max_string_length:
             self.refuse(path, "max_string_length", limit=limits.max_string_length, actual=len(text))
         checked = [text]
-        marked = settings is not None and (settings.path or settings.allowed_roots)
-        if marked:
-            assert settings is not None  # for mypy: `marked` says so
+        marked = False  # a parameter marked as a path
+        if settings is not None and (settings.path or settings.allowed_roots):
+            marked = True
             text = self.file_path(text, settings, path)
             if text != checked[0]:
                 checked.append(text)  # the patterns hold for what the tool receives too
