@@ -1,14 +1,15 @@
 """Seed 004, the parameter mapping document: the analysis context a caller sends in
 snake_case reaches the tool in the seed's internal camelCase shape, through a worker over
-MQTT; and its validation rules, as toolbus's default guards apply them today.
+MQTT; and its validation rules, under the `strict` guard preset that applies them.
 
 The tool is `escalate_analysis` (the document's first), a local tool declaring the
 document's `ClaudeCodeContext` as its schema and answering with what it received. The
 transformations are configuration, as docs/normalization.md's example writes them: two
 static map entries (`stuck_description`, `code_scope`), respelling for the rest, lenient
-findings, and `focusArea.files` as paths. The seed's character rules (no `<>{}`, file
-paths of alphanumerics and `._-/` up to 255) are the planned `strict` guard preset
-(issue 24): until then the tests below pin what the default guards do.
+findings, and `focusArea.files` as paths. The worker runs `[guards] preset = "strict"`:
+the seed's string, array and file path rules, and its words for a refusal. The default
+guards are looser (markup, templates, `..` in prose and paths of any characters pass):
+see docs/normalization.md and tests/test_guards_strict.py.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ ESCALATE = LocalTool(
     fn=_received,
 )
 CONFIG = {
+    "guards": {"preset": "strict"},
     "argument_maps": {
         "escalate_analysis": {
             "analysisContext.stuck_description": "stuckPoints",
@@ -228,32 +230,47 @@ async def test_strings_up_to_2000_characters(caller: Caller, worker: Worker) -> 
     ]
 
 
-async def test_angle_brackets_and_braces_pass_the_default_guards(
-    caller: Caller, worker: Worker
-) -> None:
+async def test_angle_brackets_and_braces_are_refused(caller: Caller, worker: Worker) -> None:
     """Seed 004_80f8cea26bef6723.txt: "Regex pattern: `^[^<>{}]*$` (no angle brackets or braces)".
 
-    Deliberate difference (for now): the default guards forbid control characters only;
-    the seed's `^[^<>{}]*$` belongs to the planned `strict` preset (issue 24), and any
-    tool can have it today with a `forbidden_pattern`.
+    "Issue: `String contains potentially unsafe characters`", "Cause: Input contains `<`,
+    `>`, `{`, or `}` characters", "Solution: Remove or escape special characters".
     """
-    text = "<script>alert({x})</script>"
-    reply = await escalate(caller, worker, context(attempted_approaches=[text]))
-    assert received(reply)["attemptedApproaches"] == [text]
+    for text in ("<script>alert(1)</script>", "{{7*7}}", "a > b", "{}"):
+        refused = await escalate(caller, worker, context(attempted_approaches=["ok", text]))
+        assert violations(refused) == [
+            ("arguments.analysisContext.attemptedApproaches[1]", "forbidden_characters", None)
+        ], text
+        assert refused["error"]["details"]["violations"][0]["reason"] == "unsafe_characters"
+        assert "String contains potentially unsafe characters" in refused["error"]["message"]
+    escaped = "&lt;script&gt;alert(1)&lt;/script&gt;"
+    reply = await escalate(caller, worker, context(attempted_approaches=[escaped]))
+    assert received(reply)["attemptedApproaches"] == [escaped]
 
 
-async def test_traversal_is_refused_in_paths(caller: Caller, worker: Worker) -> None:
+async def test_traversal_is_refused(caller: Caller, worker: Worker) -> None:
     """Seed 004_80f8cea26bef6723.txt: "Path traversal protection: no `..` sequences".
 
-    Deliberate difference: `..` is refused where a parameter is a path (here
-    `focusArea.files`, in any encoding), not in prose, where it is just two dots.
+    "Issue: `Path traversal detected`", "Cause: File path contains `..` sequences",
+    "Solution: Use absolute paths without parent directory references". A string
+    validation rule in the seed, so in any string; in `focusArea.files` (a path
+    parameter) in any encoding too.
     """
-    for path in ("../../etc/passwd", "src/%2e%2e/%2e%2e/etc"):
-        scope = {"files": [path], "entryPoints": []}
-        refused = await escalate(caller, worker, context(code_scope=scope))
-        assert [rule for _, rule, _ in violations(refused)] == ["path_traversal"], path
-    prose = await escalate(caller, worker, context(stuck_description="went .. nowhere"))
-    assert received(prose)["stuckPoints"] == ["went .. nowhere"]
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"code_scope": {"files": ["../../etc/passwd"], "entryPoints": []}}, "files[0]"),
+        ({"code_scope": {"files": ["src/%2e%2e/%2e%2e/etc"], "entryPoints": []}}, "files[0]"),
+        ({"stuck_description": "went .. nowhere"}, "stuckPoints[0]"),
+    ]
+    for changes, where in cases:
+        refused = await escalate(caller, worker, context(**changes))
+        found = {(path, rule) for path, rule, _ in violations(refused)}
+        path = "arguments.analysisContext." + ("focusArea." if "files" in where else "") + where
+        assert (path, "path_traversal") in found, changes
+        assert "Path traversal detected" in refused["error"]["message"]
+    place = {"file": "/srv/repo/src/services/ApiService.ts", "line": 42}
+    scope = {"files": ["src/services/ApiService.ts"], "entryPoints": [place]}
+    reply = await escalate(caller, worker, context(code_scope=scope))
+    assert received(reply)["focusArea"]["entryPoints"] == [place]
 
 
 async def test_arrays_up_to_100_items(caller: Caller, worker: Worker) -> None:
@@ -265,18 +282,32 @@ async def test_arrays_up_to_100_items(caller: Caller, worker: Worker) -> None:
     ]
 
 
-async def test_file_paths_are_judged_as_paths_not_by_characters(
+async def test_file_paths_up_to_255_characters_of_the_seeds_alphabet(
     caller: Caller, worker: Worker
 ) -> None:
     """Seed 004_80f8cea26bef6723.txt: "File paths: maximum 255 characters, alphanumeric + `._-/`".
 
-    Deliberate difference (for now): the default guards judge a path by where it leads
-    (traversal, roots, encodings), and its length by the string limit (2000); the seed's
-    255 characters of `[A-Za-z0-9._/-]` are the planned `strict` preset (issue 24).
+    The seed's file paths are its `files` arrays and `file` fields: the values of every
+    field of those names are judged as file paths.
     """
-    files = ["src/my file (copy).ts", "src/" + "d" * 296 + ".ts"]
-    reply = await escalate(caller, worker, context(code_scope={"files": files, "entryPoints": []}))
-    assert received(reply)["focusArea"]["files"] == files
+    longest = "src/" + "d" * 248 + ".ts"  # 255 characters
+    scope = {"files": [longest], "entryPoints": [{"file": longest, "line": 1}]}
+    assert received(await escalate(caller, worker, context(code_scope=scope)))["focusArea"][
+        "files"
+    ] == [longest]
+    base = "arguments.analysisContext.focusArea"
+    for bad, rule in (
+        ("src/my file (copy).ts", "path_invalid"),
+        (longest + "x", "max_path_length"),
+    ):
+        in_files = {"files": [bad], "entryPoints": []}
+        refused = await escalate(caller, worker, context(code_scope=in_files))
+        assert [(p, r) for p, r, _ in violations(refused)] == [(f"{base}.files[0]", rule)]
+        in_entry = {"files": [], "entryPoints": [{"file": bad, "line": 1}]}
+        refused = await escalate(caller, worker, context(code_scope=in_entry))
+        assert [(p, r) for p, r, _ in violations(refused)] == [
+            (f"{base}.entryPoints[0].file", rule)
+        ]
 
 
 async def test_findings_take_the_array_limit(caller: Caller, worker: Worker) -> None:

@@ -35,6 +35,8 @@ Coercion = Literal[
 ]
 ALL_COERCIONS: frozenset[str] = frozenset(Coercion.__args__)  # type: ignore[attr-defined]
 CoercionName = Coercion | Literal["all"]  # what `skip_coercions` accepts
+# `strict`: the parameter-mapping seed's rules on top of the defaults (normalization/strict.py).
+GuardPreset = Literal["default", "strict"]
 
 
 def _compiles(pattern: str | None) -> str | None:
@@ -54,6 +56,11 @@ class GuardSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    preset: GuardPreset | None = Field(
+        default=None,
+        description="`strict`: the parameter-mapping seed's rules (no `<>{}`, no `..`, "
+        "file paths of 255 `[A-Za-z0-9._/-]`); a tool's own preset wins over `[guards]`'.",
+    )
     max_string_length: int | None = Field(default=None, ge=1)
     max_array_length: int | None = Field(default=None, ge=0)
     max_depth: int | None = Field(default=None, ge=1)
@@ -63,6 +70,7 @@ class GuardSettings(BaseModel):
 
 # The one place guard defaults are written; `complete_guards` fills a partial table from it.
 DEFAULT_GUARDS = GuardSettings(
+    preset="default",
     max_string_length=2000,
     max_array_length=100,
     max_depth=16,

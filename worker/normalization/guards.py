@@ -4,7 +4,11 @@ Before normalization (cheap, on whatever arrived): total argument size and nesti
 depth. After it, walking the arguments with the tool's shapes: string length,
 forbidden-character patterns, the path guard for parameters marked as paths (which
 hands the tool the canonical path, reported as `path_canonical`; see `paths`), array
-length, and lenient arrays whose invalid items are dropped and reported. The limits in
+length, and lenient arrays whose invalid items are dropped and reported. A key the
+tool's schema does not declare at its level (the caller's choice, not the tool's) is
+judged as a string value is (length, patterns), as the tool receives it: after renaming,
+so an object parsed from a JSON string has its keys judged too. The `strict` preset adds
+the seed's rules (see `strict`). The limits in
 force at each level come from `limits`. Every violation is collected; a refusal is
 `invalid_arguments` with `details.violations`. Values no guard changed are passed on as
 they are: an object or array is copied only when something in it changed.
@@ -20,7 +24,7 @@ from jsonschema.protocols import Validator
 
 from toolbus.config import GuardSettings, ParameterSettings
 from toolbus.errors import InvalidArguments
-from toolbus.normalization import paths
+from toolbus.normalization import paths, strict
 from toolbus.normalization.limits import Limits, ParamNode, global_limits, parameter_tree, plain
 from toolbus.normalization.report import Change
 from toolbus.normalization.shapes import ANY, Shape
@@ -43,6 +47,7 @@ class Guards:
     """Input guards: the global `[guards]` limits, narrowed by each tool's own settings."""
 
     def __init__(self, global_settings: GuardSettings) -> None:
+        self._settings = global_settings
         self._global = global_limits(global_settings)
         self._cache: dict[int, tuple[Tool, ToolGuards]] = {}
 
@@ -55,7 +60,12 @@ class Guards:
         cached = self._cache.get(id(tool))
         if cached is not None and cached[0] is tool:
             return cached[1]
-        limits = self._global.narrowed(tool.settings.guards)
+        own = tool.settings.guards
+        base = self._global
+        if own.preset is not None and own.preset != self._settings.preset:
+            # A tool's preset replaces the global one (strict for one tool, or not for one).
+            base = global_limits(self._settings.model_copy(update={"preset": own.preset}))
+        limits = base.narrowed(own)
         built = ToolGuards(limits, parameter_tree(limits, tool.settings.parameters))
         self._cache[id(tool)] = (tool, built)
         return built
@@ -108,32 +118,49 @@ class _Walk:
         self.guards = guards
         self.tool = tool
         self.violations: list[dict[str, Any]] = []
+        self._seen: set[tuple[str, str, Any]] = set()
         self.report: list[Change] = []
 
     def refuse(self, path: str, rule: str, **facts: Any) -> None:
+        # One string, one rule, one violation (`..` both as a path and as text); a set, as
+        # an array of thousands of bad items makes thousands of violations.
+        seen = (path, rule, facts.get("key"))
+        if seen in self._seen:
+            return
+        self._seen.add(seen)
         self.violations.append({"path": path, "rule": rule, **facts})
 
-    def value(
-        self, value: Any, shape: Shape, param: ParamNode | None, limits: Limits, path: str
+    def value(  # noqa: PLR0917 -- the walk's state, passed down as the other methods do
+        self,
+        value: Any,
+        shape: Shape,
+        param: ParamNode | None,
+        limits: Limits,
+        path: str,
+        named_path: bool = False,
     ) -> Any:
-        """The value as the tool receives it: the same object unless a guard changed it."""
+        """The value as the tool receives it: the same object unless a guard changed it.
+        `named_path`: under `strict`, a value of a `file`/`files` field (a file path)."""
         settings = None
         if param is not None:
             settings = param.settings
             limits = param.limits
         if isinstance(value, str):
-            return self.string(value, settings, limits, path)
+            return self.string(value, settings, limits, path, named_path)
         if isinstance(value, list):
-            return self.array(value, shape, param, settings, limits, path)
+            return self.array(value, shape, param, settings, limits, path, named_path)
         if isinstance(value, dict):
             children = param.children if param is not None else _NO_CHILDREN
             properties = shape.properties
             changed: dict[str, Any] | None = None
-            for k, v in value.items():
-                if type(v) is str and k not in children and plain(v, limits):
+            for index, (k, v) in enumerate(value.items()):
+                if k not in properties and not plain(k, limits):
+                    self.key(k, index, limits, path)  # a key the schema does not name
+                named = limits.strict and k in strict.PATH_NAMES
+                if type(v) is str and not named and k not in children and plain(v, limits):
                     continue  # the common string: nothing to refuse, change or report
                 checked = self.value(
-                    v, properties.get(k, ANY), children.get(k), limits, f"{path}.{k}"
+                    v, properties.get(k, ANY), children.get(k), limits, f"{path}.{k}", named
                 )
                 if checked is not v:
                     if changed is None:
@@ -142,29 +169,57 @@ class _Walk:
             return value if changed is None else changed
         return value
 
+    def key(self, key: str, index: int, limits: Limits, path: str) -> None:
+        """A key is judged as a string value is; the violation names the object that holds
+        it and the key's place there (`key`, from 0), not the key itself."""
+        if len(key) > limits.max_string_length:
+            self.refuse(
+                path,
+                "max_string_length",
+                key=index,
+                limit=limits.max_string_length,
+                actual=len(key),
+            )
+        self.forbidden([key], limits, path, key=index)
+
     def string(
-        self, text: str, settings: ParameterSettings | None, limits: Limits, path: str
+        self,
+        text: str,
+        settings: ParameterSettings | None,
+        limits: Limits,
+        path: str,
+        named_path: bool = False,
     ) -> str:
         if len(text) > limits.max_string_length:
             self.refuse(path, "max_string_length", limit=limits.max_string_length, actual=len(text))
         checked = [text]
+        marked = False  # a parameter marked as a path
         if settings is not None and (settings.path or settings.allowed_roots):
+            marked = True
             text = self.file_path(text, settings, path)
             if text != checked[0]:
                 checked.append(text)  # the patterns hold for what the tool receives too
         self.forbidden(checked, limits, path)
+        if limits.strict and (named_path or marked):
+            for each in checked:
+                for rule, facts in strict.path_violations(each):
+                    self.refuse(path, rule, **facts)
         return text
 
-    def forbidden(self, texts: list[str], limits: Limits, path: str) -> None:
+    def forbidden(self, texts: list[str], limits: Limits, path: str, **where: Any) -> None:
         for text in texts:
             if limits.clean(text):
                 continue
             for pattern in limits.forbidden:
                 found = pattern.search(text)
                 if found is not None:
+                    rule, reason = strict.RULES.get(pattern.pattern, ("forbidden_characters", ""))
+                    facts: dict[str, Any] = {"reason": reason} if reason else {}
                     self.refuse(
                         path,
-                        "forbidden_characters",
+                        rule,
+                        **where,
+                        **facts,
                         position=found.start(),
                         pattern=pattern.pattern,
                     )
@@ -195,6 +250,7 @@ class _Walk:
         settings: ParameterSettings | None,
         limits: Limits,
         path: str,
+        named_path: bool = False,
     ) -> list[Any]:
         if len(items) > limits.max_array_length:
             self.refuse(path, "max_array_length", limit=limits.max_array_length, actual=len(items))
@@ -202,11 +258,13 @@ class _Walk:
         if settings is not None and settings.lenient and shape.item_schema is not None:
             kept = self.lenient(items, shape, path)
         item_shape = shape.items or ANY
-        unguarded = settings is None or not (settings.path or settings.allowed_roots)
+        unguarded = not named_path and (
+            settings is None or not (settings.path or settings.allowed_roots)
+        )
         checked = [
             item  # as in objects: a plain string within its limits needs no call
             if unguarded and type(item) is str and plain(item, limits)
-            else self.value(item, item_shape, param, limits, f"{path}[{i}]")
+            else self.value(item, item_shape, param, limits, f"{path}[{i}]", named_path)
             for i, item in enumerate(kept)
         ]
         if kept is items and all(new is old for new, old in zip(checked, items, strict=True)):
@@ -270,6 +328,10 @@ def _refuse(tool: Tool, violations: list[dict[str, Any]]) -> None:
     if violations:
         raise InvalidArguments(
             f"arguments for {tool.name} break {len(violations)} input guard(s): "
-            + "; ".join(f"{v['path']}: {v['rule']}" for v in violations[:3]),
+            # The seed's words where it has some (`strict.WORDS`), else the rule.
+            + "; ".join(
+                f"{v['path']}: {strict.WORDS.get(v.get('reason', ''), v['rule'])}"
+                for v in violations[:3]
+            ),
             violations=violations[:MAX_VIOLATIONS],
         )

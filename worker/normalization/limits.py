@@ -1,7 +1,8 @@
 """Limits: the guard limits in force at each level of a tool's arguments, built once.
 
-`[guards]` sets them for every tool (the defaults fill what it leaves out),
-`[tools.NAME.guards]` narrows them for one tool, and `[tools.NAME.parameters."dotted.path"]`
+`[guards]` sets them for every tool (the defaults fill what it leaves out, and its
+`preset` may add the `strict` rules), `[tools.NAME.guards]` narrows them for one tool
+(its own `preset` replacing the global one), and `[tools.NAME.parameters."dotted.path"]`
 for one parameter and everything below it; the most specific value wins. Forbidden
 patterns add up instead: the control-character default, then each level's own, so no
 level can lift a ban made above it (only `[guards] forbidden_pattern = ""` lifts the
@@ -21,6 +22,7 @@ from toolbus.config import (
     ParameterSettings,
     complete_guards,
 )
+from toolbus.normalization.strict import PATTERNS as STRICT_PATTERNS
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,7 @@ class Limits:
     max_depth: int
     max_argument_bytes: int
     forbidden: tuple[re.Pattern[str], ...]
+    strict: bool = False  # the `strict` preset: its patterns are in `forbidden`; file paths
     # What a string is searched with first: the patterns as one, when they combine
     # safely. A miss there clears the text; a hit is looked up pattern by pattern.
     screen: tuple[re.Pattern[str], ...] = field(init=False, compare=False)
@@ -55,6 +58,7 @@ class Limits:
             max_depth=max_depth or self.max_depth,
             max_argument_bytes=max_argument_bytes or self.max_argument_bytes,
             forbidden=forbidden,
+            strict=self.strict,
         )
 
     def clean(self, text: str) -> bool:
@@ -79,12 +83,17 @@ class ParamNode:
 def global_limits(settings: GuardSettings) -> Limits:
     """The `[guards]` table, completed with the defaults."""
     complete = complete_guards(settings)
+    forbidden = _global_forbidden(complete.forbidden_pattern)
+    strict = complete.preset == "strict"
+    if strict:  # after `[guards]`' own, before a tool's: a refusal names the first that matches
+        forbidden = (*forbidden, *STRICT_PATTERNS)
     return Limits(
         max_string_length=_limit(complete.max_string_length),
         max_array_length=_limit(complete.max_array_length),
         max_depth=_limit(complete.max_depth),
         max_argument_bytes=_limit(complete.max_argument_bytes),
-        forbidden=_global_forbidden(complete.forbidden_pattern),
+        forbidden=forbidden,
+        strict=strict,
     )
 
 

@@ -11,7 +11,8 @@ rule (`key_target`) and remembered.
 
 The walk only ever answers "settled" or "not sure": a key kept or respelled below the top,
 two keys for one property, a value to shape, a default to fill, a path or lenient
-parameter, a limit reached, anything but plain JSON. "Not sure" sends the call down the
+parameter (under `strict`, a `file` or `files` field too), a limit reached by a value or a
+key, anything but plain JSON. "Not sure" sends the call down the
 full path, which alone decides, refuses and reports. So the walk can be too cautious but
 never too lenient; schema validation runs either way.
 """
@@ -22,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolbus.normalization.guards import Guards
-from toolbus.normalization.limits import Limits, ParamNode
+from toolbus.normalization.limits import Limits, ParamNode, plain
 from toolbus.normalization.normalize import EMPTY_MAP, Normalizer, StaticMap, key_target
 from toolbus.normalization.report import Change
 from toolbus.normalization.shapes import ANY, Shape
+from toolbus.normalization.strict import PATH_NAMES
 from toolbus.registry import Tool
 
 # Deeper than this the walk steps aside, whatever `max_depth` allows: it recurses.
@@ -47,7 +49,7 @@ class Plan:
     max_argument_bytes: int
     targets: dict[str, tuple[str, Change] | None] = field(default_factory=dict)  # remembered
 
-    def settled(
+    def settled(  # noqa: PLR0911 -- one return per reason to step aside
         self, arguments: dict[str, Any], payload_bytes: int
     ) -> tuple[dict[str, Any], list[Change]] | None:
         """What the full path would make of `arguments` and its report, if it would change
@@ -81,6 +83,8 @@ class Plan:
                     if out is None:
                         out = _before(arguments, key)
                     renames.append(change)
+            if not _key_passes(target, walked, limits):
+                return None
             if out is not None:
                 out[target] = item
             if not self._value(
@@ -167,6 +171,8 @@ class Plan:
                 if walked:
                     return False  # a key to respell, or one validation will judge
                 child = ANY
+            if not _key_passes(key, walked, limits):
+                return False
             if not self._value(
                 item,
                 child,
@@ -177,6 +183,15 @@ class Plan:
             ):
                 return False
         return True
+
+
+def _key_passes(key: str, declared: bool, limits: Limits) -> bool:
+    """A key the guards pass without a word: one the schema declares (the tool's own name)
+    or one within the string limits, as a value is judged; under `strict`, not a `file`
+    or `files` field (its values are file paths, judged on the full path)."""
+    if limits.strict and key in PATH_NAMES:
+        return False
+    return declared or plain(key, limits)
 
 
 def _before(arguments: dict[str, Any], key: str) -> dict[str, Any]:
