@@ -32,6 +32,7 @@ from toolbus.formats import envelope
 from toolbus.formats.incoming import ENVELOPE, Shape, Wanted, read, strict_json
 from toolbus.messages import Inbound
 from toolbus.observability.propagation import TRACE_HEADERS
+from toolbus.request_bounds import check_bounds
 from toolbus.topics import Route, Topics
 from toolbus.untrusted import may_hold_surrogates, shown, surrogate_path, text_problem
 
@@ -111,12 +112,7 @@ def decode(
         reply = response_address(
             message, topics, route.caller if isinstance(route, Route) else None
         )
-        if len(message.payload) > max_payload_bytes:
-            raise BadRequest(
-                f"payload of {len(message.payload)} bytes exceeds the limit of {max_payload_bytes}",
-                limit_bytes=max_payload_bytes,
-                size_bytes=len(message.payload),
-            )
+        check_bounds(message, max_payload_bytes)
         body = _parse(message.payload)
         try:
             shape = read(body)

@@ -25,7 +25,6 @@ import logging
 import random
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from toolbus.broker import BrokerUrl
@@ -66,6 +65,7 @@ class Worker:
         reconnect_max_delay_s: the cap on the reconnect backoff.
         session_expiry_s: keep the broker session this long after a disconnect, so
             requests received but unanswered at a crash come back (0: clean sessions).
+        max_packet_bytes: MQTT v5 Maximum Packet Size of requests (larger: the broker drops).
     """
 
     def __init__(
@@ -84,13 +84,16 @@ class Worker:
         publish_timeout_s: float,
         reconnect_max_delay_s: float,
         session_expiry_s: int = 0,
+        max_packet_bytes: int | None = None,
     ) -> None:
         self.broker, self.worker_id, self.topics = broker, worker_id, topics
         self.pipeline, self.mcp, self.metrics = pipeline, mcp, metrics
         self._publisher, self._status = publisher, status
         self._grace_s, self._publish_timeout_s = shutdown_grace_s, publish_timeout_s
         self._reconnect_max_delay_s = reconnect_max_delay_s
-        self._links = _Links(broker, worker_id, slots.count, session_expiry_s, publish_timeout_s)
+        self._links = _Links(
+            broker, worker_id, slots.count, session_expiry_s, publish_timeout_s, max_packet_bytes
+        )
         self.subscribed = asyncio.Event()
         self.draining = asyncio.Event()  # set once stopping has begun
         self.in_flight = InFlight(pipeline.handle, self._ack, slots, metrics)
@@ -139,12 +142,7 @@ class Worker:
             raise TimeoutError(f"not subscribed to {self.broker.host} in {START_TIMEOUT_S} s")
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         self._stop.set()
         if self._task is not None:
             async with asyncio.timeout(self.stop_bound_s):
@@ -302,6 +300,7 @@ class _Links:
     concurrency: int
     session_expiry_s: int
     timeout_s: float
+    max_packet_bytes: int | None = None
 
     def requests(self, will: Outbound) -> MqttConnection:
         """Where requests arrive: the worker's identity, session and `will` (made at
@@ -315,6 +314,7 @@ class _Links:
             hold=self.concurrency,
             manual_ack=True,
             session_expiry_s=self.session_expiry_s,
+            max_packet_bytes=self.max_packet_bytes,
             timeout_s=self.timeout_s,
         )
 

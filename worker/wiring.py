@@ -32,6 +32,7 @@ from toolbus.quotas import Quotas
 from toolbus.registry import Registry
 from toolbus.status import StatusReporter
 from toolbus.topics import Topics
+from toolbus.transport import max_packet_bytes
 
 log = logging.getLogger("toolbus.service")
 
@@ -183,6 +184,7 @@ def build_worker(
         reconnect_max_delay_s=settings.reconnect_max_delay_s,
         # A session outlives the connection only under a stable, configured identity.
         session_expiry_s=settings.session_expiry_s if settings.worker_id else 0,
+        max_packet_bytes=max_packet_bytes(settings.max_payload_bytes),
     )
 
 
