@@ -18,6 +18,7 @@ from tests.harness import measured
 from tests.packets import properties, varint
 from tests.test_pipeline import REPLY, Rig, rig_for
 from tests.tools import Probe
+from toolbus.bench import mosquitto as bench_broker
 from toolbus.config import Settings
 from toolbus.messages import MAX_USER_PROPERTIES, MAX_USER_PROPERTY_BYTES, UserPropertyTally
 from toolbus.transport import max_packet_bytes
@@ -166,3 +167,4 @@ def test_the_shipped_broker_refuses_packets_only_above_what_a_worker_takes_or_se
     broker_limit = conf_value(ROOT / "compose" / "mosquitto" / "mosquitto.conf", "max_packet_size")
     assert broker_limit >= max_packet_bytes(defaults.max_payload_bytes)
     assert broker_limit >= defaults.mcp.max_result_bytes + PACKET_HEADROOM_BYTES
+    assert broker_limit == bench_broker.MAX_PACKET_BYTES  # the benches' broker, as shipped
