@@ -153,6 +153,11 @@ def test_the_largest_packet_allowed_costs_paho_little_once_guarded() -> None:
     )
 
 
+def test_the_packet_bound_follows_the_payload_bound_up_to_mqtts_own() -> None:
+    assert max_packet_bytes(256 * 1024) == 256 * 1024 + PACKET_HEADROOM_BYTES
+    assert max_packet_bytes(1 << 30) == 268_435_455  # what a CONNECT can say at most
+
+
 def conf_value(path: Path, option: str) -> int:
     [value] = re.findall(rf"^{option}\s+(\d+)\s*$", path.read_text(), re.MULTILINE)
     return int(value)

@@ -41,6 +41,7 @@ from toolbus.messages import MAX_USER_PROPERTIES, MAX_USER_PROPERTY_BYTES, UserP
 PACKET_HEADROOM_BYTES = 64 * 1024
 # Attribute of a paho `Properties` that carries a `UserPropertyTally` to `_inbound`.
 DROPPED_ATTRIBUTE = "_toolbus_dropped_user_properties"
+_MQTT_MAX_PACKET_BYTES = 268_435_455  # a four-byte variable byte integer (MQTT v5 1.5.5)
 _USER_PROPERTY = 0x26
 # Value sizes of the PUBLISH-relevant fixed-size property types (MQTT v5 table 2-4).
 _FIXED = {0x01: 1, 0x02: 4, 0x23: 2}
@@ -51,8 +52,9 @@ _NOTHING_TO_COUNT = 5 * MAX_USER_PROPERTIES
 
 
 def max_packet_bytes(max_payload_bytes: int) -> int:
-    """The Maximum Packet Size a worker asks for: the payload bound plus the headroom."""
-    return max_payload_bytes + PACKET_HEADROOM_BYTES
+    """The Maximum Packet Size a worker asks for: the payload bound plus the headroom,
+    at most MQTT's own limit (a larger value would be refused by paho at connect)."""
+    return min(max_payload_bytes + PACKET_HEADROOM_BYTES, _MQTT_MAX_PACKET_BYTES)
 
 
 def connect_properties(
