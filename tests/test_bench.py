@@ -122,6 +122,16 @@ def test_flood_victim_bench_runs(tmp_path: Path) -> None:
     assert "| make run | on |" in result.stdout
 
 
+def test_oversize_bench_runs() -> None:
+    result = run(
+        sys.executable, "bench/oversize.py", "--quiet-s", "0.2", "--props-requests", "1",
+        "--props", "100", "--props-payload", "100", "--payload-requests", "1", "--payload-mib", "1",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    phases = [line.split()[0] for line in result.stdout.splitlines()[1:]]
+    assert phases == ["quiet", "user-properties", "payload"], result.stdout
+
+
 def test_mcp_output_bench_runs() -> None:
     result = run(sys.executable, "bench/mcp_output.py", "--scale", "0.01")
     assert result.returncode == 0, result.stderr[-2000:]

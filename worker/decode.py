@@ -33,6 +33,7 @@ from toolbus.formats import envelope
 from toolbus.formats.incoming import ENVELOPE, Shape, Wanted, read, strict_json
 from toolbus.messages import Inbound
 from toolbus.observability.propagation import TRACE_HEADERS
+from toolbus.request_bounds import check_bounds
 from toolbus.topics import Route, Topics
 from toolbus.untrusted import may_hold_surrogates, shown, surrogate_path, text_problem
 
@@ -110,12 +111,7 @@ def decode(
         # Only the topic can say who the caller is before the body is read; in `claim`
         # mode replies are not scoped to callers, so the body's claim is not needed here.
         reply = response_address(message, topics, topics.caller_of(message.topic))
-        if len(message.payload) > max_payload_bytes:
-            raise BadRequest(
-                f"payload of {len(message.payload)} bytes exceeds the limit of {max_payload_bytes}",
-                limit_bytes=max_payload_bytes,
-                size_bytes=len(message.payload),
-            )
+        check_bounds(message, max_payload_bytes)
         body = _parse(message.payload)
         try:
             shape = read(body)

@@ -87,6 +87,7 @@ class Links:
     session_expiry_s: int
     timeout_s: float
     keepalive_s: int
+    max_packet_bytes: int | None = None
 
     def requests(self, will: Outbound) -> MqttConnection:
         """Where requests arrive: the worker's identity, session and `will` (made at
@@ -100,6 +101,7 @@ class Links:
             hold=self.concurrency,
             manual_ack=True,
             session_expiry_s=self.session_expiry_s,
+            max_packet_bytes=self.max_packet_bytes,
             timeout_s=self.timeout_s,
             keepalive_s=self.keepalive_s,
         )

@@ -13,6 +13,30 @@ from dataclasses import dataclass, field
 
 JSON = "application/json"
 
+# The MQTT v5 user properties a request may carry: how many, and their bytes on the wire
+# (5 bytes of framing each, plus key and value). Room for W3C trace context (traceparent,
+# tracestate, baggage up to 8 KiB) and a caller's own tags; a request with more is
+# refused, and the transport removes them before paho parses them (paho's parse is
+# quadratic in their number: see `transport.inbound_limits`).
+MAX_USER_PROPERTIES = 64
+MAX_USER_PROPERTY_BYTES = 16 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class UserPropertyTally:
+    """How many user properties a message carried, and their bytes on the wire."""
+
+    count: int
+    size_bytes: int
+
+    @classmethod
+    def of(cls, pairs: tuple[tuple[str, str], ...]) -> UserPropertyTally:
+        return cls(len(pairs), sum(5 + len(k.encode()) + len(v.encode()) for k, v in pairs))
+
+    @property
+    def over(self) -> bool:
+        return self.count > MAX_USER_PROPERTIES or self.size_bytes > MAX_USER_PROPERTY_BYTES
+
 
 @dataclass(frozen=True, slots=True)
 class Inbound:
@@ -29,6 +53,9 @@ class Inbound:
     # when the message arrived (time.monotonic()): together, when the sender stops caring.
     expiry_s: int | None = None
     retain: bool = False  # delivered as a retained message (a request never should be)
+    # User properties beyond the bounds, removed unparsed by the transport (then
+    # `user_properties` is empty): the request is refused.
+    dropped_user_properties: UserPropertyTally | None = None
     received_at: float = field(default_factory=time.monotonic, compare=False)
     # Which delivery of which connection this is: the transport acknowledges it with this
     # token once the message is answered, and only on the connection it came from.

@@ -24,7 +24,6 @@ import contextlib
 import logging
 import random
 from collections.abc import Awaitable
-from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from toolbus.broker import BrokerUrl
@@ -67,6 +66,7 @@ class Worker:
         reconnect_max_delay_s, keepalive_s: the cap on the reconnect backoff; MQTT's.
         session_expiry_s: keep the broker session this long after a disconnect, so
             requests received but unanswered at a crash come back (0: clean sessions).
+        max_packet_bytes: MQTT v5 Maximum Packet Size of requests (larger: the broker drops).
     """
 
     def __init__(
@@ -87,6 +87,7 @@ class Worker:
         client_ids: ClientIds | None = None,
         session_expiry_s: int = 0,
         keepalive_s: int = 60,
+        max_packet_bytes: int | None = None,
     ) -> None:
         self.broker, self.worker_id, self.topics = broker, worker_id, topics
         self.pipeline, self.mcp, self.metrics = pipeline, mcp, metrics
@@ -95,7 +96,13 @@ class Worker:
         self._reconnect_max_delay_s = reconnect_max_delay_s
         self.client_ids = client_ids or ids_for(worker_id, None)
         self._links = Links(
-            broker, self.client_ids, slots.count, session_expiry_s, publish_timeout_s, keepalive_s
+            broker,
+            self.client_ids,
+            slots.count,
+            session_expiry_s,
+            publish_timeout_s,
+            keepalive_s,
+            max_packet_bytes,
         )
         self.subscribed = asyncio.Event()
         self.draining = asyncio.Event()  # set once stopping has begun
@@ -146,12 +153,7 @@ class Worker:
             raise TimeoutError(f"not subscribed to {self.broker.host} in {START_TIMEOUT_S} s")
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         self._stop.set()
         if self._task is not None:
             async with asyncio.timeout(self.stop_bound_s):

@@ -33,6 +33,7 @@ from toolbus.quotas import Quotas
 from toolbus.registry import Registry
 from toolbus.status import StatusReporter
 from toolbus.topics import Topics
+from toolbus.transport import max_packet_bytes
 
 log = logging.getLogger("toolbus.service")
 
@@ -194,6 +195,7 @@ def build_worker(
         # A session outlives the connection only under a stable, configured identity
         # whose client ids no caller can derive (see `client_ids`).
         session_expiry_s=settings.session_expiry_s if ids.persistent else 0,
+        max_packet_bytes=max_packet_bytes(settings.max_payload_bytes),
     )
 
 

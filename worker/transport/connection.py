@@ -26,13 +26,13 @@ from typing import Any, Self, TypeVar
 
 import aiomqtt
 import paho.mqtt.client as paho
-from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from toolbus.broker import BrokerUrl
 from toolbus.messages import Inbound, Outbound
 from toolbus.transport.errors import TransportError
+from toolbus.transport.inbound_limits import DROPPED_ATTRIBUTE, PropertyGuard, connect_properties
 from toolbus.transport.paho_log import PAHO_LOG
 from toolbus.transport.properties import publish_properties
 from toolbus.transport.pubacks import Pubacks
@@ -76,6 +76,7 @@ def _inbound(message: aiomqtt.Message, connection: MqttConnection) -> Inbound:
         user_properties=tuple((str(k), str(v)) for k, v in user) if user else (),
         expiry_s=props.get("MessageExpiryInterval"),
         retain=message.retain,
+        dropped_user_properties=props.get(DROPPED_ATTRIBUTE),
         delivery=_Delivery(connection, message.mid, message.qos),
         packet_id=message.mid if message.qos > 0 else None,
     )
@@ -100,6 +101,7 @@ class MqttConnection:
             be taken; read again once half of them are (None: never stop). Its
             acknowledgements then arrive only as messages are taken: keep taking while
             subscribing, and publish on another connection.
+        max_packet_bytes: MQTT v5 Maximum Packet Size (see `inbound_limits`).
         timeout_s: bound on connect/subscribe/publish acknowledgements.
         keepalive_s: MQTT keepalive: how long a silent broker is trusted.
     """
@@ -115,15 +117,12 @@ class MqttConnection:
         manual_ack: bool = False,
         session_expiry_s: int = 0,
         hold: int | None = None,
+        max_packet_bytes: int | None = None,
         timeout_s: float = 10.0,
         keepalive_s: int = 60,
     ) -> None:
         tls = tls_context(broker)  # raises BrokerRefused for TLS files it cannot use
-        connect = Properties(PacketTypes.CONNECT)
-        if receive_maximum is not None:
-            connect.ReceiveMaximum = receive_maximum
-        if session_expiry_s:
-            connect.SessionExpiryInterval = session_expiry_s
+        connect = connect_properties(receive_maximum, session_expiry_s, max_packet_bytes)
         self._client = aiomqtt.Client(
             broker.host,
             broker.port,
@@ -148,6 +147,7 @@ class MqttConnection:
         # done by the time `__aenter__` gives up (and `asyncio.run` need not wait for it).
         self._paho.connect_timeout = timeout_s / 2 if tls is not None else timeout_s
         self._paho.manual_ack_set(manual_ack)
+        self._guard = PropertyGuard(self._paho)
         self._timeout_s = timeout_s
         self._acks = Pubacks()  # the PUBACKs our publishes wait for
         self._gone = asyncio.Event()  # set once paho has seen the connection go
