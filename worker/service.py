@@ -27,8 +27,6 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Self
 
 from toolbus.broker import BrokerUrl
-from toolbus.client_ids import ClientIds
-from toolbus.client_ids import client_ids as ids_for
 from toolbus.inflight import InFlight, Slots
 from toolbus.links import RECONNECT_FIRST_DELAY_S, Links, Takeovers
 from toolbus.observability.metrics import Metrics
@@ -56,17 +54,16 @@ class Worker:
     Args:
         broker: where to connect.
         worker_id: the status topic's name, public: not the MQTT client id.
-        client_ids: the MQTT client ids, secret (see `client_ids`); random by default.
         topics, pipeline, publisher, status, mcp: the collaborators it drives.
         metrics: counts messages in flight.
         slots: messages handled at once (`concurrency`), shared with the pipeline, whose
             many-call messages borrow free ones; the consumer waits for a free slot.
         shutdown_grace_s: how long calls may run on after stop is asked.
         publish_timeout_s: the bound on every publish and on unsubscribing.
-        reconnect_max_delay_s, keepalive_s: the cap on the reconnect backoff; MQTT's.
-        session_expiry_s: keep the broker session this long after a disconnect, so
-            requests received but unanswered at a crash come back (0: clean sessions).
-        max_packet_bytes: MQTT v5 Maximum Packet Size of requests (larger: the broker drops).
+        reconnect_max_delay_s: the cap on the reconnect backoff.
+        links: its two connections as each connect opens them: the secret client ids
+            (see `client_ids`), the session's expiry (0: clean sessions), keepalive and
+            Maximum Packet Size.
     """
 
     def __init__(
@@ -84,29 +81,19 @@ class Worker:
         shutdown_grace_s: float,
         publish_timeout_s: float,
         reconnect_max_delay_s: float,
-        client_ids: ClientIds | None = None,
-        session_expiry_s: int = 0,
-        keepalive_s: int = 60,
-        max_packet_bytes: int | None = None,
+        links: Links,
     ) -> None:
         self.broker, self.worker_id, self.topics = broker, worker_id, topics
         self.pipeline, self.mcp, self.metrics = pipeline, mcp, metrics
         self._publisher, self._status = publisher, status
         self._grace_s, self._publish_timeout_s = shutdown_grace_s, publish_timeout_s
         self._reconnect_max_delay_s = reconnect_max_delay_s
-        self.client_ids = client_ids or ids_for(worker_id, None)
-        self._links = Links(
-            broker,
-            self.client_ids,
-            slots.count,
-            session_expiry_s,
-            publish_timeout_s,
-            keepalive_s,
-            max_packet_bytes,
-        )
+        self.client_ids, self._links = links.ids, links
         self.subscribed = asyncio.Event()
         self.draining = asyncio.Event()  # set once stopping has begun
-        self.redeliveries = Redeliveries(pipeline.handle, publisher, slots.count, session_expiry_s)
+        self.redeliveries = Redeliveries(
+            pipeline.handle, publisher, slots.count, links.session_expiry_s
+        )
         self.in_flight = InFlight(self.redeliveries.answer, slots, metrics)
         self._conn: MqttConnection | None = None
         self._stop = asyncio.Event()

@@ -33,7 +33,6 @@ from toolbus.quotas import Quotas
 from toolbus.registry import Registry
 from toolbus.status import StatusReporter
 from toolbus.topics import Topics
-from toolbus.transport import max_packet_bytes
 
 log = logging.getLogger("toolbus.service")
 
@@ -109,7 +108,9 @@ def build_worker(
     # Imported here: the mcp SDK takes a second to import, and the registry, executor and
     # pipeline (`toolbus mappings`, the in-process tests) are built without it.
     from toolbus.backends.mcp import McpBackend  # noqa: PLC0415 -- see the comment above
+    from toolbus.links import Links  # noqa: PLC0415 -- imports the transport (aiomqtt)
     from toolbus.service import Worker  # noqa: PLC0415 -- imports the transport (aiomqtt)
+    from toolbus.transport import max_packet_bytes  # noqa: PLC0415 -- as above
 
     worker_id = settings.worker_id or f"toolbus-{uuid.uuid4().hex[:12]}"
     if not settings.worker_id:
@@ -190,12 +191,17 @@ def build_worker(
         shutdown_grace_s=settings.shutdown_grace_s,
         publish_timeout_s=settings.publish_timeout_s,
         reconnect_max_delay_s=settings.reconnect_max_delay_s,
-        client_ids=ids,
-        keepalive_s=settings.keepalive_s,
-        # A session outlives the connection only under a stable, configured identity
-        # whose client ids no caller can derive (see `client_ids`).
-        session_expiry_s=settings.session_expiry_s if ids.persistent else 0,
-        max_packet_bytes=max_packet_bytes(settings.max_payload_bytes),
+        links=Links(
+            settings.broker,
+            ids,
+            slots.count,
+            # A session outlives the connection only under a stable, configured identity
+            # whose client ids no caller can derive (see `client_ids`).
+            session_expiry_s=settings.session_expiry_s if ids.persistent else 0,
+            timeout_s=settings.publish_timeout_s,
+            keepalive_s=settings.keepalive_s,
+            max_packet_bytes=max_packet_bytes(settings.max_payload_bytes),
+        ),
     )
 
 
