@@ -15,6 +15,8 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from tests.fleet import Executions, recording_env
 from tests.harness import Broker, RedisServer, measured
 from tests.mqtt import Caller
@@ -26,9 +28,12 @@ async def start_worker(broker: Broker, env: dict[str, str]) -> ServeProcess:
     return ServeProcess(await start_serve(broker.url, env, stderr=asyncio.subprocess.PIPE))
 
 
+@pytest.mark.parametrize("keyed_by", ["secret", "secret_file"])
 async def test_a_killed_worker_gets_its_requests_again(
-    broker: Broker, redis_server: RedisServer, tmp_path: Path
+    broker: Broker, redis_server: RedisServer, tmp_path: Path, keyed_by: str
 ) -> None:
+    """`secret_file`: no secret handed out and no broker password, as the container image
+    runs: the worker makes its secret at the first start and finds it at the second."""
     requests, concurrency = 10, 4
     prefix = f"crash{uuid.uuid4().hex[:8]}"
     executions = Executions(tmp_path / "executions")
@@ -39,6 +44,9 @@ async def test_a_killed_worker_gets_its_requests_again(
         concurrency=str(concurrency),
         dedup_store=redis_server.url,
     )
+    if keyed_by == "secret_file":
+        del env["TOOLBUS_CLIENT_ID_SECRET"]
+        env["TOOLBUS_CLIENT_ID_SECRET_FILE"] = str(tmp_path / "state" / "client-id-secret")
     reply_topic = f"{prefix}/reply/crash"
     async with Caller(broker.url) as caller:
         first = await start_worker(broker, env)

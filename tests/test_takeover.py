@@ -10,15 +10,20 @@ reconnects after a backoff and answers the requests queued in its session meanwh
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import re
+import stat
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import aiomqtt
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from paho.mqtt.client import DisconnectFlags
@@ -36,7 +41,9 @@ from tests.harness import (
 )
 from tests.logwait import watching
 from tests.mqtt import Caller
-from toolbus.client_ids import client_ids
+from tests.processes import run_bounded, serve_env
+from toolbus.cli import EXIT_USAGE
+from toolbus.client_ids import client_ids, kept_secret
 from toolbus.config import BrokerUrl
 from toolbus.links import Takeovers
 from toolbus.observability.metrics import Metrics
@@ -227,3 +234,56 @@ def test_takeovers_in_a_row_wait_longer_up_to_the_cap() -> None:
         takeovers.connected()
         waits.append(takeovers.taken_over())
     assert waits == [0.5, 1.0, 2.0, 4.0, 4.0]
+
+
+def test_a_secret_file_is_made_once_readable_by_its_owner_alone(tmp_path: Path) -> None:
+    """No secret handed out, no broker password: the worker makes one at the first start
+    and keeps it, so its ids, and with them its broker session, survive a restart."""
+    path = tmp_path / "state" / "client-id-secret"
+    first = kept_secret(path)
+    assert len(first) == 64 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert kept_secret(path) == first
+    assert client_ids("w-1", kept_secret(path)) == client_ids("w-1", first)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["client-id-secret"]
+
+
+def test_workers_starting_together_keep_one_secret(tmp_path: Path) -> None:
+    """`--processes N` children and replicas on one volume race to make the file: every
+    one of them reads the secret that won, and no draft is left behind."""
+    path = tmp_path / "client-id-secret"
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        secrets = set(pool.map(lambda _: kept_secret(path), range(32)))
+    assert secrets == {path.read_bytes().strip()}
+    assert [p.name for p in tmp_path.iterdir()] == ["client-id-secret"]
+
+
+def test_the_secret_file_keys_the_ids_before_the_broker_password(
+    broker: Broker, tmp_path: Path
+) -> None:
+    path = tmp_path / "secret"
+    settings = make_settings(broker, worker_id="w-file", client_id_secret_file=path)
+    one, two = build_worker(settings, []), build_worker(settings, [])
+    assert one.client_ids.persistent and one.client_ids == two.client_ids
+    assert one.client_ids == client_ids("w-file", path.read_bytes().strip())
+    assert one._links.session_expiry_s > 0
+    given = make_settings(
+        broker, worker_id="w-file", client_id_secret="s", **{"client_id_secret_file": path}
+    )
+    assert build_worker(given, []).client_ids == client_ids("w-file", b"s")
+
+
+@pytest.mark.parametrize("problem", ["empty", "not_a_folder"])
+async def test_a_secret_file_that_cannot_be_used_stops_serve_in_one_line(
+    broker: Broker, tmp_path: Path, problem: str
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    path = blocker / "secret" if problem == "not_a_folder" else tmp_path / "empty"
+    if problem == "empty":
+        path.write_text("\n")
+    env = serve_env(broker_url=broker.url, worker_id="w-bad", client_id_secret_file=str(path))
+    code, _, err = await run_bounded(sys.executable, "-m", "toolbus", "serve", env=env, bound_s=60)
+    lines = [line for line in err.splitlines() if "client_id_secret_file" in line]
+    assert code == EXIT_USAGE and len(lines) == 1, err
+    assert "Traceback" not in err

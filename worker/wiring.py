@@ -18,7 +18,7 @@ from opentelemetry.metrics import Meter
 
 from toolbus.access import Access
 from toolbus.backends.local import LocalTool
-from toolbus.client_ids import client_ids
+from toolbus.client_ids import client_ids, kept_secret
 from toolbus.config import Settings, tool_settings
 from toolbus.dedup import Once, open_store
 from toolbus.execute import Executor, Startup
@@ -121,9 +121,9 @@ def build_worker(
     ids = client_ids(worker_id, _client_id_secret(settings))
     if settings.worker_id and not ids.persistent:
         log.warning(
-            "no client_id_secret and no broker password: the client ids are random for "
-            "this process, so a restart does not resume the broker session (requests held "
-            "at a crash are lost); set client_id_secret for a persistent session"
+            "no client_id_secret(_file) and no broker password: the client ids are random "
+            "for this process, so a restart does not resume the broker session (requests "
+            "held at a crash are lost); set client_id_secret_file for a persistent session"
         )
     topics = topics_for(settings)
     registry = build_registry(local_tools, settings)
@@ -206,12 +206,17 @@ def build_worker(
 
 
 def _client_id_secret(settings: Settings) -> bytes | None:
-    """What keys the client ids: `client_id_secret`, else the broker password (only a
-    stable worker_id makes ids worth keeping across starts)."""
-    secret = settings.client_id_secret or settings.broker_password
-    if settings.worker_id is None or secret is None:
+    """What keys the client ids: `client_id_secret`, else `client_id_secret_file`'s, else
+    the broker password (only a stable worker_id makes ids worth keeping across starts)."""
+    if settings.worker_id is None:
         return None
-    return secret.get_secret_value().encode()
+    if settings.client_id_secret is not None:
+        return settings.client_id_secret.get_secret_value().encode()
+    if settings.client_id_secret_file is not None:
+        return kept_secret(settings.client_id_secret_file)
+    if settings.broker_password is not None:
+        return settings.broker_password.get_secret_value().encode()
+    return None
 
 
 def serve_http(

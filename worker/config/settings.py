@@ -77,6 +77,12 @@ class Settings(BaseSettings):
         "caller can take them over; unset: the broker password, else random per start "
         "(then no session outlives the process). Same value on every start.",
     )
+    client_id_secret_file: Path | None = Field(
+        default=None,
+        description="A file holding that secret, made with a random one at the first "
+        "start if it does not exist (the container image keeps it in a volume); used "
+        "when client_id_secret is unset, before the broker password.",
+    )
     dedup_store: str = Field(
         default="memory",
         description="Where request ids are deduplicated: `memory` (this worker) or "
