@@ -163,13 +163,16 @@ def conf_value(path: Path, option: str) -> int:
     return int(value)
 
 
-def test_the_shipped_broker_refuses_packets_only_above_what_a_worker_takes_or_sends() -> None:
+@pytest.mark.parametrize("conf", ["mosquitto.conf", "mosquitto-dynsec.conf"])
+def test_the_shipped_broker_refuses_packets_only_above_what_a_worker_takes_or_sends(
+    conf: str,
+) -> None:
     """The broker's `max_packet_size` lets through every request a worker would answer
     (its Maximum Packet Size) and every reply it may send (a result at the limit, with
     room for the reply around it): a reply the broker refused would cost the worker its
-    connection."""
+    connection. Both shipped configurations set it (the dynamic-security one too)."""
     defaults = Settings()
-    broker_limit = conf_value(ROOT / "compose" / "mosquitto" / "mosquitto.conf", "max_packet_size")
+    broker_limit = conf_value(ROOT / "compose" / "mosquitto" / conf, "max_packet_size")
     assert broker_limit >= max_packet_bytes(defaults.max_payload_bytes)
     assert broker_limit >= defaults.mcp.max_result_bytes + PACKET_HEADROOM_BYTES
     assert broker_limit == bench_broker.MAX_PACKET_BYTES  # the benches' broker, as shipped
