@@ -165,6 +165,8 @@ class MqttConnection:
         # The broker's Maximum Packet Size (CONNACK): it disconnects a client that sends
         # more (mosquitto's `max_packet_size`), so nothing larger is sent.
         self.broker_max_packet_bytes: int | None = None
+        # The CONNACK's Session Present: the broker kept our session (and its numbering).
+        self.session_present = False
         self._connect_failed = False  # aiomqtt then has nothing to learn of a disconnect
         self.disconnect_reason: int | None = None  # the broker's DISCONNECT reason code
         self._stack = AsyncExitStack()
@@ -359,9 +361,12 @@ class MqttConnection:
         self._acks.came(mid)
 
     def _connected(self, client: paho.Client, *args: Any) -> None:
-        """paho's `on_connect`, before aiomqtt's: what the CONNACK says of packet sizes."""
+        """paho's `on_connect`, before aiomqtt's: what the CONNACK says of packet sizes
+        and of our session."""
         properties = args[-1] if args else None
         self.broker_max_packet_bytes = getattr(properties, "MaximumPacketSize", None)
+        flags = args[1] if len(args) > 1 else None
+        self.session_present = bool(getattr(flags, "session_present", False))
         self._aiomqtt_connected(client, *args)
 
     def _disconnected(self, client: paho.Client, *args: Any) -> None:
