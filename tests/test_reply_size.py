@@ -19,10 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Broker, make_settings, running_worker
+from tests.harness import Broker, ListPublisher, make_settings, running_worker
 from tests.logwait import watching
 from tests.mqtt import Caller, call_topic, reply_topic_for
+from tests.providers import tool_use
+from tests.test_pipeline import REPLY, rig_for
+from tests.tools import Probe
 from toolbus.backends.local import LocalTool, tool
+from toolbus.messages import Outbound, TooLarge, Unconfirmed
 
 WAIT_S = 30.0  # generous: two cores shared with other work
 BROKER_MAX_PACKET_BYTES = 100_000
@@ -77,3 +81,28 @@ async def test_a_reply_over_the_brokers_packet_size_is_refused_without_losing_a_
             assert after["id"] == "after"
             assert after["ok"] is True
     assert not lost.seen.is_set()
+
+
+class SmallBroker(ListPublisher):
+    """Refuses to send what the broker would not take, as the transport does."""
+
+    async def publish(self, out: Outbound) -> Unconfirmed | None:
+        if len(out.payload) > BROKER_MAX_PACKET_BYTES:
+            raise TooLarge(f"{len(out.payload)} bytes")
+        return await super().publish(out)
+
+
+@pytest.mark.parametrize("calls", [1, 3], ids=["one call", "many calls"])
+async def test_a_reply_too_large_to_send_answers_internal(calls: int) -> None:
+    """In-process, each shape of reply: one call's, and a message of many calls whose
+    answers fit one by one but not together."""
+    rig = rig_for(BIG, Probe(), publisher=SmallBroker(), max_payload_bytes=16384)
+    size = 2 * BROKER_MAX_PACKET_BYTES // calls
+    if calls == 1:
+        await rig.request("big", {"id": "c", "arguments": {"size": size}})
+    else:  # an Anthropic message's tool_use blocks: one reply holds every result
+        blocks = [tool_use(f"c{n}", "big", {"size": size}) for n in range(calls)]
+        await rig.request(None, json.dumps(blocks).encode())
+    [reply] = [json.loads(out.payload) for out in rig.sent.on(REPLY)]
+    assert reply["ok"] is False
+    assert reply["error"]["code"] == "internal"
