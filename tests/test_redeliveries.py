@@ -182,6 +182,32 @@ async def test_without_a_session_nothing_is_kept_for_a_redelivery() -> None:
     assert len(rig.runs) == 2
 
 
+@pytest.mark.parametrize("keep_s", [0, 3600], ids=["clean session", "session not resumed"])
+async def test_without_a_resumed_session_the_same_bytes_are_a_new_request(keep_s: int) -> None:
+    """The broker numbers anew on a session it did not keep (Clean Start, or one expired
+    or discarded: a restart without persistence, a takeover with Clean Start), so a
+    request with the same Packet Identifier and bytes as one still running from the
+    lost connection is another request (a caller sending the same call again), never a
+    redelivery: it runs and is answered, not only acknowledged."""
+    rig = Rig()
+    rig.redeliveries = Redeliveries(rig.handle, rig, bound=4, keep_s=keep_s)
+    rig.finish.clear()
+    rig.outcomes += [None, None]
+    first = rig.connect()
+    running = asyncio.create_task(rig.redeliveries.answer(delivered(REQUEST, first)))
+    async with asyncio.timeout(5):
+        await rig.started.wait()
+    first.up = False
+    second = Connection()
+    rig.redeliveries.connected(second, resumed=False)
+    again = asyncio.create_task(rig.redeliveries.answer(delivered(REQUEST, second)))
+    rig.finish.set()
+    async with asyncio.timeout(5):
+        await asyncio.gather(running, again)
+    assert len(rig.runs) == 2
+    assert len(second.acked) == 1
+
+
 async def test_at_most_bound_requests_are_kept() -> None:
     """Beyond the bound the oldest is forgotten: its redelivery is handled anew (then the
     dedup store decides), not held in memory for ever."""

@@ -34,9 +34,10 @@ from tests.mqtt import Caller
 from toolbus.config import BrokerUrl
 from toolbus.messages import Inbound, Outbound
 from toolbus.publisher import ConnectionPublisher
-from toolbus.transport import TransportError
+from toolbus.transport import TransportError, Unacknowledged
 from toolbus.transport.connection import MqttConnection, _Delivery
 from toolbus.transport.properties import publish_properties
+from toolbus.transport.pubacks import Pubacks
 from toolbus.transport.socket_reader import paho_of
 from toolbus.transport.subscriptions import refused_filters
 
@@ -364,3 +365,21 @@ async def test_paho_logs_a_dropped_connection_as_a_warning(
         ("mqtt", logging.WARNING),
         ("mqtt", logging.ERROR),
     ]
+
+
+async def test_a_puback_read_as_its_wait_runs_out_still_acknowledges() -> None:
+    """The bound on a PUBACK and the PUBACK itself in one turn of the loop (a stalled
+    broker resuming just then): the PUBACK came, so the wait ends acknowledged, or its
+    `late` resolves. Lost, its request would stay unacknowledged on a live connection,
+    holding one of the broker's Receive Maximum slots for the worker until a reconnect."""
+    loop = asyncio.get_running_loop()
+    acks = Pubacks()
+    waiting = asyncio.create_task(acks.wait(1, 0))
+    await asyncio.sleep(0)  # the wait has begun: its bound is due now
+    loop.call_later(0, acks.came, 1)  # its PUBACK, read in the same turn, after the bound
+    try:
+        async with asyncio.timeout(5):
+            await waiting
+    except Unacknowledged as exc:
+        async with asyncio.timeout(5):
+            await exc.late

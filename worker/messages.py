@@ -80,6 +80,11 @@ class Outbound:
     expiry_s: int | None = None  # MQTT v5 Message Expiry Interval
 
 
+class TooLarge(ValueError):
+    """A message larger than the broker's Maximum Packet Size (its CONNACK): the broker
+    would drop the connection that sent it, with every reply in flight on it."""
+
+
 @dataclass(frozen=True, slots=True)
 class Unconfirmed:
     """A publish given up on before the broker acknowledged it: the message may be lost.

@@ -55,8 +55,9 @@ log = logging.getLogger("toolbus.pipeline")
 
 
 class Publisher(Protocol):
-    """Where the pipeline's messages go. Never raises: a lost message is logged there,
-    and returned (`Unconfirmed`) when the broker did not acknowledge it in time."""
+    """Where the pipeline's messages go. A lost message is logged there, and returned
+    (`Unconfirmed`) when the broker did not acknowledge it in time; the one exception
+    is `TooLarge` (the broker would refuse it), answered like a reply not encoded."""
 
     async def publish(self, out: Outbound) -> Unconfirmed | None: ...
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from toolbus.messages import Outbound, Unconfirmed
+from toolbus.messages import Outbound, TooLarge, Unconfirmed
 from toolbus.transport import MqttConnection, TransportError, Unacknowledged
 from toolbus.untrusted import shown, topic_problem
 
@@ -65,7 +65,9 @@ class ConnectionPublisher:
 
     async def publish(self, out: Outbound) -> Unconfirmed | None:
         """None once the broker acknowledged `out` (or it can never be sent: an invalid
-        topic, a message the transport cannot encode); `Unconfirmed` when given up."""
+        topic, a message the transport cannot encode); `Unconfirmed` when given up.
+        Raises `TooLarge` for a message over the broker's Maximum Packet Size: sent, it
+        would cost the connection and, redelivered, cost it again at every reconnect."""
         if (problem := topic_problem(out.topic)) is not None:
             # The last line of defence: the broker would drop the connection, and with
             # it every request this worker holds (decode refuses such topics first).
@@ -109,6 +111,8 @@ class ConnectionPublisher:
                     return None
         except TimeoutError:
             pass  # no connection came back in time
+        except TooLarge:
+            raise  # its sender answers with something smaller (the pipeline: `internal`)
         except Exception:  # a message the transport cannot encode: lost, never raised
             log.exception("could not publish to %s: message lost", out.topic)
             return None

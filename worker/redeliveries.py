@@ -98,12 +98,15 @@ class Redeliveries:
         self._held: dict[_Key, _Held] = {}  # oldest first
         self.replayed = 0  # redeliveries answered from a kept reply, nothing run
 
-    def connected(self, conn: Acknowledger) -> None:
-        """The request connection now. Without a session, what a connection received is
-        not delivered again on the next one: nothing settled is kept."""
+    def connected(self, conn: Acknowledger, resumed: bool = True) -> None:
+        """The request connection now, on a session the broker kept (`resumed`: its
+        CONNACK's Session Present) or not. Without one, what a connection received is
+        not delivered again on the next one, and the broker numbers its deliveries anew:
+        nothing is kept, not even a request still running, or a new request with its
+        Packet Identifier and bytes would be taken for its redelivery and go unanswered."""
         self._conn = conn
-        if not self._keep_s:
-            self._held = {k: h for k, h in self._held.items() if not h.settled}
+        if not (self._keep_s and resumed):
+            self._held = {}
 
     def _ack(self, message: Inbound) -> bool:
         """Acknowledge it on the connection it came from, if that one is live (False: it
@@ -129,8 +132,8 @@ class Redeliveries:
             unconfirmed = await self._handle(message)
             self._settle(message, key, held, unconfirmed)
         finally:
-            if not held.settled and key is not None:
-                self._held.pop(key, None)
+            if not held.settled:
+                self._forget(key, held)  # (only its own: a new session may hold another)
             held.done.set()
 
     async def _again(self, message: Inbound, key: _Key | None, held: _Held) -> None:

@@ -183,7 +183,8 @@ class Worker:
                     connected_once = True
                     takeovers.connected()
                     self._conn = conn
-                    self.redeliveries.connected(conn)  # acknowledges what arrives on it
+                    # Acknowledges what arrives on it; a session not kept forgets the rest.
+                    self.redeliveries.connected(conn, resumed=conn.session_present)
                     self._publisher.attach(out)
                     # Taking first: a resumed session's requests come before the SUBACK,
                     # which the request connection reads only as they are taken.

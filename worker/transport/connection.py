@@ -30,11 +30,11 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from toolbus.broker import BrokerUrl
-from toolbus.messages import Inbound, Outbound
+from toolbus.messages import Inbound, Outbound, TooLarge
 from toolbus.transport.errors import TransportError
 from toolbus.transport.inbound_limits import DROPPED_ATTRIBUTE, PropertyGuard, connect_properties
 from toolbus.transport.paho_log import PAHO_LOG
-from toolbus.transport.properties import publish_properties
+from toolbus.transport.properties import packet_bytes, publish_properties
 from toolbus.transport.pubacks import Pubacks
 from toolbus.transport.reasons import SESSION_TAKEN_OVER, connect_error, disconnect_reason
 from toolbus.transport.socket_reader import BoundedReader, paho_of
@@ -157,6 +157,16 @@ class MqttConnection:
             raise TypeError("aiomqtt no longer sets paho's on_disconnect")
         self._aiomqtt_disconnected: Callable[..., None] = aiomqtt_disconnected
         self._paho.on_disconnect = self._disconnected
+        aiomqtt_connected = self._paho.on_connect
+        if aiomqtt_connected is None:  # aiomqtt changed: never guess
+            raise TypeError("aiomqtt no longer sets paho's on_connect")
+        self._aiomqtt_connected: Callable[..., None] = aiomqtt_connected
+        self._paho.on_connect = self._connected
+        # The broker's Maximum Packet Size (CONNACK): it disconnects a client that sends
+        # more (mosquitto's `max_packet_size`), so nothing larger is sent.
+        self.broker_max_packet_bytes: int | None = None
+        # The CONNACK's Session Present: the broker kept our session (and its numbering).
+        self.session_present = False
         self._connect_failed = False  # aiomqtt then has nothing to learn of a disconnect
         self.disconnect_reason: int | None = None  # the broker's DISCONNECT reason code
         self._stack = AsyncExitStack()
@@ -328,9 +338,11 @@ class MqttConnection:
         event per message (`wait_for` around `Event.wait`); here the PUBACK resolves
         one future (see `_published`)."""
         paho_client = self._paho
-        info = paho_client.publish(
-            out.topic, out.payload, out.qos, out.retain, publish_properties(out)
-        )
+        props = publish_properties(out)
+        limit = self.broker_max_packet_bytes
+        if limit is not None and (size := packet_bytes(out, props.pack())) > limit:
+            raise TooLarge(f"a message of {size} bytes exceeds the broker's limit of {limit}")
+        info = paho_client.publish(out.topic, out.payload, out.qos, out.retain, props)
         if info.rc != paho.MQTT_ERR_SUCCESS:
             raise TransportError(f"could not publish: {paho.error_string(info.rc)}")
         if out.qos == 0 or info.is_published():
@@ -347,6 +359,15 @@ class MqttConnection:
     ) -> None:
         """paho's `on_publish`: the PUBACK of one of our publishes came."""
         self._acks.came(mid)
+
+    def _connected(self, client: paho.Client, *args: Any) -> None:
+        """paho's `on_connect`, before aiomqtt's: what the CONNACK says of packet sizes
+        and of our session."""
+        properties = args[-1] if args else None
+        self.broker_max_packet_bytes = getattr(properties, "MaximumPacketSize", None)
+        flags = args[1] if len(args) > 1 else None
+        self.session_present = bool(getattr(flags, "session_present", False))
+        self._aiomqtt_connected(client, *args)
 
     def _disconnected(self, client: paho.Client, *args: Any) -> None:
         """paho's `on_disconnect`, after aiomqtt's: no PUBACK comes on this connection now."""

@@ -62,6 +62,14 @@ def publish_properties(out: Outbound) -> PackedProperties:
     return PackedProperties(_varint(len(body)) + body)
 
 
+def packet_bytes(out: Outbound, properties: bytes) -> int:
+    """The size of `out`'s PUBLISH on the wire (MQTT v5 section 3.3): fixed header,
+    topic, Packet Identifier (QoS > 0), properties, payload."""
+    remaining = 2 + len(out.topic.encode("utf-8")) + (2 if out.qos else 0)
+    remaining += len(properties) + len(out.payload)
+    return 1 + len(_varint(remaining)) + remaining
+
+
 def _text(value: str) -> bytes:
     return _binary(value.encode("utf-8"))
 

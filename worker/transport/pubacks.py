@@ -20,6 +20,9 @@ class Pubacks:
     def __init__(self) -> None:
         self._waiting: dict[int, asyncio.Future[None]] = {}
         self._late: dict[int, asyncio.Future[None]] = {}  # given up on: may still come
+        # PUBACKs read in the turn of the loop their wait's bound ran out in, before the
+        # wait saw it: they came, and must not be waited for as `late` (never again).
+        self._came: set[int] = set()
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -36,6 +39,8 @@ class Pubacks:
         try:
             await acked
         except Unacknowledged:
+            if mid in self._came:
+                return  # acknowledged after all, just as the bound ran out
             late: asyncio.Future[None] = loop.create_future()
             late.add_done_callback(_retrieved)  # its holder may never look at its loss
             self._late[mid] = late
@@ -43,14 +48,19 @@ class Pubacks:
         finally:
             timer.cancel()
             self._waiting.pop(mid, None)
+            self._came.discard(mid)
 
     def came(self, mid: int) -> None:
         """The PUBACK of `mid` came (any reason code: a refusal is not retried, since
         sending again would not help)."""
         for waiting in (self._waiting, self._late):
             acked = waiting.pop(mid, None)
-            if acked is not None and not acked.done():
+            if acked is None:
+                continue
+            if not acked.done():
                 acked.set_result(None)
+            elif waiting is self._waiting:  # its bound ran out, and `wait` has not seen it
+                self._came.add(mid)
 
     def lost(self) -> None:
         """The connection is gone: no PUBACK comes on it now."""
