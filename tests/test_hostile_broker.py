@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from tests.harness import Broker, make_settings, running_worker
 from tests.hostile import envelopes
 from tests.mqtt import Caller
+from toolbus.backends.local import LocalTool
 from toolbus.contracts import ErrorCode
 from toolbus.service import Worker
 from toolbus.transport import max_packet_bytes
@@ -140,3 +141,37 @@ async def test_the_worker_is_healthy_after_the_fuzzing(
     client.unclaimed()
     reply = await client.call_tool(worker.topics, "echo", {"text": "still here"})
     assert reply["ok"] is True
+
+
+async def test_numbers_python_cannot_hold_are_answered_through_the_broker(broker: Broker) -> None:
+    """Issue 24.6 from the outside. A 5 000-digit numeric string for an integer parameter
+    (Python makes no int of more than 4 300 digits: the call answered `internal`) and
+    `1e999999` (infinity to Python: it reached the tool and the reply was not JSON) each
+    get their code on the caller's reply topic; the tool runs only for the good call."""
+    runs: list[int] = []
+
+    async def count_to(n: int) -> dict[str, int]:
+        runs.append(n)
+        return {"n": n}
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    counting = LocalTool("count_to", "Counts to n.", schema, count_to)
+    settings = make_settings(broker, max_payload_bytes=100_000)
+    async with running_worker(settings, [counting]) as w, Caller(broker.url) as caller:
+        prefix = w.topics.prefix
+        digits = await caller.call_tool(
+            w.topics, "count_to", {"n": "9" * 5000}, reply_topic=f"{prefix}/reply/digits"
+        )
+        assert digits["error"]["code"] == "invalid_arguments", digits["error"]
+        infinite, _ = await caller.call(
+            f"{prefix}/call/count_to",
+            b'{"id": "inf", "arguments": {"n": 1e999999}}',
+            reply_topic=f"{prefix}/reply/inf",
+        )
+        assert infinite["error"]["code"] == "bad_request"
+        assert infinite["error"]["details"]["reason"] == "not_json"
+        good = await caller.call_tool(
+            w.topics, "count_to", {"n": 12}, reply_topic=f"{prefix}/reply/good"
+        )
+        assert good["result"]["structured"] == {"n": 12}
+    assert runs == [12]
