@@ -147,7 +147,8 @@ async def test_numbers_python_cannot_hold_are_answered_through_the_broker(broker
     """Issue 24.6 from the outside. A 5 000-digit numeric string for an integer parameter
     (Python makes no int of more than 4 300 digits: the call answered `internal`) and
     `1e999999` (infinity to Python: it reached the tool and the reply was not JSON) each
-    get their code on the caller's reply topic; the tool runs only for the good call."""
+    get their code on the caller's reply topic, a 3.1.1 caller's `reply_to` included; the
+    tool runs only for the good call."""
     runs: list[int] = []
 
     async def count_to(n: int) -> dict[str, int]:
@@ -170,6 +171,18 @@ async def test_numbers_python_cannot_hold_are_answered_through_the_broker(broker
         )
         assert infinite["error"]["code"] == "bad_request"
         assert infinite["error"]["details"]["reason"] == "not_json"
+        # A 3.1.1 caller's address is in the body the number made unreadable: still heard.
+        async with Caller(broker.url, v5=False) as old:
+            await old.subscribe(f"{prefix}/reply/old")
+            for ident, number in (("inf-311", "1e999999"), ("digits-311", "9" * 5000)):
+                body = f'{{"id": "{ident}", "reply_to": "{prefix}/reply/old", '
+                await old.publish(
+                    f"{prefix}/call/count_to", f'{body}"arguments": {{"n": {number}}}}}'
+                )
+                async with asyncio.timeout(10):
+                    answer = json.loads((await old.next_message()).payload)
+                assert (answer["id"], answer["error"]["code"]) == (ident, "bad_request")
+                assert answer["error"]["details"]["reason"] == "not_json"
         good = await caller.call_tool(
             w.topics, "count_to", {"n": 12}, reply_topic=f"{prefix}/reply/good"
         )

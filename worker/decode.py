@@ -30,7 +30,7 @@ from toolbus.callers import ANONYMOUS_CALLER
 from toolbus.contracts import Options, ReplyFormat, Request, ToolsFormat
 from toolbus.errors import BadRequest, Forbidden, ToolbusError
 from toolbus.formats import envelope
-from toolbus.formats.incoming import ENVELOPE, Shape, Wanted, read, strict_json
+from toolbus.formats.incoming import ENVELOPE, Shape, Wanted, numbers_as_text, read, strict_json
 from toolbus.messages import Inbound
 from toolbus.observability.propagation import TRACE_HEADERS
 from toolbus.request_bounds import check_bounds
@@ -112,7 +112,12 @@ def decode(
         # mode replies are not scoped to callers, so the body's claim is not needed here.
         reply = response_address(message, topics, topics.caller_of(message.topic))
         check_bounds(message, max_payload_bytes)
-        body = _parse(message.payload)
+        try:
+            body = _parse(message.payload)
+        except BadRequest:  # a number Python cannot hold: the rest still says where to answer
+            body = numbers_as_text(message.payload)
+            reply = reply or body_address(message, topics, body, ENVELOPE)
+            raise
         try:
             shape = read(body)
         except BadRequest:

@@ -235,3 +235,16 @@ def strict_json(text: str, what: str) -> Any:
         raise BadRequest(f"{what} is not JSON: {exc}", reason="not_json") from None
     except RecursionError:
         raise BadRequest(f"{what} is nested too deeply", reason="too_deep") from None
+
+
+# Every number as its text: for reading what a message refused for a number Python cannot
+# hold (`1e999999`, an int past 4 300 digits) says around it, e.g. a 3.1.1 `reply_to`.
+_NUMBERS_AS_TEXT = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=str, parse_int=str)
+
+
+def numbers_as_text(payload: bytes) -> object:
+    """The payload's JSON with numbers left as text; None if it is not JSON even so."""
+    try:
+        return _NUMBERS_AS_TEXT.decode(payload.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
