@@ -17,9 +17,9 @@ from pydantic import SecretStr, ValidationError
 from tests.harness import Broker, unique_prefix
 from tests.processes import Serve, serve_env
 from toolbus.broker import BrokerUrl
-from toolbus.cli import EXIT_BROKER, EXIT_USAGE
 from toolbus.client import Client
 from toolbus.config import Settings, load_settings
+from toolbus.exit_codes import EXIT_BROKER, EXIT_USAGE
 
 PASSWORD = "Pw-7xQz!kR2"  # distinctive: found in output only if it leaked
 USER = "worker"

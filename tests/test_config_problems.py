@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.test_cli import cli_env, run_cli
-from toolbus.cli import EXIT_USAGE
 from toolbus.config import ConfigError, ConfigProblem, load_settings, read_config_file
 from toolbus.config.loading import INTERNAL_VARIABLES, environment_problems
+from toolbus.exit_codes import EXIT_USAGE
 from toolbus.supervisor import SUPERVISOR_PID_ENV
 
 SECRET = "hunter2-s3cr3t"

@@ -19,8 +19,8 @@ import pytest_asyncio
 from tests.harness import Broker, free_port
 from tests.test_cli import cli_env, run_cli
 from toolbus.broker import BrokerUrl
-from toolbus.cli import EXIT_BROKER
 from toolbus.client import Client
+from toolbus.exit_codes import EXIT_BROKER
 from toolbus.transport import MqttConnection, TransportError
 
 TIMEOUT_S = 1.0

@@ -40,8 +40,8 @@ from tests.harness import (
 from tests.logwait import watching
 from tests.processes import Serve
 from tests.test_cli import cli_env, run_cli
-from toolbus.cli import EXIT_OK
 from toolbus.config import Settings
+from toolbus.exit_codes import EXIT_OK
 from toolbus.healthcheck import EXIT_HEALTHY, EXIT_UNHEALTHY, default_url
 from toolbus.observability.http import HttpListener
 from toolbus.observability.metrics import Metrics

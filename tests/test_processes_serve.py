@@ -27,9 +27,9 @@ from tests.harness import Broker
 from tests.mqtt import Caller
 from tests.test_cli import cli_env, run_cli
 from toolbus.backends.mcp import McpBackend
-from toolbus.cli import EXIT_BROKER, EXIT_OK, EXIT_USAGE
 from toolbus.client import Client, Retry
 from toolbus.config import Settings
+from toolbus.exit_codes import EXIT_BROKER, EXIT_OK, EXIT_USAGE
 from toolbus.supervisor import MCP_CLOSE_BOUND_S, Supervisor
 
 BOUND_S = 60.0  # a start, a restart, a drain: each within this

@@ -42,9 +42,9 @@ from tests.harness import (
 from tests.logwait import watching
 from tests.mqtt import Caller
 from tests.processes import run_bounded, serve_env
-from toolbus.cli import EXIT_USAGE
 from toolbus.client_ids import client_ids, kept_secret
 from toolbus.config import BrokerUrl
+from toolbus.exit_codes import EXIT_USAGE
 from toolbus.links import Takeovers
 from toolbus.observability.metrics import Metrics
 from toolbus.transport import SESSION_TAKEN_OVER

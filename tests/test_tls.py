@@ -24,9 +24,9 @@ from tests.harness import Broker, make_settings, running_worker
 from tests.processes import Serve, serve_env
 from tests.test_cli import run_cli
 from toolbus.broker import BrokerUrl
-from toolbus.cli import EXIT_BROKER, EXIT_OK
 from toolbus.client import Client
 from toolbus.config import Settings
+from toolbus.exit_codes import EXIT_BROKER, EXIT_OK
 from toolbus.messages import Outbound
 from toolbus.transport import BrokerRefused, MqttConnection, TransportError
 from toolbus.transport.tls import tls_context

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolbus.topics import ANONYMOUS_CALLER as ANONYMOUS_CALLER  # noqa: PLC0414 -- re-exported: its former home
+
 
 class CallerProfile(BaseModel):
     """`[callers.NAME]`: the tools a caller may use (by any name that resolves) and its quotas."""
@@ -34,7 +36,6 @@ class CallerProfile(BaseModel):
 
 
 NO_CALLER_PROFILE = CallerProfile()
-ANONYMOUS_CALLER = "anonymous"  # the profile of a request that names no caller
 DEFAULT_CALLER_PROFILE = "*"
 
 

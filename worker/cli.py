@@ -20,16 +20,16 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
 from toolbus import __version__
+from toolbus.cli_settings import _settings, config_errors
 from toolbus.cli_values import json_object, pair
 from toolbus.config.problems import ConfigError
 from toolbus.contracts import ToolsFormat
+from toolbus.exit_codes import EXIT_BROKER, EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_REPLY, EXIT_BROKER = 0, 1, 2, 3, 4
 SCHEMAS_DIR = Path("schemas")
 ASYNCAPI_PATH = Path("docs/asyncapi.yaml")
 
@@ -224,30 +224,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"toolbus: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return code
-
-
-def config_errors(exc: ValidationError) -> str:
-    """Settings validated outside `load_settings`: each error as a `ConfigProblem`."""
-    from toolbus.config import Settings
-    from toolbus.config.problems import problem_from_error
-
-    errors = exc.errors(include_url=False)
-    return "; ".join(str(problem_from_error(e, "", Settings)) for e in errors)
-
-
-def _settings(args: argparse.Namespace) -> Any:
-    from toolbus.config import load_settings
-    from toolbus.config.loading import environment_problems
-
-    settings = load_settings(
-        getattr(args, "config", None),
-        getattr(args, "mcp_config", None),
-        broker_url=getattr(args, "broker", None),
-        processes=getattr(args, "processes", None),
-    )
-    for problem in environment_problems(os.environ):  # the fatal ones refused above
-        print(f"toolbus: warning: {problem}", file=sys.stderr)
-    return settings
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -16,10 +16,11 @@ from rich.console import Console
 from rich.table import Table
 
 from toolbus import cli_values
-from toolbus.cli import EXIT_BROKER, EXIT_ERROR, EXIT_NO_REPLY, EXIT_OK, _settings
+from toolbus.cli_settings import _settings
 from toolbus.client import Client, Retry
 from toolbus.contracts import ToolsFormat
 from toolbus.errors import NoReply, ToolbusError
+from toolbus.exit_codes import EXIT_BROKER, EXIT_ERROR, EXIT_NO_REPLY, EXIT_OK
 from toolbus.transport import TransportError
 
 

@@ -22,12 +22,11 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from toolbus.broker import BrokerUrl
-from toolbus.callers import ANONYMOUS_CALLER
 from toolbus.contracts import CallsReply, ErrorBody, ErrorCode, Reply, ReplyFormat, ToolsFormat
 from toolbus.errors import NoReply, ToolbusError
 from toolbus.formats.incoming import holder
 from toolbus.requester import Requester, Retry
-from toolbus.topics import CallerIdentity
+from toolbus.topics import ANONYMOUS_CALLER, CallerIdentity
 
 __all__ = [
     "Client",

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from toolbus.addresses import ReplyAddress, body_address, deadline_at, response_address
-from toolbus.callers import ANONYMOUS_CALLER
 from toolbus.contracts import Options, ReplyFormat, Request, ToolsFormat
 from toolbus.errors import BadRequest, Forbidden, ToolbusError
 from toolbus.formats import envelope
@@ -34,7 +33,7 @@ from toolbus.formats.incoming import ENVELOPE, Shape, Wanted, numbers_as_text, r
 from toolbus.messages import Inbound
 from toolbus.observability.propagation import TRACE_HEADERS
 from toolbus.request_bounds import check_bounds
-from toolbus.topics import Route, Topics
+from toolbus.topics import ANONYMOUS_CALLER, Route, Topics
 from toolbus.untrusted import may_hold_surrogates, shown, surrogate_path, text_problem
 
 PUBLISH_TRACE_PROPERTY = "toolbus-publish-trace"

@@ -20,7 +20,6 @@ from opentelemetry import trace
 
 from toolbus.access import Access
 from toolbus.call_log import log_call
-from toolbus.callers import ANONYMOUS_CALLER
 from toolbus.contracts import ToolResult, ToolsFormat
 from toolbus.decode import Call
 from toolbus.errors import (
@@ -48,6 +47,7 @@ from toolbus.observability.spans import (
 )
 from toolbus.preparation import Outcome, Prepared, Steps, explain
 from toolbus.registry import Registry, Resolved, Tool
+from toolbus.topics import ANONYMOUS_CALLER
 
 # `Outcome` lives with the prepared call it concludes (preparation.py).
 __all__ = ["Executor", "Outcome", "Startup"]

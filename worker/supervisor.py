@@ -29,7 +29,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from toolbus.cli import EXIT_BROKER, EXIT_OK, EXIT_USAGE
+from toolbus.exit_codes import EXIT_BROKER, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
     from toolbus.config import Settings

@@ -24,7 +24,6 @@ import functools
 from dataclasses import dataclass
 from typing import Literal
 
-from toolbus.callers import ANONYMOUS_CALLER
 from toolbus.untrusted import text_problem, topic_problem
 
 MAX_REPLY_TOPIC_BYTES = 1024
@@ -32,6 +31,8 @@ MAX_NAME_CHARS = 200
 TOPIC_CACHE_SIZE = 4096  # a caller or tool named by a topic level
 
 CallerIdentity = Literal["claim", "topic"]
+
+ANONYMOUS_CALLER = "anonymous"  # the caller of a request that names none
 
 
 @dataclass(frozen=True, slots=True)

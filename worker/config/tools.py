@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from typing import Annotated, Literal, TypeVar
 
@@ -15,7 +16,6 @@ from pydantic import (
 )
 
 from toolbus.broker import BrokerUrl as BrokerUrl  # noqa: PLC0414 -- re-exported: its former home
-from toolbus.normalization.paths import root_form
 
 T = TypeVar("T")
 
@@ -37,6 +37,30 @@ ALL_COERCIONS: frozenset[str] = frozenset(Coercion.__args__)  # type: ignore[att
 CoercionName = Coercion | Literal["all"]  # what `skip_coercions` accepts
 # `strict`: the parameter-mapping seed's rules on top of the defaults (normalization/strict.py).
 GuardPreset = Literal["default", "strict"]
+
+
+# what a path may never hold (also the path guard's rule)
+REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def root_form(root: str) -> str:
+    """An allowed root as the guard compares it (`/a/b`), or ValueError for the config.
+
+    A root the guard's decoding could never produce (`%`, a backslash, a compatibility
+    form) would match nothing, so it is refused instead of silently never matching.
+    """
+    segments = [s for s in root.split("/") if s not in ("", ".")]
+    if (
+        not root.startswith("/")
+        or ".." in segments
+        or unicodedata.normalize("NFKC", root) != root
+        or any(unicodedata.category(c) in REFUSED_CATEGORIES or c in "\\%" for c in root)
+    ):
+        raise ValueError(
+            f"allowed root {root!r}: must be an absolute POSIX path, without `..`, `%`, "
+            "backslashes, control characters or compatibility forms (NFKC)"
+        )
+    return "/" + "/".join(segments)
 
 
 def _compiles(pattern: str | None) -> str | None:

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
 
+from toolbus.config.tools import REFUSED_CATEGORIES
+
 # Double encoding is an attack pattern, triple is exotic; deeper is refused, not guessed at.
 MAX_DECODE_ROUNDS = 4
 
@@ -39,7 +41,6 @@ OUTSIDE_ROOTS = "path_outside_roots"  # reasons: outside_roots, home, drive, unc
 INVALID = "path_invalid"  # reasons: encoding, control_characters, url
 
 # Cc control, Cf format (bidi overrides, zero-width), Cs lone surrogates, line separators.
-_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 _IIS_ESCAPE = re.compile(r"%u[0-9a-fA-F]{4}")
 _FILE_URL = re.compile(r"file:", re.IGNORECASE)
 _OTHER_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
@@ -82,26 +83,6 @@ def judge(text: str, roots: Sequence[str]) -> Verdict:
     return Verdict(canonical, tuple(steps))
 
 
-def root_form(root: str) -> str:
-    """An allowed root as the guard compares it (`/a/b`), or ValueError for the config.
-
-    A root the guard's decoding could never produce (`%`, a backslash, a compatibility
-    form) would match nothing, so it is refused instead of silently never matching.
-    """
-    segments = [s for s in root.split("/") if s not in ("", ".")]
-    if (
-        not root.startswith("/")
-        or ".." in segments
-        or unicodedata.normalize("NFKC", root) != root
-        or any(unicodedata.category(c) in _REFUSED_CATEGORIES or c in "\\%" for c in root)
-    ):
-        raise ValueError(
-            f"allowed root {root!r}: must be an absolute POSIX path, without `..`, `%`, "
-            "backslashes, control characters or compatibility forms (NFKC)"
-        )
-    return "/" + "/".join(segments)
-
-
 def inside(path: str, root: str) -> bool:
     """Lexically: `path` is `root` or below it (both normalized absolute paths)."""
     return root in ("/", path) or path.startswith(root + "/")
@@ -111,7 +92,7 @@ def _canonical(text: str, roots: Sequence[str], steps: list[str]) -> str:
     text = _decode(text, steps)
     # isprintable (in C) is False for every refused category, and for a few allowed ones.
     if not text.isprintable() and any(
-        unicodedata.category(char) in _REFUSED_CATEGORIES for char in text
+        unicodedata.category(char) in REFUSED_CATEGORIES for char in text
     ):
         raise _Refused(INVALID, "control_characters")
     text = _strip_file_url(text, steps)

@@ -1,0 +1,35 @@
+"""The settings a command runs with: flags > environment > files > defaults, and why they
+were refused, as one line per problem."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from pydantic import ValidationError
+
+
+def config_errors(exc: ValidationError) -> str:
+    """Settings validated outside `load_settings`: each error as a `ConfigProblem`."""
+    from toolbus.config import Settings
+    from toolbus.config.problems import problem_from_error
+
+    errors = exc.errors(include_url=False)
+    return "; ".join(str(problem_from_error(e, "", Settings)) for e in errors)
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from toolbus.config import load_settings
+    from toolbus.config.loading import environment_problems
+
+    settings = load_settings(
+        getattr(args, "config", None),
+        getattr(args, "mcp_config", None),
+        broker_url=getattr(args, "broker", None),
+        processes=getattr(args, "processes", None),
+    )
+    for problem in environment_problems(os.environ):  # the fatal ones refused above
+        print(f"toolbus: warning: {problem}", file=sys.stderr)
+    return settings
