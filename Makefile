@@ -15,20 +15,13 @@ PYTEST_ARGS ?=
 
 .PHONY: FORCE python-info bench-tracing bench-logging bench-normalize bench-flood bench-flood-victim bench-mcp-output bench-client compose-check check-tree asyncapi-parser mcp-everything bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary
 
-# The package installs in strict editable mode: a tree of links to worker/ that imports as
-# `toolbus`, which mypy and editors can read (the default mode's import hook they cannot).
-# A module added or removed needs a new link tree, so the list of source files is a
-# prerequisite; it is rewritten only when it changes.
-SOURCES := $(sort $(shell find worker -name '*.py' -o -name py.typed))
-$(VENV)/.sources: FORCE
-	@mkdir -p $(VENV)
-	@echo '$(SOURCES)' | cmp -s - $@ || echo '$(SOURCES)' > $@
-
-$(STAMP): pyproject.toml $(VENV)/.sources
+# An ordinary editable install: the source root worker/ holds the package toolbus/ (a src
+# layout), which mypy, pytest and editors read as the files they are.
+$(STAMP): pyproject.toml
 	@scripts/ensure-python $(PYTHON)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]' --config-settings editable_mode=strict
+	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
 FORCE:
@@ -44,7 +37,7 @@ mosquitto-clients:
 redis-binary:
 	@scripts/ensure-redis
 
-# The AsyncAPI project's parser, which tests/test_asyncapi.py runs over docs/asyncapi.yaml:
+# The AsyncAPI project's parser, which tests/cli/test_asyncapi.py runs over docs/asyncapi.yaml:
 # npm installs the versions tools/asyncapi/package-lock.json pins into .tools/asyncapi.
 asyncapi-parser:
 	@scripts/ensure-asyncapi
@@ -125,7 +118,7 @@ compose-check:
 check: check-tree lint typecheck test compose-check
 
 clean:
-	rm -rf $(VENV) $(PHOENIX_VENV) $(NODE_RED_DIR) build .pytest_cache .mypy_cache .ruff_cache .run .tools
+	rm -rf $(VENV) $(PHOENIX_VENV) $(NODE_RED_DIR) build worker/toolbus.egg-info .pytest_cache .mypy_cache .ruff_cache .run .tools
 
 bench: $(STAMP) mosquitto-binary
 	$(BIN)/toolbus bench

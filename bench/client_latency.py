@@ -23,12 +23,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from toolbus import BrokerUrl, Client
-from toolbus.bench.mosquitto import private_broker
+from toolbus.cli.bench.mosquitto import private_broker
 from toolbus.config import Settings
-from toolbus.messages import Outbound
 from toolbus.tools import BUILTIN_TOOLS
 from toolbus.transport import MqttConnection
-from toolbus.wiring import build_worker
+from toolbus.wire.messages import Outbound
+from toolbus.worker.wiring import build_worker
 
 PREFIX = "bench"
 

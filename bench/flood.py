@@ -4,7 +4,7 @@ Run: `make bench-flood` (100 000 requests, a few minutes) or `.venv/bin/python
 bench/flood.py --requests N [--worker-tree DIR]`. A private mosquitto on a free loopback
 port, one `toolbus serve` process (so its RSS is its own), and the requests published
 from this process as fast as the broker takes them. The suite runs the same flood with
-20 000 requests (tests/test_chaos.py); docs/reliability.md has the figures.
+20 000 requests (tests/worker/test_chaos.py); docs/reliability.md has the figures.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fleet import WorkerProcess, flood, recording_env
-from tests.harness import Broker
+from bench.paired import package_of
+from tests.support.fleet import WorkerProcess, flood, recording_env
+from tests.support.harness import Broker
 
 
 async def soak(requests: int, timeout_s: float, worker_tree: Path | None) -> str:
@@ -32,9 +33,9 @@ async def soak(requests: int, timeout_s: float, worker_tree: Path | None) -> str
         try:
             prefix = f"fl{uuid.uuid4().hex[:8]}"
             env = recording_env(directory, prefix, worker_id=f"{prefix}-w1")
-            if worker_tree is not None:  # its `worker/` imported as `toolbus`, first
+            if worker_tree is not None:  # its package imported as `toolbus`, first
                 (directory / "tree").mkdir()
-                (directory / "tree" / "toolbus").symlink_to(worker_tree / "worker")
+                (directory / "tree" / "toolbus").symlink_to(package_of(worker_tree))
                 env["PYTHONPATH"] = f"{directory / 'tree'}{os.pathsep}{env['PYTHONPATH']}"
             worker = WorkerProcess(broker.url, env)
             await worker.start()

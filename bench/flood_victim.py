@@ -40,9 +40,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fleet import SHIPPED_BROKERS, BrokerDrops, WorkerProcess, recording_env, shipped_broker
-from tests.harness import Broker
-from tests.mqtt import Caller
+from tests.support.fleet import (
+    SHIPPED_BROKERS,
+    BrokerDrops,
+    WorkerProcess,
+    recording_env,
+    shipped_broker,
+)
+from tests.support.harness import Broker
+from tests.support.mqtt import Caller
 
 QUOTA = {"rate_per_s": 20, "burst": 40, "max_in_flight": 8}
 VICTIM_WAIT_S = 60.0

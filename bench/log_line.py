@@ -6,7 +6,7 @@ span so the line carries a trace id, as a traced worker's does) to /dev/null; th
 is the fastest round's µs per line (on a shared machine the least disturbed one),
 everything included: building the record, the trace-id lookup, formatting and the write.
 
-`--worker-tree DIR` measures DIR's `worker/` (e.g. `git archive` of an older commit)
+`--worker-tree DIR` measures DIR's `toolbus` package (e.g. `git archive` of an older commit)
 beside this checkout's, each in processes of its own, alternating `--repeat` times
 (default 3), and prints the median of each: a before/after pair from one run.
 """
@@ -29,8 +29,8 @@ from paired import (  # bench/paired.py: this script's folder is first on the pa
     paired_parser,
 )
 
-from toolbus.call_log import log_call
-from toolbus.decode import Call
+from toolbus.calls.call_log import log_call
+from toolbus.calls.decode import Call
 from toolbus.observability.logs import setup_logging
 
 FORMATS = ("json", "text")

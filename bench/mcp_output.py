@@ -2,12 +2,12 @@
 
 Run: `make bench-mcp-output` or `.venv/bin/python bench/mcp_output.py [--worker-tree DIR]
 [--only NAME] [--scale F]` (F multiplies every size; the suite runs it small). Each case
-starts one stdio MCP server (tests/servers/misbehaving.py) under an `McpBackend` in a
+starts one stdio MCP server (tests/support/servers/misbehaving.py) under an `McpBackend` in a
 process of its own, makes one call that produces the output, then one ordinary call on
 the same server, and prints the wall time of the first call, the CPU time the worker
 process spent on it (user + system, the server's own CPU not counted), what it answered
 and whether the server still answered afterwards. `--worker-tree DIR` imports `toolbus`
-from another checkout's `worker/` (e.g. `git archive` of an older commit) for a
+from another checkout's `toolbus` package (e.g. `git archive` of an older commit) for a
 before/after pair; docs/reliability.md has the figures.
 """
 
@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.paired import package_of
 from toolbus.backends.mcp import McpBackend, McpServer
 from toolbus.config import McpPolicy, McpServerConfig
-from toolbus.registry import Registry
+from toolbus.tools.registry import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = ROOT / "tests" / "servers" / "misbehaving.py"
@@ -107,8 +108,8 @@ def main() -> None:
         return
     env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="toolbus-mcp-output-tree-") as tree:
-        if args.worker_tree is not None:  # its `worker/` imported as `toolbus`, first
-            (Path(tree) / "toolbus").symlink_to(args.worker_tree.resolve() / "worker")
+        if args.worker_tree is not None:  # its package imported as `toolbus`, first
+            (Path(tree) / "toolbus").symlink_to(package_of(args.worker_tree.resolve()))
             env["PYTHONPATH"] = os.pathsep.join([tree, str(ROOT)])
         else:
             env["PYTHONPATH"] = str(ROOT)

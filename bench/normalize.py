@@ -9,7 +9,7 @@ access, guards, normalization and schema validation, minus running the tool, for
 - the same with the seed's snake_case keys, mapped by the bundled argument map;
 - the analysis-context example from the tests: respelled keys, lenient items, a path guard.
 
-`--worker-tree DIR` measures DIR's `worker/` (e.g. `git archive` of an older commit) beside
+`--worker-tree DIR` measures DIR's `toolbus` package (e.g. `git archive` of an older commit) beside
 this checkout's, each in processes of its own, alternating `--repeat` times (default 3),
 and prints the median of each: a before/after pair from one run.
 """
@@ -35,16 +35,16 @@ from paired import (  # bench/paired.py: this script's folder is first on the pa
 from rich.console import Console
 from rich.table import Table
 
-from tests.harness import DEMO_ARGUMENT_MAPS
-from tests.normalize_cases import ANALYSIS_SCHEMA, ANALYSIS_SETTINGS, analysis_context
+from tests.support.harness import DEMO_ARGUMENT_MAPS
+from tests.support.normalize_cases import ANALYSIS_SCHEMA, ANALYSIS_SETTINGS, analysis_context
+from toolbus.calls.decode import Call
+from toolbus.calls.execute import Executor, Outcome
+from toolbus.cli.demo.server import build_server
 from toolbus.config import Settings, tool_settings
-from toolbus.contracts import ToolResult
-from toolbus.decode import Call
-from toolbus.demo.server import build_server
-from toolbus.execute import Executor, Outcome
-from toolbus.registry import Registry, Tool
 from toolbus.tools import BUILTIN_TOOLS
-from toolbus.wiring import build_executor, build_registry
+from toolbus.tools.registry import Registry, Tool
+from toolbus.wire.contracts import ToolResult
+from toolbus.worker.wiring import build_executor, build_registry
 
 ROUNDS = 31
 CALLS_PER_ROUND = 2000

@@ -36,11 +36,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fleet import WorkerProcess
-from tests.harness import Broker
-from tests.mqtt import Caller
-from tests.packets import properties
-from tests.test_cli import cli_env
+from bench.paired import package_of
+from tests.cli.test_cli import cli_env
+from tests.support.fleet import WorkerProcess
+from tests.support.harness import Broker
+from tests.support.mqtt import Caller
+from tests.support.packets import properties
 
 PREFIX = "ov"
 ECHO = f"{PREFIX}/call/echo"
@@ -116,9 +117,9 @@ async def run(args: argparse.Namespace, tree: Path | None) -> list[str]:
         broker.start()
         try:
             env = cli_env(PREFIX)
-            if tree is not None:  # its `worker/` imported as `toolbus`, first
+            if tree is not None:  # its package imported as `toolbus`, first
                 (directory / "tree").mkdir()
-                (directory / "tree" / "toolbus").symlink_to(tree / "worker")
+                (directory / "tree" / "toolbus").symlink_to(package_of(tree))
                 env["PYTHONPATH"] = os.pathsep.join(
                     [str(directory / "tree"), env.get("PYTHONPATH", "")]
                 )

@@ -1,8 +1,8 @@
 """Paired runs: a bench script measured in child processes for another checkout's
-`worker/` and for this one, alternating, so both share the machine's moment.
+`toolbus` package and for this one, alternating, so both share the machine's moment.
 
 The other tree is put first on the child's path through a shadow folder holding only a
-`toolbus` link to its `worker/`; this module imports nothing of toolbus, so either tree
+`toolbus` link to its package (`package_of`); this module imports nothing of toolbus, so either tree
 can be the one a child loads. Each child prints one JSON object on its standard output.
 """
 
@@ -31,6 +31,13 @@ def paired_parser(doc: str | None, *, repeat: int) -> argparse.ArgumentParser:
     return parser
 
 
+def package_of(tree: Path) -> Path:
+    """The `toolbus` package of a checkout: worker/toolbus/ (src layout), or worker/ itself
+    in checkouts from before it."""
+    nested = tree / "worker" / "toolbus"
+    return nested if (nested / "__init__.py").is_file() else tree / "worker"
+
+
 def alternate(
     script: str, tree: Path, args: Sequence[str], *, repeat: int, timeout_s: float
 ) -> tuple[list[Any], list[Any]]:
@@ -39,7 +46,7 @@ def alternate(
     before: list[Any] = []
     after: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="toolbus-paired-tree-") as shadow:
-        (Path(shadow) / "toolbus").symlink_to(tree.resolve() / "worker")  # imported first
+        (Path(shadow) / "toolbus").symlink_to(package_of(tree.resolve()))  # imported first
         runs = [
             (before, {**os.environ, "PYTHONPATH": os.pathsep.join([shadow, str(ROOT)])}),
             (after, {**os.environ, "PYTHONPATH": str(ROOT)}),

@@ -9,7 +9,7 @@ argument sets: `{"text": "hi"}` as the schema asks (the settled fast path), and
 call (`time.process_time`: a shared machine's other processes count less), the fastest
 of `--rounds` rounds of `--calls` calls, each call with an id under a fresh id.
 
-`--worker-tree DIR` measures DIR's `worker/` (e.g. `git archive` of an older commit)
+`--worker-tree DIR` measures DIR's `toolbus` package (e.g. `git archive` of an older commit)
 beside this checkout's, each in processes of its own, alternating `--repeat` times
 (default 3), and prints the median of each: a before/after pair from one run.
 """
@@ -34,13 +34,13 @@ from paired import (  # bench/paired.py: this script's folder is first on the pa
 from rich.console import Console
 from rich.table import Table
 
+from toolbus.calls.pipeline import Pipeline
 from toolbus.config import Settings
 from toolbus.dedup import MemoryStore, Once
-from toolbus.messages import Inbound, Outbound
 from toolbus.observability.metrics import Metrics
-from toolbus.pipeline import Pipeline
 from toolbus.tools import BUILTIN_TOOLS
-from toolbus.wiring import build_executor, build_registry, topics_for
+from toolbus.wire.messages import Inbound, Outbound
+from toolbus.worker.wiring import build_executor, build_registry, topics_for
 
 ROUNDS = 15
 CALLS_PER_ROUND = 2000

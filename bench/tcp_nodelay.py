@@ -24,10 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from toolbus import Client
-from toolbus.bench.mosquitto import private_broker
+from toolbus.cli.bench.mosquitto import private_broker
 from toolbus.config import Settings
 from toolbus.tools import BUILTIN_TOOLS
-from toolbus.wiring import build_worker
+from toolbus.worker.wiring import build_worker
 
 PREFIX = "toolbus"
 RR_ARGUMENTS = '{"arguments": {"text": "hello"}}'

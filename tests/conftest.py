@@ -1,6 +1,6 @@
 """Fixtures: a real mosquitto on a free loopback port, workers, MQTT callers, dedup stores.
 
-The helpers behind them live in `tests/harness.py`; import those from there.
+The helpers behind them live in `tests/support/harness.py`; import those from there.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import pytest_asyncio
 
-from tests.harness import (
+from tests.support.harness import (
     DEMO_SERVER,
     MEASUREMENTS,
     SPAN_ENDS,
@@ -22,13 +22,13 @@ from tests.harness import (
     make_settings,
     running_worker,
 )
-from tests.mqtt import Caller
-from tests.otlp import OtlpReceiver, otlp_receiver
+from tests.support.mqtt import Caller
+from tests.support.otlp import OtlpReceiver, otlp_receiver
 from toolbus.dedup import DedupStore, open_store
 from toolbus.dedup.redis import RedisStore
 
 if TYPE_CHECKING:
-    from toolbus.service import Worker
+    from toolbus.worker.service import Worker
 
 
 @pytest.fixture(scope="session")

@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.mqtt import Caller
-from toolbus.backends.local import LocalTool
-from toolbus.service import Worker
+from tests.support.mqtt import Caller
+from toolbus.tools.local import LocalTool
+from toolbus.worker.service import Worker
 
-MISBEHAVING = Path(__file__).parent.parent / "servers" / "misbehaving.py"
+MISBEHAVING = Path(__file__).parent.parent / "support" / "servers" / "misbehaving.py"
 
 # The seed's built-in tools besides `datetime`: toolbus ships none by these names (its own
 # built-ins are `datetime` and `echo`), so they are local tools here, as a deployment would
@@ -38,7 +38,7 @@ VOLUME = LocalTool(
 
 
 def misbehaving(state: Path, **env: str) -> dict[str, Any]:
-    """`mcpServers` entry for tests/servers/misbehaving.py (modes from `env`)."""
+    """`mcpServers` entry for tests/support/servers/misbehaving.py (modes from `env`)."""
     return {
         "command": sys.executable,
         "args": [str(MISBEHAVING)],

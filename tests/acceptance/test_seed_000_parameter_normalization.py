@@ -12,10 +12,10 @@ from typing import Any
 import pytest_asyncio
 
 from tests.acceptance.parts import SEARCH, VOLUME, call, renames
-from tests.harness import DEMO_SERVER, Broker, make_settings, running_worker
-from tests.logwait import watching
-from tests.mqtt import Caller
-from toolbus.service import Worker
+from tests.support.harness import DEMO_SERVER, Broker, make_settings, running_worker
+from tests.support.logwait import watching
+from tests.support.mqtt import Caller
+from toolbus.worker.service import Worker
 
 
 @pytest_asyncio.fixture(scope="module")

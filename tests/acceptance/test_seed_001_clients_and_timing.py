@@ -11,15 +11,15 @@ from typing import Any
 import pytest_asyncio
 
 from tests.acceptance.parts import call
-from tests.harness import DEMO_SERVER, Broker, make_settings, running_worker
-from tests.logwait import watching
-from tests.mqtt import Caller, call_topic, reply_topic_for
-from tests.providers import anthropic_message_model, ollama_response, tool_use
-from tests.tools import Probe, probe_tools
+from tests.support.harness import DEMO_SERVER, Broker, make_settings, running_worker
+from tests.support.logwait import watching
+from tests.support.mqtt import Caller, call_topic, reply_topic_for
+from tests.support.providers import anthropic_message_model, ollama_response, tool_use
+from tests.support.tools import Probe, probe_tools
 from toolbus import Client
-from toolbus.backends.local import tool
 from toolbus.config import Settings
-from toolbus.service import Worker
+from toolbus.tools.local import tool
+from toolbus.worker.service import Worker
 
 SLOW_CALL_MS = 250.0  # this module's threshold: the default (1000 ms) is asserted apart
 CANCELLED = asyncio.Event()  # set when `patient` is cancelled by its deadline

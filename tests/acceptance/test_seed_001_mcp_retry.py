@@ -20,12 +20,12 @@ import pytest_asyncio
 from tenacity import RetryCallState
 
 from tests.acceptance.parts import call, fails_first
-from tests.harness import DEMO_SERVER, Broker, make_settings, running_worker
-from tests.logwait import watching
-from tests.mqtt import Caller
+from tests.support.harness import DEMO_SERVER, Broker, make_settings, running_worker
+from tests.support.logwait import watching
+from tests.support.mqtt import Caller
 from toolbus.backends.mcp.retry import connect_attempts
 from toolbus.config import McpPolicy
-from toolbus.service import Worker
+from toolbus.worker.service import Worker
 
 BASE_DELAY_S = 0.2  # the failing runs' base delay: attempts after 0, 0.2 and 0.4 s
 

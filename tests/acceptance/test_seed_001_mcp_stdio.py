@@ -19,11 +19,11 @@ import pytest_asyncio
 from mcp_types import LATEST_PROTOCOL_VERSION
 
 from tests.acceptance.parts import call, misbehaving
-from tests.harness import DEMO_SERVER, Broker, free_port, make_settings, running_worker
-from tests.logwait import LogSeen, watching
-from tests.mqtt import Caller
-from tests.processes import start_http_demo, stop_process
-from toolbus.service import Worker
+from tests.support.harness import DEMO_SERVER, Broker, free_port, make_settings, running_worker
+from tests.support.logwait import LogSeen, watching
+from tests.support.mqtt import Caller
+from tests.support.processes import start_http_demo, stop_process
+from toolbus.worker.service import Worker
 
 EXCHANGE_S = 30.0  # the whole direct conversation with a server
 EXIT_S = 5.0  # for a server to end once its stdin closes, before it is killed

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 import pytest_asyncio
 
 from tests.acceptance.parts import SEARCH, call
-from tests.harness import DEMO_SERVER, Broker, make_settings, running_worker
-from tests.logwait import LogSeen, watching
-from tests.mqtt import Caller
-from tests.tools import Probe, probe_tools
+from tests.support.harness import DEMO_SERVER, Broker, make_settings, running_worker
+from tests.support.logwait import LogSeen, watching
+from tests.support.mqtt import Caller
+from tests.support.tools import Probe, probe_tools
 from toolbus import Client
-from toolbus.backends.local import tool
-from toolbus.service import Worker
+from toolbus.tools.local import tool
+from toolbus.worker.service import Worker
 
 
 @tool(name="list_devices")

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest_asyncio
 
-from tests.harness import Broker, unique_prefix
-from tests.mqtt import Caller
-from tests.processes import RUN_BOUND_S, Serve, serve_env
-from tests.providers import anthropic_message_model, tool_use
+from tests.support.harness import Broker, unique_prefix
+from tests.support.mqtt import Caller
+from tests.support.processes import RUN_BOUND_S, Serve, serve_env
+from tests.support.providers import anthropic_message_model, tool_use
 from toolbus import Client
 from toolbus.config import Settings
-from toolbus.topics import Topics
+from toolbus.wire.topics import Topics
 
 BIN = Path(sys.executable).parent  # the bundled config runs `toolbus demo-server` from PATH
 # What the AI sent in the seed's log, for "Turn on switch one".

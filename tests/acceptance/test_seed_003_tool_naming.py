@@ -14,12 +14,12 @@ from typing import Any
 import pytest_asyncio
 
 from tests.acceptance.parts import SEARCH, call
-from tests.harness import Broker, make_settings, running_worker
-from tests.mqtt import Caller
+from tests.support.harness import Broker, make_settings, running_worker
+from tests.support.mqtt import Caller
 from toolbus import Client
-from toolbus.backends.local import LocalTool, tool
 from toolbus.config import Settings
-from toolbus.service import Worker
+from toolbus.tools.local import LocalTool, tool
+from toolbus.worker.service import Worker
 
 
 def _named(name: str) -> LocalTool:

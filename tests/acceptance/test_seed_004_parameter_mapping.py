@@ -9,7 +9,7 @@ static map entries (`stuck_description`, `code_scope`), respelling for the rest,
 findings, and `focusArea.files` as paths. The worker runs `[guards] preset = "strict"`:
 the seed's string, array and file path rules, and its words for a refusal. The default
 guards are looser (markup, templates, `..` in prose and paths of any characters pass):
-see docs/normalization.md and tests/test_guards_strict.py.
+see docs/normalization.md and tests/normalization/test_guards_strict.py.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any
 import pytest_asyncio
 
 from tests.acceptance.parts import call
-from tests.harness import Broker, make_settings, running_worker
-from tests.mqtt import Caller
-from toolbus.backends.local import LocalTool
-from toolbus.service import Worker
+from tests.support.harness import Broker, make_settings, running_worker
+from tests.support.mqtt import Caller
+from toolbus.tools.local import LocalTool
+from toolbus.worker.service import Worker
 
 STRINGS = {"type": "array", "items": {"type": "string"}}
 PLACE = {

@@ -1,0 +1,258 @@
+"""The benchmarks still run: `toolbus bench` and the scripts in bench/, with tiny numbers.
+
+Their figures are not checked here (speed is measured, never asserted); what is checked
+is that each one runs to its table, so a refactor cannot leave them broken unnoticed.
+The pure parts of `toolbus bench` (percentiles, CPU from /proc, ratios) are checked too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.harness import mosquitto_binary
+from toolbus.cli.bench import cpu
+from toolbus.cli.bench.loadgen import LoadFigures, figures, percentile
+from toolbus.cli.bench.phases import RESPONDERS, CpuPerCall, Phase
+from toolbus.cli.bench.report import targets, to_json
+from toolbus.cli.bench.run import BenchOptions, BenchRun
+
+ROOT = Path(__file__).parents[2]
+BIN = Path(sys.executable).parent
+
+
+def run(*command: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{Path(mosquitto_binary()).parent}"
+        f"{os.pathsep}{os.environ.get('PATH', '')}",
+        "COLUMNS": "200",
+    }
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=300, check=False, cwd=ROOT, env=env
+    )
+
+
+def test_toolbus_bench_measures_every_phase(tmp_path: Path) -> None:
+    """Every responder at every level answered, with its CPU figures: the JSON is whole."""
+    figures = tmp_path / "bench.json"
+    result = run(
+        str(BIN / "toolbus"),
+        "bench",
+        "--duration-s", "0.3",
+        "--warmup-s", "0.2",
+        "--in-flight", "1,4",
+        "--tracing",
+        "--logging",
+        "--json", str(figures),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(figures.read_text())
+    phases = {(p["responder"], p["in_flight"]): p for p in report["phases"]}
+    assert set(phases) == {(name, n) for name in RESPONDERS for n in (1, 4)}
+    for (name, _), phase in phases.items():
+        assert phase["requests"] > 0 and phase["failures"] == 0, phase
+        cpu = phase["cpu_us_per_call"]
+        assert cpu["responder"] >= 0, phase
+        if name == "raw-mcp":  # its own load generator, no broker
+            assert cpu["broker"] is None and cpu["loadgen"] is None, phase
+        else:
+            assert cpu["broker"] >= 0 and cpu["loadgen"] >= 0, phase
+        baseline = RESPONDERS[name].baseline
+        assert (phase["ratios"] or {}).get("baseline") == baseline, phase
+    assert report["traces_exported"] > 0
+    assert report["parameters"]["in_flight"] == [1, 4]
+
+
+def test_an_unknown_responder_is_a_usage_error() -> None:
+    result = run(str(BIN / "toolbus"), "bench", "--only", "toolbus-echo,nosuch")
+    assert result.returncode == 2, result.stderr
+
+
+def test_normalize_bench_runs() -> None:
+    result = run(sys.executable, "bench/normalize.py", "--rounds", "1", "--calls", "5")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "seed control call" in result.stdout and "analysis context" in result.stdout
+
+
+def test_normalize_bench_measures_another_tree_beside_this_one() -> None:
+    # This checkout as the "other" tree: the pairing, not the figures, is under test.
+    args = ("--rounds", "1", "--calls", "5", "--repeat", "1", "--worker-tree", str(ROOT))
+    result = run(sys.executable, "bench/normalize.py", *args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "this checkout µs" in result.stdout and "echo" in result.stdout
+
+
+def test_repeats_bench_runs_beside_another_tree() -> None:
+    # This checkout as the "other" tree: the pairing, not the figures, is under test.
+    args = ("--rounds", "1", "--calls", "5", "--repeat", "1", "--worker-tree", str(ROOT))
+    result = run(sys.executable, "bench/repeats.py", *args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "to shape, with id" in result.stdout and "this checkout µs" in result.stdout
+
+
+def test_flood_bench_runs() -> None:
+    result = run(sys.executable, "bench/flood.py", "--requests", "200", "--timeout", "60")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "answered 200" in result.stdout, result.stdout
+
+
+def test_flood_victim_bench_runs(tmp_path: Path) -> None:
+    """Both shipped brokers, quotas off and on: the victim measured, the flood accounted for."""
+    figures = tmp_path / "victim.json"
+    result = run(
+        sys.executable, "bench/flood_victim.py",
+        "--flood", "100", "--baseline-s", "0.5", "--rate", "20", "--json", str(figures),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    runs = json.loads(figures.read_text())["runs"]
+    assert [(r["broker"], bool(r["quotas"])) for r in runs] == [
+        (broker, quotas) for broker in ("make run", "compose") for quotas in (False, True)
+    ]
+    for r in runs:
+        flood = r["flood"]
+        accounted = flood["answered_ok"] + sum(flood["refused"].values())
+        assert accounted + flood["never_answered"] == 100, r
+        assert r["victim_alone"]["outcomes"] == {"ok": r["victim_alone"]["calls"]}, r
+    assert "| make run | on |" in result.stdout
+
+
+def test_oversize_bench_runs() -> None:
+    result = run(
+        sys.executable, "bench/oversize.py", "--quiet-s", "0.2", "--props-requests", "1",
+        "--props", "100", "--props-payload", "100", "--payload-requests", "1", "--payload-mib", "1",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    phases = [line.split()[0] for line in result.stdout.splitlines()[1:]]
+    assert phases == ["quiet", "user-properties", "payload"], result.stdout
+
+
+def test_mcp_output_bench_runs() -> None:
+    result = run(sys.executable, "bench/mcp_output.py", "--scale", "0.01")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["case"] for row in rows] == [
+        "stdout-line-100mb",
+        "result-50mb",
+        "result-50mb-id-last",
+        "stderr-line-100kb",
+    ]
+    assert all(row["next_call"].startswith("ok") for row in rows), rows
+
+
+def test_client_latency_bench_runs() -> None:
+    result = run(sys.executable, "bench/client_latency.py", "--calls", "5")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "one Client, kept" in result.stdout and "per call / kept" in result.stdout
+
+
+def test_tcp_nodelay_bench_runs() -> None:
+    result = run(sys.executable, "bench/tcp_nodelay.py", "--calls", "3")
+    assert result.returncode == 0, result.stderr[-2000:]
+    for setting in ("true", "false"):
+        for caller in ("one toolbus.Client", "mosquitto_rr", "mosquitto_rr --nodelay"):
+            assert f"set_tcp_nodelay {setting}: {caller} " in result.stdout
+
+
+def test_log_line_bench_measures_another_tree_beside_this_one() -> None:
+    # This checkout as the "other" tree: the pairing, not the figures, is under test.
+    args = ("--lines", "10", "--rounds", "1", "--repeat", "1", "--worker-tree", str(ROOT))
+    result = run(sys.executable, "bench/log_line.py", *args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "this checkout" in result.stdout
+    assert {line.split()[0] for line in result.stdout.splitlines()[2:]} == {"json", "text"}
+
+
+@pytest.mark.parametrize(
+    ("values", "fraction", "expected"),
+    [
+        ([], 0.5, 0.0),
+        ([7.0], 0.99, 7.0),
+        ([1.0, 2.0, 3.0, 4.0], 0.5, 2.0),
+        ([float(n) for n in range(1, 101)], 0.99, 99.0),
+        ([float(n) for n in range(1, 101)], 1.0, 100.0),
+    ],
+)
+def test_percentile_is_the_nearest_rank(
+    values: list[float], fraction: float, expected: float
+) -> None:
+    assert percentile(values, fraction) == expected
+
+
+def test_figures_count_only_the_window() -> None:
+    result = figures([0.003, 0.001, 0.002], elapsed_s=0.5, failures=1)
+    assert (result.requests, result.throughput_rps, result.failures) == (3, 6.0, 1)
+    assert (result.p50_ms, result.max_ms) == (2.0, 3.0)
+
+
+def test_cpu_of_a_tree_counts_a_child_that_works() -> None:
+    burn = "import sys; sys.stdin.readline(); sum(range(30_000_000)); print('done', flush=True); sys.stdin.readline()"
+    with subprocess.Popen(
+        [sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as child:
+        try:
+            members = cpu.tree(os.getpid())
+            assert {os.getpid(), child.pid} <= members
+            before = cpu.read(members)
+            assert child.stdin is not None and child.stdout is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline() == "done\n"  # it exits if anything goes wrong
+            after = cpu.read(members)
+            assert after.ticks[child.pid] > before.ticks[child.pid]
+            assert after.seconds_since(before) > 0
+            assert cpu.read({child.pid}).ticks.keys() == {child.pid}
+        finally:
+            child.kill()
+
+
+def _phase(name: str, in_flight: int, rps: float, p50_ms: float, cpu_us: float) -> Phase:
+    load = LoadFigures(
+        requests=int(rps),
+        elapsed_s=1.0,
+        throughput_rps=rps,
+        p50_ms=p50_ms,
+        p99_ms=p50_ms * 2,
+        max_ms=p50_ms * 3,
+        failures=0,
+    )
+    broker = None if name == "raw-mcp" else 100.0
+    return Phase(name, in_flight, load, CpuPerCall(cpu_us, broker, broker))
+
+
+def test_ratios_and_targets_divide_by_the_same_level_of_the_baseline() -> None:
+    run_ = BenchRun(
+        BenchOptions(responders=("aiomqtt-echo", "toolbus-echo", "toolbus-mcp", "raw-mcp"),
+                     in_flight=(1, 64)),
+        [
+            _phase("aiomqtt-echo", 1, 1000, 0.6, 300),
+            _phase("aiomqtt-echo", 64, 3000, 20.0, 300),
+            _phase("toolbus-echo", 1, 800, 0.8, 500),
+            _phase("toolbus-echo", 64, 2850, 22.0, 320),
+            _phase("toolbus-mcp", 1, 300, 2.5, 2000),
+            _phase("raw-mcp", 1, 800, 1.2, 1400),
+        ],
+    )  # fmt: skip
+    report = to_json(run_)
+    by = {(p["responder"], p["in_flight"]): p for p in report["phases"]}
+    assert by[("toolbus-echo", 64)]["ratios"] == {
+        "baseline": "aiomqtt-echo",
+        "throughput": 0.95,
+        "p50_above_ms": 2.0,
+        "p99": 1.1,
+        "cpu": 1.067,
+    }
+    assert by[("aiomqtt-echo", 1)]["ratios"] is None
+    assert by[("toolbus-mcp", 1)]["ratios"]["p50_above_ms"] == 1.3
+    met = {t.key: t.met for t in targets(run_)}
+    # no toolbus-mcp at 64 was run: its throughput target is left out, not failed
+    assert met == {
+        "local_throughput": True,
+        "local_cpu_us": True,
+        "mcp_sequential_p50_above_ms": False,
+    }

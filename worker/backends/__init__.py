@@ -1,1 +1,0 @@
-"""Backends: where a tool actually runs (in-process, or on an MCP server)."""

@@ -1,0 +1,249 @@
+"""Answer: one call's reply. Who calls, admission, a run at most once, the run itself.
+
+`Answerer.answer(call)` finds the caller (`call/{a}/{b}` may name one), admits the call
+against the caller's quotas, claims its id (a repeat gets the first run's reply, or
+`in_doubt`), runs it through the executor and closes the claim before the reply leaves.
+It never raises and publishes nothing: the pipeline sends one call's reply alone and a
+message's many calls together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from opentelemetry import trace
+
+from toolbus.calls.decode import Call
+from toolbus.calls.encode import internal_reply, reply_for_call
+from toolbus.calls.execute import Executor, Outcome
+from toolbus.calls.preparation import Prepared
+from toolbus.calls.quotas import Quotas
+from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict, fingerprint
+from toolbus.observability.metrics import Metrics
+from toolbus.observability.spans import DEDUP_REPLAYED, mark_failed
+from toolbus.wire.contracts import Reply
+from toolbus.wire.errors import Forbidden, RateLimited, ToolbusError, Unavailable
+from toolbus.wire.untrusted import shown
+
+log = logging.getLogger("toolbus.pipeline")
+
+CLOSE_GRACE_S = 2.0  # a stopping worker waits this long for a run's record, then answers
+
+
+class Answerer:
+    """Answers calls, concurrently; `stopping()` turns a cancelled run into `unavailable`.
+
+    Args:
+        executor: resolves, checks and runs calls; classifies every outcome.
+        metrics: counts what could not be answered normally.
+        require_caller: refuse calls that name no caller (`forbidden`).
+        once: deduplication by request id; none without it.
+        quotas: per-caller admission (`[callers.NAME]` rates and in-flight bounds).
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        metrics: Metrics,
+        *,
+        require_caller: bool,
+        once: Once | None,
+        quotas: Quotas,
+    ) -> None:
+        self._executor = executor
+        self._metrics = metrics
+        self._require_caller = require_caller
+        self._once = once
+        self._quotas = quotas
+        self._stopping = False
+
+    def stopping(self) -> None:
+        """From now on a call cancelled mid-way answers `unavailable` (the worker stops)."""
+        self._stopping = True
+
+    def is_stopping(self) -> bool:
+        return self._stopping
+
+    def room(self, caller: str | None) -> int | None:
+        """How many more of `caller`'s calls its quota lets run at once (None: any)."""
+        return self._quotas.room(caller)
+
+    async def answer(self, call: Call) -> Reply:
+        """One call's reply, never raising: refused, replayed, or run and classified.
+
+        Nothing is published here: a message of many calls answers them all at once.
+        """
+        try:
+            return await self._reply_to_call(call)
+        except Exception:
+            log.exception("failed answering %s (%s)", call.id, shown(call.tool))
+            self._metrics.internal_error("answer")
+            return internal_reply(call.id, call.id_generated)
+
+    async def _reply_to_call(self, call: Call) -> Reply:
+        if call.problem is not None:  # what the call itself got wrong (a provider shape's)
+            return self._refused(call, call.problem)
+        # The caller as quotas, dedup and access will see it (`call/{a}/{b}` may name one).
+        try:
+            call = self._executor.locate(call)
+            if call.caller is None and self._require_caller:
+                raise Forbidden("this worker answers only named callers", reason="caller_required")
+        except ToolbusError as refused:
+            return self._refused(call, refused)
+        try:
+            ticket = self._quotas.admit(call.caller)
+        except RateLimited as error:
+            # Logged at DEBUG only (a flood would flood the log); counted instead.
+            log.debug("rate limited %s from %s: %s", call.id, shown(call.caller or "-"), error)
+            self._metrics.rate_limited(str(error.details.get("limit")))
+            return self._refused(call, error)
+        with ticket:
+            return await self._admitted(call)
+
+    def _refused(self, call: Call, error: ToolbusError) -> Reply:
+        """Answered at once, nothing claimed or run."""
+        mark_failed(trace.get_current_span(), error.code.value)
+        return reply_for_call(call, Outcome(tool=None, error=error))
+
+    async def _admitted(self, call: Call) -> Reply:
+        """Prepared once, claimed with what was prepared, then run, replayed or refused.
+
+        A stop cancels whatever this is waiting for (MCP servers starting, a repeat's
+        running twin, the tool) and the call still gets `unavailable`. Cancelled before
+        its claim came back, nothing is claimed that this call knows of. A claim the store
+        made just before the cancel stays `started` under this stopping worker: once it is
+        gone a repeat finds the run cut short (`in_doubt`, or a rerun for an idempotent
+        tool), as for a run cut short. Releasing it instead could release another
+        request's claim (the key's owner is unknown here) and run a call twice.
+        """
+        prepared: Prepared | None = None
+        verdict = RUN_UNCLAIMED
+        try:
+            if call.list_tools:
+                outcome = await self._executor.execute(call)
+            else:
+                prepared = self._executor.start(call)
+                await self._executor.ready(prepared)
+                verdict = await self._claim(call, prepared)
+                if verdict.reply is not None:  # a repeat of an answered request
+                    return self._replayed(call, prepared, verdict.reply)
+                if verdict.error is not None:
+                    self._executor.refuse(prepared, verdict.error)
+                outcome = await self._executor.run(prepared)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._stopping or task is None:
+                if prepared is not None and prepared.owned:
+                    prepared.span.end()
+                raise
+            task.uncancel()  # the worker stops: this call still gets its answer
+            # The claim stays open: a repeat finds this run cut short (in doubt).
+            verdict = RUN_UNCLAIMED
+            stopped = Unavailable("the worker shut down before the call finished")
+            if prepared is None:
+                outcome = Outcome(tool=call.tool, error=stopped)
+            else:
+                self._executor.refuse(prepared, stopped)
+                outcome = self._executor.conclude(prepared)
+        if outcome.error is not None:
+            mark_failed(trace.get_current_span(), outcome.error.code.value)
+        reply = reply_for_call(call, outcome)
+        # Closed before the reply leaves: a crash in between replays it, never runs it twice.
+        if verdict.key is not None:
+            await self._closed(verdict, outcome, reply)
+        return reply
+
+    async def _closed(self, verdict: Verdict, outcome: Outcome, reply: Reply) -> None:
+        """`_close`, which a stop does not cut short: the tool has run, so its reply must
+        still go out, and go out recorded. A stop meanwhile waits for the record, within
+        `CLOSE_GRACE_S` (a store that hangs must not hold the stop), then answers."""
+        closing = asyncio.ensure_future(self._close(verdict, outcome, reply))
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._stopping or task is None:
+                raise
+            task.uncancel()  # the worker stops: the reply still leaves
+            try:
+                async with asyncio.timeout(CLOSE_GRACE_S):
+                    await asyncio.shield(closing)
+            except TimeoutError:
+                log.warning("dedup store too slow closing %s while stopping", reply.id)
+
+    async def _claim(self, call: Call, prepared: Prepared) -> Verdict:
+        """Deduplication by the request's own id (generated ids are never repeated) and
+        what it asks for, as prepared: the same id asking for something else is no
+        repeat. What is compared is what will run (`Prepared.asked`)."""
+        if self._once is None or call.id_generated or call.list_tools:
+            return RUN_UNCLAIMED
+        # Past its deadline the call will not run, but its id may have: a finished run's
+        # reply is replayed (it is true), a running twin is not waited for (0 s), and a
+        # claim made meanwhile is released. Never "not run" for an id that ran.
+        deadline_s = 0.0 if prepared.expired else self._executor.request_deadline_s(call)
+        asked = prepared.asked()
+        if asked is None:  # refused while preparing: nothing to claim, `run` says why
+            return RUN_UNCLAIMED
+        tool, arguments = asked
+        key = Once.key(call.caller, call.reply_topic, call.id)
+        if key is None:  # no caller, no reply topic: no client owns the id
+            return RUN_UNCLAIMED
+        try:
+            verdict = await self._once.begin(
+                key,
+                fingerprint(tool, arguments, call.correlation if call.provider_id else None),
+                tool,
+                deadline_s,
+                provider_id=call.provider_id,
+            )
+        except Exception as exc:  # the store is unreachable: say so, run nothing
+            log.warning("dedup store failed for %s: %s", call.id, exc)
+            # Expired, it was not going to run anyway: it says so.
+            unreachable = Unavailable("the dedup store is unreachable", store=True)
+            return RUN_UNCLAIMED if prepared.expired else Verdict(error=unreachable)
+        if prepared.expired and verdict.key is not None:  # ours, but it will not run
+            await self._release(verdict, call.id)
+            return RUN_UNCLAIMED
+        return verdict
+
+    async def _release(self, verdict: Verdict, ident: str) -> None:
+        """The id free again: a claim this call made but will not run under."""
+        assert self._once is not None
+        try:
+            await self._once.release(verdict)
+        except Exception as exc:  # left as a run cut short is: its repeats find it so
+            log.warning("dedup store failed releasing %s: %s", ident, exc)
+
+    async def _close(self, verdict: Verdict, outcome: Outcome, reply: Reply) -> None:
+        """A call that reached its tool is answered for good; one that did not (unknown
+        tool, bad arguments, server down) leaves its id free to run again."""
+        if self._once is None or verdict.key is None:
+            return
+        try:
+            if outcome.invoked:
+                await self._once.finish(verdict, reply.model_dump_json(by_alias=True).encode())
+            else:
+                await self._once.release(verdict)
+        except Exception as exc:
+            log.warning("dedup store failed closing %s: %s", reply.id, exc)
+
+    @staticmethod
+    def _replayed(call: Call, prepared: Prepared, stored: bytes) -> Reply:
+        """The stored reply again. The tool does not run, but the call was prepared to be
+        compared: its `execute_tool` span ends (the steps' spans, with `trace_steps`, are
+        its children), and it and the message's span say the reply is a replay and fail
+        as the stored reply did. No call line: the first run had it."""
+        reply = Reply.model_validate_json(stored).model_copy(
+            update={"replayed": True, "id": call.id, "id_generated": False}
+        )
+        spans = [trace.get_current_span()]
+        if prepared.owned:
+            spans.append(prepared.span)
+        for span in spans:
+            span.set_attribute(DEDUP_REPLAYED, True)
+            if reply.error is not None:
+                mark_failed(span, reply.error.code.value)
+        if prepared.owned:
+            prepared.span.end()
+        return reply

@@ -1,0 +1,356 @@
+"""Pipeline: one message end to end. Decode, execute, encode, reply or dead-letter.
+
+`Pipeline.handle(message)` takes one `Inbound` value and publishes what it owes the
+sender through a `Publisher`: the reply on the sender's reply topic, a dead letter
+when there is no reply address, and the call's spans on `{reply}/trace` when asked.
+It never raises: whatever fails while building an answer still answers `internal`
+with the call id (or dead-letters), and is counted. It returns the reply the broker
+did not acknowledge, if any: the worker then leaves the request unacknowledged. No
+broker is involved here, so every case is testable in-process with a publisher that
+collects into a list.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol, Self
+
+from opentelemetry import trace
+
+from toolbus.calls.addresses import ReplyAddress
+from toolbus.calls.answer import Answerer
+from toolbus.calls.decode import MAX_CALLS, Call, Calls, Rejected, decode
+from toolbus.calls.encode import (
+    INTERNAL,
+    calls_failure,
+    calls_reply,
+    dead_letter,
+    internal_reply,
+    outbound_reply,
+    reply_for_rejected,
+)
+from toolbus.calls.execute import Executor
+from toolbus.calls.inflight import Slots
+from toolbus.calls.quotas import Quotas
+from toolbus.calls.together import run_together
+from toolbus.dedup import Once
+from toolbus.observability.export import COLLECTOR, TraceCollector, descendants, otlp_json
+from toolbus.observability.metrics import Metrics
+from toolbus.observability.propagation import carrying_baggage, extract_context, inject_headers
+from toolbus.observability.spans import (
+    child_span,
+    default_tracer,
+    mark_failed,
+    messaging_attributes,
+    records_nothing,
+    trace_id_of,
+)
+from toolbus.wire.contracts import CallsReply, ErrorBody, ErrorCode, Reply
+from toolbus.wire.messages import Inbound, Outbound, Unconfirmed
+from toolbus.wire.topics import MAX_REPLY_TOPIC_BYTES, Topics
+from toolbus.wire.untrusted import shown
+
+log = logging.getLogger("toolbus.pipeline")
+
+
+class Publisher(Protocol):
+    """Where the pipeline's messages go. A lost message is logged there, and returned
+    (`Unconfirmed`) when the broker did not acknowledge it in time; the one exception
+    is `TooLarge` (the broker would refuse it), answered like a reply not encoded."""
+
+    async def publish(self, out: Outbound) -> Unconfirmed | None: ...
+
+
+class Pipeline:
+    """Handles messages one at a time per call of `handle`; safe to run concurrently.
+
+    Args:
+        executor: resolves, checks and runs calls; classifies every outcome.
+        topics: the topic layout (decoding rules, reply prefixes, dead-letter topic).
+        publisher: where replies, dead letters and published traces go.
+        worker_id: names this worker in span attributes.
+        max_payload_bytes: the largest request accepted.
+        dead_letter_max_bytes: how much of a request's payload its dead letter keeps.
+        publish_traces: send every caller its call's spans, not only those who ask.
+        tracer, collector, metrics: telemetry; the process-wide ones by default.
+        once: deduplication by request id; none without it.
+        quotas: per-caller admission (`[callers.NAME]` rates and in-flight bounds).
+        slots: the worker's message slots; a message of many calls borrows the free ones
+            to run them at once (none: one after another).
+        max_calls: the most calls one message may carry.
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        topics: Topics,
+        publisher: Publisher,
+        *,
+        worker_id: str,
+        max_payload_bytes: int,
+        dead_letter_max_bytes: int,
+        publish_traces: bool = False,
+        tracer: trace.Tracer | None = None,
+        collector: TraceCollector | None = None,
+        metrics: Metrics | None = None,
+        once: Once | None = None,
+        quotas: Quotas | None = None,
+        slots: Slots | None = None,
+        max_calls: int = MAX_CALLS,
+    ) -> None:
+        self.executor = executor
+        self._once = once
+        self.topics = topics
+        self._publisher = publisher
+        self._worker_id = worker_id
+        self._max_payload_bytes = max_payload_bytes
+        self._dead_letter_max_bytes = dead_letter_max_bytes
+        self._publish_traces = publish_traces
+        self._tracer = tracer or default_tracer()
+        self._collector = collector or COLLECTOR
+        self._metrics = metrics or executor.metrics
+        self._answerer = Answerer(
+            executor,
+            self._metrics,
+            require_caller=topics.require_caller,
+            once=once,
+            quotas=quotas if quotas is not None else Quotas({}),
+        )
+        self._slots = slots if slots is not None else Slots(0)
+        self._max_calls = max_calls
+
+    async def __aenter__(self) -> Self:
+        """Open what the pipeline keeps across messages (the dedup store)."""
+        if self._once is not None:
+            await self._once.store.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._once is not None:
+            await self._once.store.__aexit__(*exc)
+
+    def stopping(self) -> None:
+        """From now on a call cancelled mid-way answers `unavailable` (the worker stops)."""
+        self._answerer.stopping()
+
+    async def handle(self, message: Inbound) -> Unconfirmed | None:
+        """Answer one message: a reply, a dead letter, or (last resort) `internal`.
+
+        Returns the reply if the broker did not acknowledge it (None: answered). A dead
+        letter or a published trace given up on is only logged: nobody waits for those.
+        """
+        decoded: Call | Calls | Rejected | None = None
+        answered = False
+        unconfirmed: Unconfirmed | None = None
+        try:
+            decoded = decode(message, self.topics, self._max_payload_bytes, self._max_calls)
+            context = extract_context(message.user_properties, decoded.trace_fields)
+            if context is None and records_nothing(self._tracer):
+                # No SDK and no caller's trace to pass on: no span at all, not even a no-op
+                # one (three of them cost a fifth of a local call).
+                unconfirmed = await self._dispatch(message, decoded)
+                answered = True
+                return unconfirmed
+            with (
+                carrying_baggage(context),
+                self._tracer.start_as_current_span(
+                    f"process {shown(message.topic)}",
+                    context=context,
+                    kind=trace.SpanKind.CONSUMER,
+                    attributes=messaging_attributes(
+                        "process",
+                        shown(message.topic),
+                        decoded.id,
+                        self._worker_id,
+                        **{"messaging.message.body.size": len(message.payload)},
+                    ),
+                ) as span,
+            ):
+                traced = self._trace_wanted(decoded)
+                if traced:
+                    self._collector.watch(span.get_span_context().trace_id)
+                if isinstance(decoded, Rejected):
+                    mark_failed(span, decoded.error.code.value)
+                unconfirmed = await self._dispatch(message, decoded)
+                answered = True
+            if traced and not isinstance(decoded, Rejected) and decoded.reply is not None:
+                await self._publish_trace(decoded.id, decoded.reply, span)
+        except Exception:
+            log.exception("failed handling a message on %s", shown(message.topic))
+            # After the answer only the trace could fail: the caller has heard already.
+            self._metrics.internal_error("trace" if answered else "handle")
+            if not answered:
+                unconfirmed = await self._last_resort(message, decoded)
+        return unconfirmed
+
+    async def _dispatch(
+        self, message: Inbound, decoded: Call | Calls | Rejected
+    ) -> Unconfirmed | None:
+        if isinstance(decoded, Rejected):
+            return await self._reject(message, decoded)
+        if isinstance(decoded, Calls):
+            return await self._calls(message, decoded)
+        return await self._call(message, decoded)
+
+    def _trace_wanted(self, decoded: Call | Calls | Rejected) -> bool:
+        return (
+            not isinstance(decoded, Rejected)
+            and decoded.reply is not None
+            and (decoded.publish_trace or self._publish_traces)
+        )
+
+    async def _reject(self, message: Inbound, rejected: Rejected) -> Unconfirmed | None:
+        log.warning(
+            "rejected message",
+            extra={
+                "topic": shown(message.topic),
+                "code": rejected.error.code.value,
+                "error": rejected.error.message,
+            },
+        )
+        if rejected.reply is not None:
+            return await self._reply(rejected.reply, reply_for_rejected(rejected))
+        await self._dead(message, rejected.error.body(), rejected.id)
+        return None
+
+    async def _call(self, message: Inbound, call: Call) -> Unconfirmed | None:
+        """One call: its reply, or its dead letter when it failed and has no address."""
+        reply = await self._answerer.answer(call)
+        if call.reply is None:
+            await self._dead_if_failed(message, call.id, reply)
+            return None
+        return await self._answer_with(message, call, call.reply, lambda: reply)
+
+    async def _calls(self, message: Inbound, calls: Calls) -> Unconfirmed | None:
+        """A message's calls, run together; one reply holds every answer, in order."""
+        room = self._answerer.room(calls.calls[0].caller)
+        replies = await run_together(
+            calls.calls,
+            self._answerer.answer,
+            self._slots,
+            self._answerer.is_stopping,
+            max_lanes=room,
+        )
+        if calls.reply is None:
+            error = calls_failure(calls, replies)
+            if error is not None:
+                await self._dead(message, error, calls.id)
+            return None
+        return await self._answer_with(
+            message,
+            calls,
+            calls.reply,
+            lambda: calls_reply(calls, replies, message.received_at),
+            # One call's reply that cannot be encoded fails that call alone:
+            instead=lambda: calls_reply(calls, replies, message.received_at, checked=True),
+        )
+
+    async def _answer_with(
+        self,
+        message: Inbound,
+        decoded: Call | Calls,
+        address: ReplyAddress,
+        build: Callable[[], Reply | CallsReply],
+        *,
+        instead: Callable[[], CallsReply] | None = None,
+    ) -> Unconfirmed | None:
+        """Build and publish the reply; one that cannot be built or encoded (a tool's
+        result the reply model rejects, say) still answers: `instead`, else `internal`."""
+        try:
+            return await self._reply(address, self._noted(decoded, build()))
+        except Exception:
+            log.exception("could not encode the reply to %s", decoded.id)
+            self._metrics.internal_error("encode")
+            if instead is not None:
+                return await self._answer_with(message, decoded, address, instead)
+            return await self._last_resort(message, decoded)
+
+    def _noted(self, decoded: Call | Calls, reply: Reply | CallsReply) -> Reply | CallsReply:
+        """The reply to a request that asked for its spans, when none will follow: why
+        (the message's span, current here, does not record), not silence."""
+        if not self._trace_wanted(decoded) or trace.get_current_span().is_recording():
+            return reply
+        reason = "not_recording" if records_nothing(self._tracer) else "not_sampled"
+        return reply.model_copy(update={"trace_unavailable": reason})
+
+    async def _dead_if_failed(self, message: Inbound, ident: str, reply: Reply) -> None:
+        """A failed call with no reply address: its dead letter (a replay has had one)."""
+        if reply.error is not None and not reply.replayed:
+            await self._dead(message, reply.error, ident)
+
+    async def _last_resort(
+        self, message: Inbound, decoded: Call | Calls | Rejected | None
+    ) -> Unconfirmed | None:
+        """`internal`, with the call id when known, to the reply address or the dead letters.
+
+        Through the usual reply path when it works (trace id, PRODUCER span, 3.1.1
+        traceparent), and as a bare publish when even that fails.
+        """
+        error = INTERNAL
+        mark_failed(trace.get_current_span(), error.code.value)  # a no-op outside a span
+        address = decoded.reply if decoded is not None else None
+        ident = decoded.id if decoded is not None else None
+        reply = internal_reply(ident or "", decoded.id_generated if decoded else False)
+        try:
+            if address is None or ident is None:
+                await self._dead(message, error, ident)
+                return None
+            try:
+                return await self._reply(address, reply)
+            except Exception:
+                log.exception("could not send the internal reply to %s normally", ident)
+                return await self._publisher.publish(outbound_reply(address, reply))
+        except Exception:
+            log.exception("could not answer a message on %s at all", shown(message.topic))
+        return None
+
+    async def _publish_trace(self, ident: str, address: ReplyAddress, span: trace.Span) -> None:
+        """This call's finished spans, as OTLP JSON, after its reply (on `{reply}/trace`)."""
+        context = span.get_span_context()
+        mine = descendants(self._collector.take(context.trace_id), context.span_id)
+        if not mine:
+            return
+        await self._publisher.publish(
+            Outbound(
+                topic=f"{address.topic}/trace",
+                payload=otlp_json(mine),
+                correlation_data=address.correlation_data,
+                user_properties=(("toolbus-id", ident),),
+            )
+        )
+
+    async def _reply(self, address: ReplyAddress, reply: Reply | CallsReply) -> Unconfirmed | None:
+        """Publish a reply in a PRODUCER span whose context travels with it (a span only
+        when the message's span records; the caller's context travels regardless)."""
+        current = trace.get_current_span()
+        if not current.get_span_context().is_valid:  # untraced: nothing to add or pass on
+            return await self._publisher.publish(outbound_reply(address, reply))
+        reply = reply.model_copy(update={"trace_id": trace_id_of(current)})
+        with child_span(
+            self._tracer,
+            f"send {address.topic}",
+            messaging_attributes("send", address.topic, reply.id, self._worker_id),
+            kind=trace.SpanKind.PRODUCER,
+        ):
+            out = outbound_reply(address, reply, inject_headers())
+            return await self._publisher.publish(out)
+
+    async def _dead(self, message: Inbound, error: ErrorBody, ident: str | None) -> None:
+        quiet = error.code is ErrorCode.RATE_LIMITED  # a flood must not flood the log
+        log.log(
+            logging.DEBUG if quiet else logging.WARNING,
+            "dead letter",
+            extra={"topic": shown(message.topic), "code": error.code.value},
+        )
+        self._metrics.dead_lettered(error.code.value)
+        await self._publisher.publish(
+            dead_letter(
+                dead_topic=self.topics.dead,
+                topic=shown(message.topic, MAX_REPLY_TOPIC_BYTES),
+                payload=message.payload,
+                error=error,
+                ident=ident,
+                max_payload_bytes=self._dead_letter_max_bytes,
+            )
+        )

@@ -1,0 +1,106 @@
+"""Example payloads of the requests, as the document shows them.
+
+The tests check that each is valid against its message's payload and that the worker
+reads it as that message says (`formats.incoming.read`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolbus.wire.contracts import ReplyFormat, ToolsFormat
+
+Examples = list[tuple[str, Any]]  # (name, payload)
+
+ENVELOPE: Examples = [
+    (
+        "call",
+        {
+            "tool": "echo",
+            "arguments": {"text": "hi"},
+            "id": "req-1",
+            "reply_to": "toolbus/reply/me",
+        },
+    ),
+    ("toolNamedByTopic", {"arguments": {"text": "hi"}, "timeout_s": 5}),
+]
+TOOLS_REQUEST: Examples = [("ours", {}), ("forOpenAI", {"format": ToolsFormat.OPENAI.value})]
+
+_ARGS = '{"text": "hi"}'
+PROVIDERS: dict[ReplyFormat, Examples] = {
+    ReplyFormat.ANTHROPIC: [
+        (
+            "toolUse",
+            {
+                "type": "tool_use",
+                "id": "toolu_01",
+                "name": "echo",
+                "input": {"text": "hi"},
+                "toolbus": {"reply_to": "toolbus/reply/me"},
+            },
+        ),
+        (
+            "message",
+            {
+                "id": "msg_01",
+                "type": "message",
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Echoing."},
+                    {"type": "tool_use", "id": "toolu_01", "name": "echo", "input": {"text": "hi"}},
+                ],
+            },
+        ),
+    ],
+    ReplyFormat.OPENAI: [
+        (
+            "chatCompletion",
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "tool_calls": [
+                                {
+                                    "id": "call_1",
+                                    "type": "function",
+                                    "function": {"name": "echo", "arguments": _ARGS},
+                                }
+                            ],
+                        },
+                    }
+                ],
+            },
+        ),
+        (
+            "toolCall",
+            {"id": "call_1", "type": "function", "function": {"name": "echo", "arguments": _ARGS}},
+        ),
+    ],
+    ReplyFormat.OPENAI_RESPONSES: [
+        (
+            "functionCall",
+            {"type": "function_call", "call_id": "call_1", "name": "echo", "arguments": _ARGS},
+        ),
+        (
+            "output",
+            [{"type": "function_call", "call_id": "call_1", "name": "echo", "arguments": _ARGS}],
+        ),
+    ],
+    ReplyFormat.OLLAMA: [
+        (
+            "chatResponse",
+            {
+                "model": "llama3.2",
+                "message": {
+                    "role": "assistant",
+                    "tool_calls": [{"function": {"name": "echo", "arguments": {"text": "hi"}}}],
+                },
+                "toolbus": {"id": "req-1"},
+            },
+        ),
+    ],
+}

@@ -1,0 +1,89 @@
+"""The `toolbus bench` command line: its flags, and a run from them to the table and JSON.
+
+Imported whenever `toolbus` builds its parser, so it imports nothing heavy at the top:
+the bench itself (rich, the transport, subprocesses) loads only when `bench` runs.
+Exit codes: 0 measured, 1 a call failed or the run could not measure (no span reached
+the sink with tracing on), 2 a usage error (cli.py turns the ValueError into it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+TABLE_WIDTH = 140  # off a terminal (a file, a CI log): no row folded at 80 columns
+RESPONDER_NAMES = (
+    "aiomqtt-echo, toolbus-echo, toolbus-mcp, raw-mcp, toolbus-echo-tracing, toolbus-echo-info"
+)
+
+
+def add_arguments(bench: argparse.ArgumentParser) -> None:
+    bench.description = (
+        "Each responder in its own process, driven by a load generator in its own process "
+        "through a private mosquitto; ratios toolbus / baseline. See bench/README.md."
+    )
+    bench.add_argument(
+        "--in-flight",
+        default="1,16,64",
+        metavar="N,...",
+        help="requests in flight, a phase each (default 1,16,64)",
+    )
+    bench.add_argument("--duration-s", type=float, default=3.0, help="measured seconds a phase")
+    bench.add_argument("--warmup-s", type=float, default=1.0, help="warm-up seconds a phase")
+    bench.add_argument("--only", metavar="NAME,...", help=f"these responders: {RESPONDER_NAMES}")
+    bench.add_argument(
+        "--tracing", action="store_true", help="add toolbus echo with tracing on (OTLP export)"
+    )
+    bench.add_argument(
+        "--logging", action="store_true", help="add toolbus echo logging at INFO (a line a call)"
+    )
+    bench.add_argument(
+        "--processes", type=int, default=1, help="worker processes (`toolbus serve --processes`)"
+    )
+    bench.add_argument(
+        "--worker-tree",
+        type=Path,
+        metavar="DIR",
+        help="run the worker from another checkout (a `git worktree`) for a before/after pair",
+    )
+    bench.add_argument("--json", type=Path, metavar="PATH", help="write every figure; - for stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from toolbus.cli.bench.phases import DEFAULT_RESPONDERS
+    from toolbus.cli.bench.report import render, to_json
+    from toolbus.cli.bench.run import BenchFailed, BenchOptions
+    from toolbus.cli.bench.run import run as run_bench
+
+    names = args.only.split(",") if args.only else list(DEFAULT_RESPONDERS)
+    names += ["toolbus-echo-tracing"] if args.tracing else []
+    names += ["toolbus-echo-info"] if args.logging else []
+    options = BenchOptions(
+        responders=tuple(dict.fromkeys(name.strip() for name in names)),
+        in_flight=tuple(int(n) for n in args.in_flight.split(",")),
+        duration_s=args.duration_s,
+        warmup_s=args.warmup_s,
+        processes=args.processes,
+        worker_tree=args.worker_tree.resolve() if args.worker_tree else None,
+    )
+    to_stdout = args.json is not None and str(args.json) == "-"
+    try:
+        result = run_bench(options)
+    except BenchFailed as exc:
+        print(f"toolbus bench: {exc}", file=sys.stderr)
+        return 1
+    console = Console(stderr=to_stdout)
+    if not console.is_terminal:
+        console.width = TABLE_WIDTH
+    render(result, console)
+    if args.json is not None:
+        text = json.dumps(to_json(result), indent=2)
+        if to_stdout:
+            print(text)
+        else:
+            args.json.write_text(text + "\n")
+    return 1 if any(phase.load.failures for phase in result.phases) else 0

@@ -1,0 +1,171 @@
+"""A bench run: one private broker, each responder started in turn, a phase per in-flight level.
+
+Responders run one at a time, each in a process of its own started for its phases and
+stopped after them, so no two compete for the machine; toolbus `echo` and the MCP call
+share one `toolbus serve` (the same worker a user runs), tracing and INFO logging each
+get a fresh one. The OTLP sink runs (in a thread) when a responder traces. A rich
+progress bar on stderr names the phase running; it disappears when the run ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from toolbus.cli.bench import aiomqtt_echo
+from toolbus.cli.bench.mosquitto import Broker, private_broker
+from toolbus.cli.bench.otlp_sink import OtlpSink, otlp_sink
+from toolbus.cli.bench.phases import (
+    MCP_TOOL,
+    RESPONDERS,
+    Measured,
+    Phase,
+    Responder,
+    lines,
+    loadgen_command,
+    run_phase,
+    script,
+)
+from toolbus.cli.bench.served import Probe, ServeOptions, served_worker, stop
+
+ECHO_START_BOUND_S = 30.0
+
+
+class BenchFailed(Exception):
+    """The run could not measure what it set out to (its figures would mislead)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BenchOptions:
+    """What to run: responders by name (see `phases.RESPONDERS`), in-flight levels,
+    seconds of warm-up and of measurement per phase, and how the worker runs."""
+
+    responders: tuple[str, ...]
+    in_flight: tuple[int, ...] = (1, 16, 64)
+    duration_s: float = 3.0
+    warmup_s: float = 1.0
+    processes: int = 1
+    worker_tree: Path | None = None
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.responders if name not in RESPONDERS]
+        if unknown or not self.responders:
+            known = ", ".join(RESPONDERS)
+            raise ValueError(f"unknown responder {', '.join(unknown) or '(none)'}; known: {known}")
+        if not self.in_flight or min(self.in_flight) < 1:
+            raise ValueError("in-flight levels are whole numbers of at least 1")
+        if self.duration_s <= 0 or self.warmup_s < 0 or self.processes < 1:
+            raise ValueError("the duration is above 0, the warm-up at least 0, processes >= 1")
+
+
+@dataclass(slots=True)
+class BenchRun:
+    options: BenchOptions
+    phases: list[Phase] = field(default_factory=list)
+    traces_exported: int | None = None  # span exports the sink received, when tracing
+
+
+def run(options: BenchOptions, *, show_progress: bool = True) -> BenchRun:
+    result = BenchRun(options)
+    responders = [RESPONDERS[name] for name in options.responders]
+    window_s = options.warmup_s + options.duration_s
+    with ExitStack() as stack:
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="toolbus-bench-")))
+        broker = stack.enter_context(private_broker())
+        sink = stack.enter_context(otlp_sink()) if any(r.tracing for r in responders) else None
+        progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+            disable=not show_progress,
+        )
+        stack.enter_context(progress)
+        task = progress.add_task("starting", total=len(responders) * len(options.in_flight))
+        for _, sharing in itertools.groupby(responders, key=lambda r: r.host):
+            group = list(sharing)
+            progress.update(task, description=f"{group[0].name}: starting")
+            with started(group[0], broker, scratch, options, sink) as (measured, prefix):
+                for responder, n in itertools.product(group, options.in_flight):
+                    progress.update(task, description=f"{responder.name}, {n} in flight")
+                    command = loadgen_command(
+                        broker.url,
+                        prefix,
+                        responder,
+                        n,
+                        warmup_s=options.warmup_s,
+                        duration_s=options.duration_s,
+                    )
+                    result.phases.append(run_phase(responder.name, n, command, measured, window_s))
+                    progress.advance(task)
+        if sink is not None:
+            result.traces_exported = sink.traces_received
+    if result.traces_exported == 0:
+        raise BenchFailed("no span reached the local OTLP receiver: tracing was not on")
+    return result
+
+
+@contextmanager
+def started(
+    responder: Responder,
+    broker: Broker,
+    scratch: Path,
+    options: BenchOptions,
+    sink: OtlpSink | None,
+) -> Iterator[tuple[Measured, str]]:
+    """The responder running (the raw baseline starts with each load generator), with
+    whose CPU to read and the topic prefix it serves."""
+    prefix = f"bench{uuid.uuid4().hex[:8]}"
+    if responder.kind == "raw":
+        yield Measured(None, None), prefix
+    elif responder.kind == "aiomqtt":
+        with _aiomqtt_echo(broker.url, f"{prefix}/call/echo") as pid:
+            yield Measured(pid, broker.pid), prefix
+    else:
+        serve = ServeOptions(
+            log_level=responder.log_level,
+            processes=options.processes,
+            worker_tree=options.worker_tree,
+            otlp_endpoint=sink.endpoint if responder.tracing and sink is not None else None,
+        )
+        probes = [
+            Probe(f"{prefix}/call/{tool}", json.dumps({"arguments": arguments}).encode())
+            for tool, arguments in (
+                ("echo", RESPONDERS["toolbus-echo"].arguments),
+                (MCP_TOOL, RESPONDERS["toolbus-mcp"].arguments),
+            )
+        ]
+        with served_worker(scratch, broker.url, prefix, serve, probes) as proc:
+            yield Measured(proc.pid, broker.pid), prefix
+
+
+@contextmanager
+def _aiomqtt_echo(broker_url: str, topic: str) -> Iterator[int]:
+    proc = subprocess.Popen(  # noqa: S603 -- our own interpreter and arguments
+        [*script(aiomqtt_echo), "--broker", broker_url, "--topic", topic],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        bufsize=0,
+    )
+    try:
+        for line in lines(proc, time.monotonic() + ECHO_START_BOUND_S):
+            if line == aiomqtt_echo.READY:
+                break
+        else:
+            raise BenchFailed(f"the aiomqtt echo responder exited with {proc.wait()}")
+        yield proc.pid
+    finally:
+        stop(proc)

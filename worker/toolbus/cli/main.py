@@ -1,0 +1,354 @@
+"""Command line: toolbus serve | call | tools | status | health | mappings | schemas | bench |
+demo-server.
+
+This is the entry point: the only place that reads the environment and files.
+Exit codes of `call`/`tools`: 0 ok, 1 the tool or worker answered with an error,
+2 usage or configuration error, 3 no reply in time, 4 broker unreachable. `serve`
+exits 2 on a configuration error and 4 when the broker refuses it at the first connect
+(its certificate fails verification, or it rejects the credentials) or its shared dedup
+store cannot be reached at start-up. A configuration
+error is printed one problem per line (see `toolbus.config.problems`). `call` and
+`tools` live in `cli_ask` (what `call` was typed as, in `cli_values`); `status` and
+`mappings` in their `*_command` modules, with their own exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from toolbus import __version__
+from toolbus.cli.settings import _settings, config_errors
+from toolbus.cli.values import json_object, pair
+from toolbus.config.problems import ConfigError
+from toolbus.wire.contracts import ToolsFormat
+from toolbus.worker.exit_codes import EXIT_BROKER, EXIT_ERROR, EXIT_OK, EXIT_USAGE
+
+SCHEMAS_DIR = Path("schemas")
+ASYNCAPI_PATH = Path("docs/asyncapi.yaml")
+
+
+class _IntermixedParser(argparse.ArgumentParser):
+    """A subcommand's parser whose positionals and options may come in any order
+    (`toolbus call echo --timeout 5 text=hi`). argparse does that only in
+    `parse_intermixed_args`, which refuses a parser with subcommands, so each
+    subcommand's parser (none has subcommands) parses itself that way."""
+
+    _inner = False
+
+    def parse_known_args(  # type: ignore[override]  # typeshed overloads; same signature
+        self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._inner:  # the two passes `parse_known_intermixed_args` makes
+            return super().parse_known_args(args, namespace)
+        self._inner = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inner = False
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="toolbus",
+        description="Execute AI tool calls arriving over MQTT, and talk to the workers that do.",
+        epilog="Exit codes: 0 ok; 1 the tool or worker answered with an error (health: "
+        "unhealthy; mappings: unknown tool or a server down); 2 usage or configuration "
+        "error; 3 no reply in time (status --once: no worker online); 4 broker "
+        "unreachable or refusing (serve: or the dedup store out of reach at start-up). "
+        "`toolbus COMMAND --help` for each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"toolbus {__version__}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, help="what to do", parser_class=_IntermixedParser
+    )
+
+    def config_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", type=Path, help="config file (TOML or JSON)")
+        p.add_argument(
+            "--broker",
+            help="mqtt://[user@]host:port or mqtts:// (env TOOLBUS_BROKER_URL); the password "
+            "from TOOLBUS_BROKER_PASSWORD or TOOLBUS_BROKER_PASSWORD_FILE",
+        )
+
+    serve = sub.add_parser("serve", help="run the worker")
+    config_flags(serve)
+    serve.add_argument("--mcp-config", type=Path, help="MCP client config file with mcpServers")
+    serve.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="worker processes on the shared subscription, supervised (env TOOLBUS_PROCESSES)",
+    )
+
+    call = sub.add_parser("call", help="call a tool through a running worker")
+    config_flags(call)
+    call.add_argument("tool", help="the tool's name, or any alias or spelling that resolves")
+    call.add_argument(
+        "pairs",
+        nargs="*",
+        default=[],  # none is fine: argparse would call a `*` without a default required
+        type=pair,
+        metavar="key=value|key:=JSON",
+        help='arguments: key=value sends the text value (n=5 sends "5"); key:=JSON sends '
+        "the JSON value (n:=5, on:=true); options may stand between them",
+    )
+    call.add_argument(
+        "--json",
+        dest="json_args",
+        type=json_object,
+        metavar="OBJECT",
+        help="arguments as a JSON object (pairs given too win over its keys)",
+    )
+    call.add_argument(
+        "--timeout",
+        type=float,
+        help="the call's deadline in seconds (default: default_timeout_s, as the worker has "
+        "it); connecting to the broker is bounded by it too, 10 s at most",
+    )
+    call.add_argument(
+        "--attempts",
+        type=int,
+        default=3,
+        help="sends in all, the same id each time, while no reply comes (1: no re-send); "
+        "each re-send is told on stderr",
+    )
+    call.add_argument(
+        "--retry-interval",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="send again after S seconds without a reply (default 5)",
+    )
+
+    tools = sub.add_parser("tools", help="list the tools of a running worker")
+    config_flags(tools)
+    for asking in (call, tools):
+        asking.add_argument(
+            "--caller",
+            metavar="NAME",
+            help="who is asking (the workers' caller profiles and quotas): named in the "
+            "request, or by the topic when the configuration's caller_identity is `topic` "
+            "(then it is the broker login the ACL ties to it)",
+        )
+    tools.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        help="seconds to wait for a worker, and for the broker connection (10 s at most)",
+    )
+    tools.add_argument(
+        "--json", action="store_true", help="print our definitions as JSON, not as a table"
+    )
+    tools.add_argument(
+        "--format",
+        choices=[f.value for f in ToolsFormat],
+        default=ToolsFormat.TOOLBUS.value,
+        help="the definitions' shape: ours (default; a table unless --json), or what a "
+        "provider's SDK takes, printed as that JSON",
+    )
+
+    from toolbus.cli.health import add_arguments as health_arguments
+
+    health_arguments(sub.add_parser("health", help="exit 0 when a worker's /readyz answers 200"))
+
+    schemas = sub.add_parser(
+        "schemas", help="write or check schemas/*.json and the AsyncAPI document"
+    )
+    mode = schemas.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="render them from the code")
+    mode.add_argument(
+        "--check", action="store_true", help="exit 1 when a file differs from the code (for CI)"
+    )
+    schemas.add_argument(
+        "--dir", type=Path, default=SCHEMAS_DIR, help="the JSON Schemas' folder (default: schemas)"
+    )
+    schemas.add_argument(
+        "--asyncapi", type=Path, default=ASYNCAPI_PATH, help="the AsyncAPI document's path"
+    )
+
+    from toolbus.cli.mappings import add_arguments as mappings_arguments
+
+    mappings_arguments(
+        sub.add_parser("mappings", help="print every accepted spelling per tool (Markdown)")
+    )
+
+    from toolbus.cli.bench.command import add_arguments as bench_arguments
+
+    bench_arguments(
+        sub.add_parser(
+            "bench", help="measure the worker against a bare aiomqtt echo and a raw MCP session"
+        )
+    )
+
+    from toolbus.cli.status import add_arguments as status_arguments
+
+    status = sub.add_parser("status", help="show the workers and MCP servers, live or once")
+    config_flags(status)
+    status_arguments(status)
+
+    demo = sub.add_parser("demo-server", help="run the demo MCP device server on stdio")
+    demo.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP on /mcp instead")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handlers = {
+        "serve": _serve,
+        "call": _call,
+        "tools": _tools,
+        "schemas": _schemas,
+        "demo-server": _demo_server,
+        "bench": _bench,
+        "mappings": _mappings,
+        "health": _health,
+        "status": _status,
+    }
+    try:
+        code: int = handlers[args.command](args)
+    except ConfigError as exc:
+        for problem in exc.problems:  # one line each: a log line, a grep hit
+            print(f"toolbus: bad configuration: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValidationError as exc:
+        print(f"toolbus: bad configuration: {config_errors(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, OSError) as exc:
+        print(f"toolbus: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return code
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from toolbus.observability.logs import setup_logging
+
+    settings = _settings(args)
+    setup_logging(settings.log_level, settings.log_format)
+    if settings.processes > 1:  # children, supervised; with 1, nothing between
+        from toolbus.worker.supervisor import supervise
+
+        given = {"--config": args.config, "--mcp-config": args.mcp_config, "--broker": args.broker}
+        return supervise(settings, [p for f, v in given.items() if v for p in (f, str(v))])
+    from toolbus.worker.supervisor import die_with_supervisor
+
+    die_with_supervisor(os.environ)  # a supervised child ends with its supervisor
+
+    from toolbus.dedup.store import StoreUnreachable
+    from toolbus.observability.sdk import child_environment, configure_metrics, configure_tracing
+    from toolbus.tools import BUILTIN_TOOLS
+    from toolbus.tools.local import load_entry_points
+    from toolbus.transport import BrokerRefused
+    from toolbus.worker.wiring import build_worker, serve_http
+
+    provider = configure_tracing(record_for_callers=settings.publish_traces)
+    meters = configure_metrics(prometheus=settings.http_port is not None)
+    worker = build_worker(
+        settings, [*BUILTIN_TOOLS, *load_entry_points()], child_env=child_environment()
+    )
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with serve_http(settings, worker):
+            await worker.run(stop)
+
+    try:
+        asyncio.run(run())
+    except BrokerRefused as exc:  # at the first connect: the configuration is wrong
+        print(f"toolbus: cannot connect to the broker at {settings.broker}: {exc}", file=sys.stderr)
+        return EXIT_BROKER
+    except StoreUnreachable as exc:  # likewise, for the shared dedup store
+        print(f"toolbus: {exc}", file=sys.stderr)
+        return EXIT_BROKER
+    finally:
+        if provider is not None:
+            provider.shutdown()  # flushes the spans still batched
+        if meters is not None:
+            meters.shutdown()
+    return EXIT_OK
+
+
+def _call(args: argparse.Namespace) -> int:
+    from toolbus.cli.ask import call
+
+    return call(args)
+
+
+def _tools(args: argparse.Namespace) -> int:
+    from toolbus.cli.ask import tools
+
+    return tools(args)
+
+
+def _schemas(args: argparse.Namespace) -> int:
+    from toolbus.wire.contracts import check_schemas, write_schemas
+
+    try:
+        from toolbus.cli import asyncapi
+    except ModuleNotFoundError as exc:  # PyYAML: a development dependency
+        print(f"toolbus schemas needs {exc.name}: pip install 'toolbus[dev]'", file=sys.stderr)
+        return EXIT_USAGE
+
+    if args.write:
+        for path in [*write_schemas(args.dir), asyncapi.write(args.asyncapi)]:
+            print(f"wrote {path}")
+        return EXIT_OK
+    drifted = check_schemas(args.dir)
+    if not asyncapi.check(args.asyncapi):
+        drifted.append(str(args.asyncapi))
+    if drifted:
+        print(
+            f"schemas drifted from the code: {', '.join(drifted)}; run `toolbus schemas --write`",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    print(f"schemas in {args.dir} and {args.asyncapi} match the code")
+    return EXIT_OK
+
+
+def _mappings(args: argparse.Namespace) -> int:
+    from toolbus.cli.mappings import run
+
+    return run(args, _settings(args), os.environ)
+
+
+def _health(args: argparse.Namespace) -> int:
+    from toolbus.cli.health import run
+
+    return run(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from toolbus.cli.bench.command import run
+
+    return run(args)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from toolbus.cli.status import run
+
+    return run(args)
+
+
+def _demo_server(args: argparse.Namespace) -> int:
+    from toolbus.cli.demo.server import main as demo_main
+    from toolbus.observability.sdk import configure_tracing
+
+    # Instrumented like any MCP server should be: it continues the caller's trace
+    # from each request's _meta and exports with the OTEL_* settings it inherits.
+    provider = configure_tracing(service_name="toolbus-demo-devices")
+    try:
+        demo_main(args.http)
+    finally:
+        if provider is not None:
+            provider.shutdown()
+    return EXIT_OK

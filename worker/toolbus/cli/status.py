@@ -1,0 +1,68 @@
+"""The `toolbus status` command line: the pool's retained statuses as tables or JSON.
+
+Imported whenever `toolbus` builds its parser, so it imports nothing heavy at the top:
+the view (rich, the transport) loads only when `status` runs. `--once` prints a
+snapshot and exits; `--json` prints it as JSON for scripts (implies `--once`); otherwise
+a live view until Ctrl-C (see `status_view`). Exit codes: 0 shown, 2 a usage or
+configuration error (cli.py), 3 (`--once`, `--json`) shown but no worker is online:
+nobody would answer a call, as `toolbus call`'s 3 says, 4 the broker cannot be reached
+within `--timeout`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+EXIT_OK, EXIT_NO_WORKER, EXIT_BROKER = 0, 3, 4  # as cli.py's (3: its EXIT_NO_REPLY)
+
+
+def add_arguments(status: argparse.ArgumentParser) -> None:
+    status.description = (
+        "Workers (online/offline, since when, requests in flight and handled) and MCP "
+        "servers (state at each worker, last error) from the retained status topics."
+    )
+    status.add_argument(
+        "--once",
+        action="store_true",
+        help="print a snapshot once the retained statuses are in; exit 3 when no worker is online",
+    )
+    status.add_argument(
+        "--json", action="store_true", help="print the snapshot as JSON (implies --once)"
+    )
+    status.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds to reach the broker (and, with --once, to gather); default 5",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from toolbus.cli.status_view import live, once
+    from toolbus.config import load_settings
+    from toolbus.transport import TransportError
+    from toolbus.wire.topics import Topics
+
+    if args.timeout <= 0:
+        raise ValueError("--timeout must be above 0")
+    settings = load_settings(args.config, None, broker_url=args.broker)
+    # Only the prefix matters here (wiring.topics_for would import the whole worker).
+    topics = Topics(settings.topic_prefix, settings.shared_group, settings.allowed_reply_prefixes)
+    try:
+        if not (args.once or args.json):
+            asyncio.run(live(settings.broker, topics, args.timeout))  # until Ctrl-C
+            return EXIT_OK
+        pool = asyncio.run(once(settings.broker, topics, args.timeout, as_json=args.json))
+    except (TransportError, TimeoutError) as exc:
+        why = str(exc) or f"no connection within {args.timeout} s"
+        print(f"toolbus: cannot reach the broker at {settings.broker}: {why}", file=sys.stderr)
+        return EXIT_BROKER
+    except KeyboardInterrupt:
+        return EXIT_OK  # the live view's way out
+    if not any(worker.state == "online" for worker in pool.workers()):
+        print(f"toolbus: no worker online under {topics.prefix}/", file=sys.stderr)
+        return EXIT_NO_WORKER
+    return EXIT_OK

@@ -1,0 +1,8 @@
+"""The client: asking the workers from outside.
+
+client (toolbus.Client), requester (its connection), pool (the workers as their retained
+statuses say).
+
+May import: wire, transport, config, observability, dedup, tools, normalization, backends, calls
+(today: wire and transport only).
+"""

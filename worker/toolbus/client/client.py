@@ -1,0 +1,330 @@
+"""Client: `toolbus.Client`, what a program calls tools through, instead of raw MQTT.
+
+    async with toolbus.Client("mqtt://localhost:1883") as client:
+        reply = await client.call("echo", {"text": "hi"})       # or raises UnknownTool, ...
+        tools = await client.tools(format="anthropic")          # for the model's `tools=`
+        messages.extend(await client.run_tool_calls(message))   # a model's tool calls, run
+
+One connection and one private reply topic for the client's lifetime, re-made across
+broker restarts, and every request re-sent unchanged (the same id) while no answer comes:
+that is `toolbus.client.requester`. This module knows what is asked and what comes back: which
+topic a call goes to for the caller it names, errors as the `toolbus.wire.errors` classes of
+their codes, and a provider's message sent as the SDK made it, its answer a `CallsReply`
+whose `append` goes back into the conversation. docs/client.md shows it in agent loops.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from toolbus.client.requester import Requester, Retry
+from toolbus.wire.broker import BrokerUrl
+from toolbus.wire.contracts import CallsReply, ErrorBody, ErrorCode, Reply, ReplyFormat, ToolsFormat
+from toolbus.wire.errors import NoReply, ToolbusError
+from toolbus.wire.formats.incoming import holder
+from toolbus.wire.topics import ANONYMOUS_CALLER, CallerIdentity
+
+__all__ = [
+    "Client",
+    "NoReply",
+    "Retry",
+]  # what `toolbus.client.client` offers (`Retry` lives in requester)
+
+DEFAULT_TIMEOUT_S = 30.0  # the workers' own `default_timeout_s`
+# Past a call's deadline, the wait for the worker's own `timeout` answer: the expiry that
+# carries the deadline is in whole seconds (rounded up), and the answer must travel back.
+REPLY_GRACE_S = 2.0
+DEFAULT_RETRY = Retry()  # frozen: one shared default is safe; 3 sends, 5 s apart
+
+T = TypeVar("T")
+
+
+class Client:
+    """Tool calls through toolbus workers: `async with Client(broker) as client`.
+
+    Args:
+        broker: the broker, as a URL (`mqtt://user:password@host:1883`, `mqtts://...`)
+            or a `BrokerUrl` (TLS files, a password kept apart from the URL).
+        prefix: the workers' `topic_prefix`.
+        reply_prefix: one of the workers' `allowed_reply_prefixes` (default
+            `{prefix}/reply/`, theirs by default). Replies come to
+            `{reply_prefix}{caller}/{client_id}`, or `{reply_prefix}{client_id}` without
+            a caller.
+        caller: who this client is to the workers (their caller profiles and quotas).
+        caller_identity: how the workers learn it; theirs, `claim` (the default: named in
+            each request) or `topic` (named by the topic, `{prefix}/call/{caller}/{tool}`,
+            which the broker's ACL ties to this client's login).
+        retry: when, and how often, an unanswered request is sent again (the same id).
+        client_id: the MQTT client identifier (random by default).
+        connect_timeout_s: bound on connecting (and each acknowledgement).
+        timeout_s: each request's deadline unless the call gives one. It travels as
+            the request's MQTT expiry: the worker stops the call then and answers
+            `timeout` (`CallTimeout`); with no answer at all, `NoReply`.
+        on_resend: called before each repeat of an unanswered request with that send's
+            number and the sends allowed (`2, 3`): `toolbus call` tells its user.
+    """
+
+    def __init__(
+        self,
+        broker: BrokerUrl | str,
+        *,
+        prefix: str = "toolbus",
+        reply_prefix: str | None = None,
+        caller: str | None = None,
+        caller_identity: CallerIdentity = "claim",
+        retry: Retry = DEFAULT_RETRY,
+        client_id: str | None = None,
+        connect_timeout_s: float = 10.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        on_resend: Callable[[int, int], None] | None = None,
+    ) -> None:
+        if caller_identity not in ("claim", "topic"):
+            raise ValueError("caller_identity is `claim` or `topic`, as the workers have it")
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        self.prefix = prefix
+        self.caller = caller
+        self._in_topic = caller_identity == "topic"
+        self._timeout_s = timeout_s
+        client_id = client_id or f"toolbus-client-{uuid.uuid4().hex[:12]}"
+        # In `topic` mode a reply must sit under the caller's own level (`anonymous`
+        # for a client that names none); elsewhere the level is only tidy.
+        level = caller or (ANONYMOUS_CALLER if self._in_topic else None)
+        replies = reply_prefix if reply_prefix is not None else f"{prefix}/reply/"
+        self._requester = Requester(
+            broker if isinstance(broker, BrokerUrl) else BrokerUrl.from_url(broker),
+            reply_topic=f"{replies}{level}/{client_id}" if level else f"{replies}{client_id}",
+            client_id=client_id,
+            retry=retry,
+            connect_timeout_s=connect_timeout_s,
+            on_resend=on_resend,
+        )
+
+    async def __aenter__(self) -> Self:
+        """Connected and subscribed to the reply topic. Raises `TransportError` when the
+        broker cannot be reached now (`BrokerRefused` when it refuses us); a connection
+        lost later is made again, and the requests in flight are sent again on it."""
+        await self._requester.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._requester.__aexit__(exc_type, exc, tb)
+
+    @property
+    def client_id(self) -> str:
+        return self._requester.client_id
+
+    @property
+    def reply_topic(self) -> str:
+        return self._requester.reply_topic
+
+    @property
+    def sent(self) -> int:
+        """Requests published, first sends and repeats."""
+        return self._requester.sent
+
+    @property
+    def resent(self) -> int:
+        """Repeats of requests no answer had come for."""
+        return self._requester.resent
+
+    @property
+    def connects(self) -> int:
+        """Connections made: 1, and one more after each time the broker went away."""
+        return self._requester.connects
+
+    async def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+        id: str | None = None,
+    ) -> Reply:
+        """Run `tool` and return its reply (`reply.result.text`, `.structured`,
+        `.content`). Raises the `toolbus.wire.errors` class of the worker's error code
+        (`UnknownTool`, `InvalidArguments`, `CallTimeout`, ...), or `NoReply`.
+
+        `id` (random by default) is what a repeat is known by: the same id sent again,
+        by this client's retries or by you later, is answered from the first run.
+        Arguments with no JSON form (NaN, infinities) raise `ValueError`, unsent.
+        """
+        ident = id or uuid.uuid4().hex
+        body: dict[str, Any] = {"id": ident, "arguments": dict(arguments or {})}
+        if self._in_topic and self.caller:
+            topic = f"{self.prefix}/call/{self.caller}/{tool}"
+        else:
+            topic, body["tool"] = f"{self.prefix}/call", tool
+        reply = await self._ask(
+            topic, self._claimed(body), timeout_s, ident, Reply.model_validate_json
+        )
+        return _raise_failed(reply)
+
+    async def tools(
+        self, format: ToolsFormat | str = ToolsFormat.TOOLBUS, *, timeout_s: float | None = None
+    ) -> list[dict[str, Any]]:
+        """The definitions of the tools this client may call, in `format`: `toolbus`,
+        `mcp`, or the shape a provider's `tools=` takes (`anthropic`, `openai`,
+        `openai-responses`, `ollama`)."""
+        body = self._claimed({"format": ToolsFormat(format).value})
+        topic = f"{self.prefix}/tools"
+        if self._in_topic and self.caller:
+            topic = f"{topic}/{self.caller}"
+        reply = _raise_failed(
+            await self._ask(topic, body, timeout_s, None, Reply.model_validate_json)
+        )
+        structured = reply.result.structured if reply.result is not None else None
+        listed = structured.get("tools") if structured is not None else None
+        if not isinstance(listed, list):
+            raise ToolbusError.from_body(
+                ErrorBody(code=ErrorCode.INTERNAL, message="the tool list came without tools"),
+                reply=reply,
+            )
+        return [item for item in listed if isinstance(item, dict)]
+
+    async def run_tool_calls(
+        self,
+        message: Any,
+        *,
+        reply_format: ReplyFormat | str | None = None,
+        timeout_s: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """Run the tool calls of a model's message and return what to append to the
+        conversation, in the message's own provider format (or `reply_format`).
+
+        `message` is what the SDK gave you, as it is: an Anthropic `Message`, its
+        `content` or one `tool_use` block; an OpenAI `ChatCompletion`, its message or
+        one tool call; a Responses `Response`, its `output` or one `function_call`; an
+        Ollama response. SDK objects (pydantic models) or plain dicts and lists. The
+        calls run concurrently; one call's failure is an error result the model sees,
+        never an exception. Raises when the message as a whole is refused.
+        """
+        answer = await self.run_tool_calls_reply(
+            message, reply_format=reply_format, timeout_s=timeout_s
+        )
+        return [dict(item) for item in answer.append]
+
+    async def run_tool_calls_reply(
+        self,
+        message: Any,
+        *,
+        reply_format: ReplyFormat | str | None = None,
+        timeout_s: float | None = None,
+    ) -> CallsReply:
+        """As `run_tool_calls`, the whole answer: `append`, and each call's own `Reply`
+        in `results` (ok, error code, duration, what normalization changed)."""
+        body = provider_body(message)
+        options: dict[str, Any] = dict(body.get("toolbus") or {})
+        # Our id for the request: calls without ids of their own (Ollama's) take it, so
+        # a repeat sent while the first is still running is answered once, not run twice.
+        own = body.get("id") if isinstance(body.get("id"), str) else None
+        ident = options.setdefault("id", own or uuid.uuid4().hex)
+        if reply_format is not None:
+            options["reply_format"] = ReplyFormat(reply_format).value
+        if self.caller and not self._in_topic:
+            options["caller"] = self.caller
+        body["toolbus"] = options
+        topic = f"{self.prefix}/call"
+        if self._in_topic and self.caller:
+            topic = f"{topic}/{self.caller}"
+        answer = await self._ask(topic, body, timeout_s, ident, read_answer)
+        if isinstance(answer, CallsReply):
+            return answer
+        # A plain `Reply`: one call answered in our own format, or, as an error where
+        # a provider's format was due, the message refused whole (nothing to append).
+        if not answer.ok and options.get("reply_format") != ReplyFormat.TOOLBUS.value:
+            _raise_failed(answer)
+        return CallsReply(
+            id=answer.id,
+            id_generated=answer.id_generated,
+            format=ReplyFormat.TOOLBUS,
+            ok=answer.ok,
+            results=[answer],
+            duration_ms=answer.duration_ms,
+            trace_id=answer.trace_id,
+            traceparent=answer.traceparent,
+        )
+
+    async def request(
+        self, topic: str, body: Mapping[str, Any], *, timeout_s: float | None = None
+    ) -> Reply | CallsReply:
+        """Any body on any topic, answered as it comes, an error reply included (no
+        exception): for shapes and topics the methods above do not make. The body is
+        sent as given; give it an `id` for its repeats to be known as such."""
+        ident = body.get("id") if isinstance(body.get("id"), str) else None
+        return await self._ask(topic, dict(body), timeout_s, ident, read_answer)
+
+    def _claimed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The body naming the caller, where the workers read it from the body."""
+        if self.caller and not self._in_topic:
+            body["caller"] = self.caller
+        return body
+
+    async def _ask(
+        self,
+        topic: str,
+        body: dict[str, Any],
+        timeout_s: float | None,
+        ident: str | None,
+        parse: Callable[[bytes], T],
+    ) -> T:
+        deadline_s = timeout_s if timeout_s is not None else self._timeout_s
+        if deadline_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        return await self._requester.request(
+            topic,
+            # Never NaN or Infinity on the wire: Python writes them, JSON has no such thing.
+            json.dumps(body, separators=(",", ":"), allow_nan=False).encode(),
+            parse,
+            timeout_s=deadline_s,
+            grace_s=REPLY_GRACE_S,
+            correlation=uuid.uuid4().bytes,
+            ident=ident,
+        )
+
+
+def read_answer(payload: bytes) -> Reply | CallsReply:
+    """A worker's answer: a `CallsReply` (it has `results`) or a plain `Reply`."""
+    data = json.loads(payload)
+    if isinstance(data, dict) and "results" in data:
+        return CallsReply.model_validate(data)
+    return Reply.model_validate(data)
+
+
+def provider_body(message: Any) -> dict[str, Any]:
+    """A provider's message as the JSON object to publish: SDK objects as their
+    `model_dump(mode="json")`, wherever they sit (a dict holding a `content` list of
+    blocks, say); a bare list as the message that holds it."""
+    plain = _plain(message)
+    if isinstance(plain, dict):
+        return plain
+    if isinstance(plain, list):
+        return holder(plain)
+    raise TypeError(f"a provider message is an object or a list, not {type(message).__name__}")
+
+
+def _plain(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _raise_failed(reply: Reply) -> Reply:
+    if reply.ok:
+        return reply
+    error = reply.error or ErrorBody(code=ErrorCode.INTERNAL, message="failed, without an error")
+    raise ToolbusError.from_body(error, reply=reply)

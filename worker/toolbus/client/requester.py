@@ -1,0 +1,270 @@
+"""Requester: one MQTT v5 connection and one private reply topic, for asking and waiting.
+
+A request is published with a private Response Topic, its own Correlation Data, and a
+Message Expiry Interval equal to what remains of its deadline, which is how the worker
+learns when to stop. When no answer comes within the retry interval it is published
+again, byte for byte (the same body, so the same `id`, and the same correlation), up to
+`Retry.attempts` sends in all: a worker that died with the request is replaced by one
+that gets the repeat, and the workers' deduplication (`dedup_store`) makes sure the tool
+runs at most once for it. The first answer wins; later ones (a late original, a replay)
+are dropped.
+
+The connection is kept for the requester's lifetime and re-made when the broker goes
+away, so requests made across a broker restart are sent again once it is back.
+`toolbus.client.Client` builds on this; it knows what the bytes mean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from toolbus.transport import MqttConnection, TransportError
+from toolbus.wire.broker import BrokerUrl
+from toolbus.wire.errors import NoReply
+from toolbus.wire.messages import Outbound
+from toolbus.wire.tasks import cancel_and_wait
+
+log = logging.getLogger("toolbus.client")
+
+RECONNECT_DELAYS_S = (0.05, 0.1, 0.2, 0.5, 1.0)  # then 1 s apart: a broker restarting
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Send a request again, unchanged, when no answer came within `interval_s`;
+    `attempts` sends in all (1: never again)."""
+
+    attempts: int = 3
+    interval_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.interval_s <= 0:
+            raise ValueError("a retry needs at least one attempt and a positive interval")
+
+
+NO_RETRY = Retry(attempts=1, interval_s=math.inf)
+
+
+@dataclass(slots=True)
+class _Pending:
+    answer: asyncio.Future[Any]
+    parse: Callable[[bytes], Any]
+
+
+class Requester:
+    """`async with Requester(broker, reply_topic=..., client_id=...) as requester`.
+
+    Args:
+        broker: where to connect, with the credentials and TLS files.
+        reply_topic: where answers come; subscribed once, for the requester's lifetime.
+        client_id: the MQTT client identifier.
+        retry: when and how often a request is sent again.
+        connect_timeout_s: bound on the first connection (and each acknowledgement).
+        on_resend: called before each repeat with its send's number and the sends
+            allowed (2, 3 for the second of three), e.g. to tell a waiting user.
+    """
+
+    def __init__(
+        self,
+        broker: BrokerUrl,
+        *,
+        reply_topic: str,
+        client_id: str,
+        retry: Retry,
+        connect_timeout_s: float,
+        on_resend: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self._broker = broker
+        self._on_resend = on_resend
+        self._retry = retry
+        self.client_id = client_id
+        self.reply_topic = reply_topic
+        self._connect_timeout_s = connect_timeout_s
+        self._pending: dict[bytes, _Pending] = {}
+        self._connection: MqttConnection | None = None
+        self._connected = asyncio.Event()
+        self._closed = False  # after `__aexit__`: no request may wait for a connection
+        self._reader: asyncio.Task[None] | None = None
+        self.connects = 0  # connections made: 1 unless the broker went away
+        self.sent = 0  # publishes, first sends and repeats
+        self.resent = 0  # repeats only
+
+    async def __aenter__(self) -> Self:
+        """Connected and subscribed; raises `TransportError` when the broker cannot be
+        reached now (later losses are re-connected)."""
+        first = await self._connect()
+        self._reader = asyncio.create_task(self._read(first), name=f"client-{self.client_id}")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._closed = True
+        self._connected.set()  # wakes every request waiting to send: each sees the close
+        if self._reader is not None:
+            await cancel_and_wait(self._reader, self._connect_timeout_s)
+        for pending in self._pending.values():
+            if not pending.answer.done():
+                pending.answer.set_exception(NoReply("the client closed before an answer came"))
+                pending.answer.exception()  # retrieved: a request still sending raises its own
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(TransportError):
+                await connection.__aexit__(None, None, None)
+
+    async def request(
+        self,
+        topic: str,
+        payload: bytes,
+        parse: Callable[[bytes], T],
+        *,
+        timeout_s: float,
+        grace_s: float,
+        correlation: bytes,
+        ident: str | None,
+    ) -> T:
+        """Publish `payload` and wait for its answer, re-sending it while none comes.
+
+        `timeout_s` is the request's deadline, sent as its expiry: no send after it, and
+        the worker stops then. `grace_s` more is waited for the worker's own answer at
+        the deadline (a `timeout`) to arrive. `parse` reads an answer; one it refuses
+        (`ValueError`) is logged and waited past. `ident` is the request's id, if it has one.
+        """
+        if self._closed:
+            raise NoReply("the client is closed", id=ident)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        what = ident or "the request"
+        pending = _Pending(loop.create_future(), parse)
+        self._pending[correlation] = pending
+        try:
+            for attempt in range(self._retry.attempts):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                if attempt:
+                    self.resent += 1
+                    log.info("no reply to %s yet: sending it again (%d)", what, attempt + 1)
+                    if self._on_resend is not None:
+                        self._on_resend(attempt + 1, self._retry.attempts)
+                await self._send(
+                    Outbound(
+                        topic=topic,
+                        payload=payload,
+                        response_topic=self.reply_topic,
+                        correlation_data=correlation,
+                        expiry_s=math.ceil(remaining),  # the worker's deadline is ours
+                    ),
+                    deadline + grace_s,
+                    ident,
+                )
+                last = attempt == self._retry.attempts - 1
+                wait_s = deadline + grace_s - loop.time()
+                if not last:
+                    wait_s = min(wait_s, self._retry.interval_s)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, wait_s)):
+                        answer: T = await asyncio.shield(pending.answer)
+                        return answer
+            raise NoReply(
+                f"no reply to {what} on {self.reply_topic} within {timeout_s + grace_s:g} s",
+                id=ident,
+            )
+        finally:
+            self._pending.pop(correlation, None)
+
+    async def _send(self, out: Outbound, deadline: float, ident: str | None) -> None:
+        """Publish once the connection is up; across a broker restart, once it is back."""
+        loop = asyncio.get_running_loop()
+        while True:
+            # Checked on every turn: a publish cut short by the close comes back here
+            if self._closed:
+                raise NoReply("the client closed before the request was sent", id=ident)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._connected.wait()
+            except TimeoutError:
+                raise NoReply("the broker connection did not come back in time", id=ident) from None
+            connection = self._connection
+            if self._closed:
+                raise NoReply("the client closed before the request was sent", id=ident)
+            if connection is None:
+                continue
+            try:
+                await connection.publish(out, timeout_s=max(0.1, deadline - loop.time()))
+            except TransportError:
+                if not connection.connected:
+                    self._lost(connection)  # the reader re-connects; wait for it
+                elif loop.time() >= deadline:
+                    raise NoReply(
+                        "the broker did not acknowledge the request in time", id=ident
+                    ) from None
+            else:
+                self.sent += 1
+                return
+
+    async def _connect(self) -> MqttConnection:
+        connection = MqttConnection(
+            self._broker, client_id=self.client_id, timeout_s=self._connect_timeout_s
+        )
+        await connection.__aenter__()
+        try:
+            await connection.subscribe([self.reply_topic])
+        except BaseException:
+            with contextlib.suppress(TransportError):
+                await connection.__aexit__(None, None, None)
+            raise
+        self.connects += 1
+        self._connection = connection
+        self._connected.set()
+        return connection
+
+    def _lost(self, connection: MqttConnection) -> None:
+        if self._connection is connection and not self._closed:
+            self._connection = None
+            self._connected.clear()
+
+    async def _read(self, connection: MqttConnection) -> None:
+        """Hand answers to their requests; re-connect when the broker goes away."""
+        while True:
+            try:
+                async for message in connection.messages():
+                    self._deliver(message.correlation_data, message.payload)
+            except TransportError as exc:
+                log.warning("broker connection lost (%s): connecting again", exc)
+            self._lost(connection)
+            with contextlib.suppress(TransportError):
+                await connection.__aexit__(None, None, None)
+            connection = await self._reconnect()
+
+    async def _reconnect(self) -> MqttConnection:
+        """Until the broker is back (bounded by the owner: closing the requester ends it)."""
+        attempt = 0
+        while True:
+            try:
+                return await self._connect()
+            except TransportError:
+                delay_s = RECONNECT_DELAYS_S[min(attempt, len(RECONNECT_DELAYS_S) - 1)]
+                attempt += 1
+                await asyncio.sleep(delay_s)  # a broker restarting: back off, then retry
+
+    def _deliver(self, correlation: bytes | None, payload: bytes) -> None:
+        pending = self._pending.get(correlation or b"")
+        if pending is None or pending.answer.done():
+            return  # an answer to a request already answered (a late original, a replay)
+        try:
+            pending.answer.set_result(pending.parse(payload))
+        except (ValueError, RecursionError):  # pydantic's ValidationError too; deep JSON
+            log.warning("an answer on %s is not one we can read; ignored", self.reply_topic)

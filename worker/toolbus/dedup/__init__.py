@@ -1,0 +1,200 @@
+"""Deduplication: at most one run per request id, and the same answer to every repeat.
+
+The key is (caller, id), for requests that carry their own id; without a caller, (reply
+topic, id): anonymous callers never share ids; a call with neither is not deduplicated.
+Before a call runs its id is claimed in the store, with the call's fingerprint (its
+canonical tool and normalized arguments); the reply that answers it closes the claim.
+A repeat is a request under the same key
+asking for the same thing, and:
+
+- of a finished call gets the stored reply again, marked `replayed`, without a run;
+- of a call still running (here or on another worker sharing the store) waits for
+  that reply, within its own deadline;
+- of a call whose worker died mid-way runs again if the tool is safe to repeat
+  (`idempotent`), and otherwise gets `in_doubt`: it may or may not have taken effect.
+
+A request under a claimed key that asks for something else is no repeat, and never gets
+the record's reply: under the caller's own id it is refused (`bad_request`, reason
+`id_reused`); under a provider's tool-call id, which providers use again (some OpenAI-
+compatible servers number each response's calls `call_0`, ...), it runs: over a
+finished record, which it replaces (its own repeats are then known), else unclaimed.
+
+A call that never reached its tool (unknown name, bad arguments, server down) releases
+its claim, so a repeat runs afresh. A reply or release the store fails to take is kept
+by the worker and written again, and a claim it failed to answer (which a stalled store
+may still run) withdrawn (`kept.py`). `Once` is the policy; stores keep the records.
+
+May import: the wire (toolbus.wire) only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from toolbus.dedup.kept import KeptReplies
+from toolbus.dedup.memory import MemoryStore
+from toolbus.dedup.store import KEY_SEP, Claim, DedupStore, Started, described, fingerprint
+from toolbus.wire.errors import BadRequest, CallTimeout, InDoubt, ToolbusError
+
+__all__ = [
+    "RUN_UNCLAIMED",
+    "DedupStore",
+    "MemoryStore",
+    "Once",
+    "Verdict",
+    "fingerprint",
+    "open_store",
+]
+
+log = logging.getLogger("toolbus.dedup")
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What to do with a call: run it (`key` set when claimed, with the call's
+    `fingerprint`), send `reply` again, or answer `error` instead."""
+
+    key: str | None = None
+    reply: bytes | None = None
+    error: ToolbusError | None = None
+    fingerprint: str = ""
+
+
+RUN_UNCLAIMED = Verdict()
+
+
+class Once:
+    """The dedup policy over a store.
+
+    Args:
+        store: where the records live (memory: this worker; Redis: every replica).
+        ttl_s: how long a record is kept after its call.
+        idempotent: whether a tool name (as requested) is safe to run twice.
+    """
+
+    def __init__(self, store: DedupStore, ttl_s: float, idempotent: Callable[[str], bool]) -> None:
+        self.store, self._ttl_s, self._idempotent = store, ttl_s, idempotent
+
+    @staticmethod
+    def key(caller: str | None, reply_topic: str | None, ident: str) -> str | None:
+        """The store key of a request id: ids are the caller's own, so the caller is in it;
+        without one, the reply topic is (one anonymous client must not get another's
+        replies). Callers, topics and ids hold no control characters: no two collide.
+
+        None: not deduplicated. A call naming neither a caller nor a reply topic has no
+        client its id could belong to (every such publisher would share one id space, and
+        one's `1` would silence or refuse another's): it runs unclaimed."""
+        if caller:
+            return f"{caller}{KEY_SEP}{ident}"
+        if reply_topic:
+            return f"{KEY_SEP}{reply_topic}{KEY_SEP}{ident}"
+        return None
+
+    async def begin(
+        self, key: str, asks: str, tool: str, deadline_s: float, *, provider_id: bool = False
+    ) -> Verdict:
+        """The verdict on a call under `key` that asks for `asks` (its fingerprint) of
+        `tool` (canonical: is it safe to run twice?); `provider_id`: the key's id is a
+        provider's tool-call id, which may name another call than the record's."""
+        deadline = time.monotonic() + deadline_s
+        claim = await self.store.claim(key, self._ttl_s, fingerprint=asks)
+        if claim.kind == "running" and claim.asks(asks):
+            remaining_s = max(0.0, deadline - time.monotonic())
+            reply = await self.store.wait(key, remaining_s, fingerprint=asks)
+            if reply is not None:
+                return Verdict(reply=reply)
+            # Released meanwhile (ours now?), or another request's by now.
+            claim = await self.store.claim(key, self._ttl_s, fingerprint=asks)
+            if claim.kind == "running" and claim.asks(asks):
+                return Verdict(
+                    error=CallTimeout(
+                        "a call with this id is still running; its reply did not come in time",
+                        timeout_s=deadline_s,
+                        still_running=True,
+                    )
+                )
+        if claim.kind == "fresh":
+            return Verdict(key=key, fingerprint=asks)
+        if not claim.asks(asks):
+            return await self._reused(key, claim, asks, provider_id=provider_id)
+        if claim.kind == "done":
+            return Verdict(reply=claim.reply)
+        return await self._orphaned(key, claim, tool, asks)
+
+    async def _reused(self, key: str, claim: Claim, asks: str, *, provider_id: bool) -> Verdict:
+        """Another request under a key with a record: never the record's reply."""
+        if not provider_id:
+            return Verdict(
+                error=BadRequest(
+                    "this request id was used for a different request (another tool or "
+                    "other arguments): send a new request under a new id",
+                    reason="id_reused",
+                )
+            )
+        # A provider's id named another call before: this one runs. Over a finished
+        # record it takes the key (its own repeats are then known); a run still going
+        # or cut short keeps it (its repeats must find it), and this one runs unclaimed.
+        if claim.kind == "done" and await self.store.supersede(
+            key, claim, self._ttl_s, fingerprint=asks
+        ):
+            return Verdict(key=key, fingerprint=asks)
+        log.debug("%s names another call than its record: run unclaimed", described(key))
+        return RUN_UNCLAIMED
+
+    async def _orphaned(self, key: str, claim: Claim, tool: str, asks: str) -> Verdict:
+        started = claim.started
+        assert started is not None
+        if self._idempotent(tool) and await self.store.take_over(
+            key, started, self._ttl_s, fingerprint=asks
+        ):
+            log.info(
+                "repeat of %s, cut short on %s: safe to repeat, running again",
+                described(key),
+                started.worker_id,
+            )
+            return Verdict(key=key, fingerprint=asks)
+        return Verdict(error=_in_doubt(started))
+
+    async def finish(self, verdict: Verdict, reply: bytes) -> None:
+        if verdict.key is not None:
+            await self.store.finish(
+                verdict.key, reply, self._ttl_s, fingerprint=verdict.fingerprint
+            )
+
+    async def release(self, verdict: Verdict) -> None:
+        if verdict.key is not None:
+            await self.store.release(verdict.key, fingerprint=verdict.fingerprint)
+
+
+def _in_doubt(started: Started) -> InDoubt:
+    return InDoubt(
+        "this request id was being run by a worker that stopped before answering: "
+        "it may or may not have taken effect",
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started.started_at)),
+        worker_id=started.worker_id,
+    )
+
+
+def open_store(
+    url: str,
+    worker_id: str,
+    *,
+    prefix: str,
+    max_records: int = 10_000,
+    on_emptied: Callable[[], None] = lambda: None,
+) -> DedupStore:
+    """`memory` (at most `max_records` kept) or `redis://host:port/db` (the
+    `toolbus[redis]` extra; Redis bounds its memory by the TTL and its own maxmemory).
+    `on_emptied` hears each time a Redis store is found to have lost its records. A
+    reply or release Redis fails to take is kept and written again (at most
+    `max_records` kept)."""
+    if url == "memory":
+        return MemoryStore(worker_id, max_records)
+    from toolbus.dedup.redis import RedisStore  # noqa: PLC0415 -- only with a Redis store
+
+    return KeptReplies(
+        RedisStore(url, worker_id, prefix=prefix, on_emptied=on_emptied), max_kept=max_records
+    )

@@ -1,0 +1,183 @@
+"""Dedup records: what a store keeps per request id, and the store's contract.
+
+A request id is claimed before its call runs (`Started`, naming the worker process
+that runs it) and closed with the reply that answered it (`Done`). Both carry the
+call's fingerprint: what it asked for (`fingerprint`), so a later request under the
+same id is a repeat only when it asks for the same thing. A later request with the
+same id finds one of four things, as a `Claim`: nothing (it runs), a reply (sent
+again), a run still going on a live worker (wait for its reply), or a run whose worker
+died (`orphaned`: the call may or may not have taken effect).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from toolbus.wire.untrusted import shown
+
+# A record written before records kept fingerprints: taken as the same request, as it
+# was then, for the `dedup_ttl_s` it still lives.
+UNKNOWN = ""
+
+
+def fingerprint(tool: str, arguments: dict[str, Any], sent_with: bytes | None = None) -> str:
+    """What a call asks for, as one stable value: sha256 over canonical JSON (sorted keys,
+    no spaces) of the canonical tool name and the normalized arguments. Stable across
+    processes and versions of Python, so replicas sharing a store agree on it.
+
+    `sent_with`: the correlation data a provider's call id came with. Providers reuse
+    their ids (`call_0` every turn), and a later turn may ask exactly what an earlier one
+    did (switch the light on again): only the same message sent again (a retry, a
+    redelivery: the same correlation) is a repeat of it."""
+    asked: dict[str, Any] = {"tool": tool, "arguments": arguments}
+    if sent_with is not None:
+        asked["sent_with"] = sent_with.hex()
+    canonical = json.dumps(
+        asked,
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        default=str,  # normalization leaves JSON values; anything else by its text
+    )
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class StoreUnreachable(Exception):
+    """The shared store cannot be reached when the worker starts: a configuration to fix
+    (or a Redis to start), said in one line, not a traceback."""
+
+
+KEY_SEP = "\x1f"  # between the caller and the request id in a store key (`Once.key`)
+
+
+def described(key: str) -> str:
+    """A store key for a log line: the request id and its caller, or "anonymous" -- never
+    an anonymous client's reply topic, which may tell who the client is."""
+    if key.startswith(KEY_SEP):
+        return f"request '{shown(key.rpartition(KEY_SEP)[2])}' of an anonymous caller"
+    caller, _, ident = key.partition(KEY_SEP)
+    return f"request '{shown(ident)}' of caller '{shown(caller)}'"
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A run in progress: which worker (and which process of it), since when, and what
+    it was asked to do."""
+
+    worker_id: str
+    incarnation: str  # one per process: a restarted worker is a new incarnation
+    started_at: float  # Unix time, seconds
+    fingerprint: str = UNKNOWN
+
+    def to_json(self) -> str:
+        """The record as stored; byte for byte what `parse` read (take-overs compare it)."""
+        record: dict[str, Any] = {
+            "state": "started",
+            "worker_id": self.worker_id,
+            "incarnation": self.incarnation,
+            "started_at": self.started_at,
+        }
+        if self.fingerprint:
+            record["fingerprint"] = self.fingerprint
+        return json.dumps(record)
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A call answered: the reply that closed it, and what it was asked to do."""
+
+    reply: bytes
+    fingerprint: str = UNKNOWN
+
+    def to_json(self) -> str:
+        record = {"state": "done", "reply": self.reply.decode()}
+        if self.fingerprint:
+            record["fingerprint"] = self.fingerprint
+        return json.dumps(record)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a claim found. `fresh`: the id is ours to run now."""
+
+    kind: Literal["fresh", "done", "running", "orphaned"]
+    reply: bytes | None = None  # for `done`
+    started: Started | None = None  # for `running` and `orphaned`
+    fingerprint: str = UNKNOWN  # what the record's call asked for (not for `fresh`)
+
+    def asks(self, fingerprint: str) -> bool:
+        """Does the record hold a call that asked for the same thing as `fingerprint`?"""
+        return self.fingerprint in (fingerprint, UNKNOWN)
+
+
+def parse(raw: str | bytes) -> Started | Done:
+    """A stored record: the run in progress, or the reply (JSON bytes) that closed it."""
+    record = json.loads(raw)
+    held = str(record.get("fingerprint", UNKNOWN))
+    if record.get("state") == "started":
+        return Started(record["worker_id"], record["incarnation"], record["started_at"], held)
+    return Done(str(record["reply"]).encode(), held)
+
+
+class DedupStore(Protocol):
+    """Where workers agree on which request ids have run. `async with` opens it.
+
+    `fingerprint` is what the call under `key` asks for (`fingerprint()`): kept in the
+    record, so a later call under the same key can tell a repeat from another request.
+    """
+
+    async def __aenter__(self) -> DedupStore: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+    async def claim(self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN) -> Claim:
+        """Record `key` as started by this worker unless a record exists; say what was found."""
+        ...
+
+    async def take_over(
+        self, key: str, previous: Started, ttl_s: float, *, fingerprint: str = UNKNOWN
+    ) -> bool:
+        """Replace an orphaned run's record with ours; False if another worker did first."""
+        ...
+
+    async def supersede(self, key: str, previous: Claim, ttl_s: float, *, fingerprint: str) -> bool:
+        """Replace a `done` record (`previous`, as claimed) with our run of another request
+        under the same key; False if the record changed meanwhile."""
+        ...
+
+    async def finish(
+        self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = UNKNOWN
+    ) -> None:
+        """Close `key` with its reply and wake whoever waits for it: over this worker's own
+        run of it (`fingerprint`'s) or no record, never over another run's record."""
+        ...
+
+    async def release(self, key: str, *, fingerprint: str = UNKNOWN) -> None:
+        """Forget this worker's claim of `key` (`fingerprint`'s), whose call never reached
+        its tool: a repeat may run afresh. Another run's record there is left alone."""
+        ...
+
+    async def wait(self, key: str, timeout_s: float, *, fingerprint: str = UNKNOWN) -> bytes | None:
+        """The reply that closes `key`, once there is one; None after `timeout_s`, or when
+        the record turns out to hold another request than `fingerprint`'s."""
+        ...
+
+
+class NetworkStore(DedupStore, Protocol):
+    """A store across a network (Redis), where a claim that failed (raised: timed out,
+    connection lost) may still land: the command was sent, the store stalled, and runs it
+    once it resumes. Left there, that record says a live worker runs a call that never
+    ran (`KeptReplies` withdraws it)."""
+
+    def failed_claim(self, key: str) -> Started | None:
+        """What this worker's last claim of `key` tried to write, if that claim raised;
+        asking forgets it (the caller keeps it until withdrawn)."""
+        ...
+
+    async def unclaim(self, key: str, claimed: Started) -> None:
+        """Delete the record under `key` if it is exactly `claimed` (all of it: another
+        claim of this process differs only in `started_at`), and wake its waiters."""
+        ...

@@ -1,0 +1,167 @@
+"""The exception tree. Every failure a caller can see is one of these.
+
+    ToolbusError                 (root; never raised itself)
+    ├── BadRequest               bad_request
+    ├── UnknownTool              unknown_tool
+    ├── InvalidArguments         invalid_arguments
+    ├── Forbidden                forbidden
+    ├── CallTimeout              timeout
+    ├── Unavailable              unavailable
+    ├── ToolFailed               tool_error
+    ├── InternalError            internal
+    ├── InDoubt                  in_doubt
+    └── RateLimited              rate_limited
+
+Each leaf carries the wire code it maps to, one to one, renders its own
+wire body, and says what its code means without quoting any value (`summary`: what
+spans record). A local tool may raise any of them to choose the code its caller sees.
+Details become JSON values when the error is raised (a `datetime` its ISO text, a
+set a list, anything else its `str()`), so building the reply cannot fail on them.
+The client raises the same classes for a worker's error replies (`from_body`), so a
+caller writes `except UnknownTool` and reads `.code`, `.details` and `.reply`.
+
+    TimeoutError                 (Python's own)
+    └── NoReply                  the client heard nothing: no worker answered in time
+
+`NoReply` is not a `ToolbusError`: no worker said anything, so there is no wire code
+and no body to render. It is the requester's own deadline passing, which is what
+`TimeoutError` means in asyncio; `except TimeoutError` catches it beside
+`asyncio.timeout`. A worker that answered "too slow" raises `CallTimeout` instead.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, ClassVar
+
+from pydantic_core import to_jsonable_python
+
+from toolbus.wire.contracts import ErrorBody, ErrorCode, Reply
+
+
+class ToolbusError(Exception):
+    code: ClassVar[ErrorCode]
+    # What the code means, in words that hold no value of any call: what spans record
+    # (the message may quote an argument, and a tool's text may hold anything).
+    summary: ClassVar[str] = "the call was refused or failed"
+    # False when the tool was certainly never asked (an MCP server's session was down when
+    # the call came): its request id is left free to run again, not answered for good.
+    reached_tool: bool = True
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = json_details(details)
+        self.reply: Reply | None = None  # the worker's whole reply, when a client got one
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(code=self.code, message=self.message, details=self.details)
+
+    @property
+    def id(self) -> str | None:
+        """The id of the request this answers, when it came in a reply."""
+        return self.reply.id if self.reply is not None else None
+
+    @staticmethod
+    def from_body(body: ErrorBody, *, reply: Reply | None = None) -> ToolbusError:
+        """The error a worker answered, as the class of its code (`UnknownTool` for
+        `unknown_tool`), with its message and details as sent, and its reply."""
+        error = ERROR_CLASSES[body.code](body.message)
+        error.details = dict(body.details)  # JSON already; a `message` key is no keyword
+        error.reply = reply
+        return error
+
+
+class BadRequest(ToolbusError):
+    code = ErrorCode.BAD_REQUEST
+    summary = "the message could not be read as a request"
+
+
+class UnknownTool(ToolbusError):
+    code = ErrorCode.UNKNOWN_TOOL
+    summary = "no tool by that name"
+
+
+class InvalidArguments(ToolbusError):
+    code = ErrorCode.INVALID_ARGUMENTS
+    summary = "the arguments do not satisfy the tool's schema or guards"
+
+
+class Forbidden(ToolbusError):
+    code = ErrorCode.FORBIDDEN
+    summary = "the request asked for what it may not have"
+
+
+class CallTimeout(ToolbusError):
+    code = ErrorCode.TIMEOUT
+    summary = "the tool did not finish within its deadline"
+
+
+class Unavailable(ToolbusError):
+    code = ErrorCode.UNAVAILABLE
+    summary = "the tool's backend cannot be reached, or the worker is stopping"
+
+
+class ToolFailed(ToolbusError):
+    code = ErrorCode.TOOL_ERROR
+    summary = "the tool ran and failed"
+
+
+class InternalError(ToolbusError):
+    code = ErrorCode.INTERNAL
+    summary = "a bug in the worker"
+
+
+class InDoubt(ToolbusError):
+    code = ErrorCode.IN_DOUBT
+    summary = "a repeat of a call cut short, which may or may not have taken effect"
+
+
+class RateLimited(ToolbusError):
+    code = ErrorCode.RATE_LIMITED
+    summary = "the caller is over its quota"
+
+
+class NoReply(TimeoutError):
+    """No reply arrived within the deadline, after every send (see the tree above).
+
+    `id` is the request's: sending it again with the same id later gets the worker's
+    stored reply rather than a second run, while the workers remember it (`dedup_ttl_s`).
+    """
+
+    def __init__(self, message: str, *, id: str | None = None) -> None:
+        super().__init__(message)
+        self.id = id
+
+
+def json_details(details: dict[str, Any]) -> dict[str, Any]:
+    """Details as JSON values, whatever a tool passed: never a reply that cannot be built."""
+    try:
+        coerced = to_jsonable_python(_bytes_as_base64(details), fallback=str)
+    except Exception:  # a value whose own serialization raises: keep its text
+        return {str(key): _text(value) for key, value in details.items()}
+    return coerced if isinstance(coerced, dict) else {"details": _text(details)}
+
+
+def _bytes_as_base64(value: Any) -> Any:
+    """Bytes anywhere in the details as standard base64 text, as dead letters carry them
+    (pydantic's own bytes mode is the URL-safe alphabet)."""
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {key: _bytes_as_base64(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_bytes_as_base64(item) for item in value]
+    return value
+
+
+def _text(value: object) -> str:
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
+
+
+ERROR_CLASSES: dict[ErrorCode, type[ToolbusError]] = {
+    cls.code: cls for cls in ToolbusError.__subclasses__()
+}

@@ -1,0 +1,238 @@
+"""Wiring: settings and tools into a working `Worker`, in one place.
+
+The one composition function. Settings are read once by the entry point and arrive
+here; every collaborator gets what it needs as constructor arguments, so no part
+reads configuration or is completed by assigning attributes afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from opentelemetry import trace
+from opentelemetry.metrics import Meter
+
+from toolbus.calls.execute import Executor, Startup
+from toolbus.calls.inflight import Slots
+from toolbus.calls.pipeline import Pipeline
+from toolbus.calls.quotas import Quotas
+from toolbus.config import Settings, tool_settings
+from toolbus.dedup import Once, open_store
+from toolbus.normalization.guards import Guards
+from toolbus.normalization.normalize import Normalizer
+from toolbus.observability.export import TraceCollector
+from toolbus.observability.metrics import Metrics
+from toolbus.tools.access import Access
+from toolbus.tools.local import LocalTool
+from toolbus.tools.registry import Registry
+from toolbus.wire.topics import Topics
+from toolbus.worker.client_ids import client_ids, kept_secret
+from toolbus.worker.publisher import ConnectionPublisher
+from toolbus.worker.status import StatusReporter
+
+log = logging.getLogger("toolbus.service")
+
+if TYPE_CHECKING:
+    from toolbus.worker.service import Worker
+
+
+def build_registry(local_tools: Iterable[LocalTool], settings: Settings) -> Registry:
+    """The local tools, each with its resolved `[tools.NAME]` settings; aliases applied."""
+    registry = Registry(settings.aliases)
+    registry.register_all(
+        local.to_tool(
+            tool_settings(settings.tools, local.name), log_arguments=settings.log_arguments
+        )
+        for local in local_tools
+    )
+    return registry
+
+
+def build_executor(
+    settings: Settings,
+    registry: Registry,
+    *,
+    tracer: trace.Tracer | None = None,
+    metrics: Metrics | None = None,
+    startup: Startup | None = None,
+    root_spans: bool = True,
+) -> Executor:
+    """Resolve, check, normalize, validate and run (tests and `toolbus mappings` use it too)."""
+    return Executor(
+        registry,
+        Normalizer(settings.argument_maps),
+        Guards(settings.guards),
+        Access(settings.callers),
+        default_timeout_s=settings.default_timeout_s,
+        max_timeout_s=settings.max_timeout_s,
+        slow_call_ms=settings.slow_call_ms,
+        startup=startup,
+        tracer=tracer,
+        trace_arguments=settings.trace_arguments,
+        trace_steps=settings.trace_steps,
+        log_arguments=settings.log_arguments,
+        metrics=metrics,
+        root_spans=root_spans,
+    )
+
+
+def topics_for(settings: Settings) -> Topics:
+    return Topics(
+        settings.topic_prefix,
+        settings.shared_group,
+        settings.allowed_reply_prefixes,
+        caller_identity=settings.caller_identity,
+        require_caller=settings.require_caller,
+    )
+
+
+def build_worker(
+    settings: Settings,
+    local_tools: Iterable[LocalTool],
+    *,
+    tracer: trace.Tracer | None = None,
+    collector: TraceCollector | None = None,
+    meter: Meter | None = None,
+    child_env: Mapping[str, str] | None = None,
+) -> Worker:
+    """A worker for `settings`, serving `local_tools` and the configured MCP servers.
+
+    Args:
+        tracer, collector, meter: telemetry; the process-wide ones by default.
+        child_env: environment for stdio MCP servers (e.g. `OTEL_*`).
+    """
+    # Imported here: the mcp SDK takes a second to import, and the registry, executor and
+    # pipeline (`toolbus mappings`, the in-process tests) are built without it.
+    from toolbus.backends.mcp import McpBackend  # noqa: PLC0415 -- see the comment above
+    from toolbus.transport import max_packet_bytes  # noqa: PLC0415 -- as above
+    from toolbus.worker.links import Links  # noqa: PLC0415 -- imports the transport (aiomqtt)
+    from toolbus.worker.service import Worker  # noqa: PLC0415 -- imports the transport (aiomqtt)
+
+    worker_id = settings.worker_id or f"toolbus-{uuid.uuid4().hex[:12]}"
+    if not settings.worker_id:
+        log.warning(
+            "no worker_id set: requests held at a crash are lost, not delivered again; "
+            "set a stable worker_id (unique per replica) for a persistent session"
+        )
+    ids = client_ids(worker_id, _client_id_secret(settings))
+    if settings.worker_id and not ids.persistent:
+        log.warning(
+            "no client_id_secret(_file) and no broker password: the client ids are random "
+            "for this process, so a restart does not resume the broker session (requests "
+            "held at a crash are lost); set client_id_secret_file for a persistent session"
+        )
+    topics = topics_for(settings)
+    registry = build_registry(local_tools, settings)
+    publisher = ConnectionPublisher(timeout_s=settings.publish_timeout_s)
+    servers = {name: cfg for name, cfg in settings.mcp_servers.items() if not cfg.disabled}
+    status = StatusReporter(
+        topics,
+        worker_id,
+        publisher,
+        servers,
+        interval_s=settings.status_interval_s,
+        offline_expiry_s=settings.session_expiry_s or 3600,
+    )
+    mcp = McpBackend(
+        servers,
+        registry,
+        settings.tools,
+        settings.mcp,
+        child_env=child_env,
+        listeners=[status.server_changed],
+        tracer=tracer,
+    )
+    metrics = Metrics(meter, server_states=mcp.states, partial_lines=mcp.partial_lines)
+    executor = build_executor(
+        settings, registry, tracer=tracer, metrics=metrics, startup=mcp, root_spans=False
+    )
+    once = Once(
+        open_store(
+            settings.dedup_store,
+            worker_id,
+            prefix=settings.topic_prefix,
+            max_records=settings.dedup_max_records,
+            on_emptied=metrics.dedup_store_emptied,
+        ),
+        settings.dedup_ttl_s,
+        executor.idempotent,
+    )
+    slots = Slots(settings.concurrency)
+    pipeline = Pipeline(
+        executor,
+        topics,
+        publisher,
+        worker_id=worker_id,
+        max_payload_bytes=settings.max_payload_bytes,
+        dead_letter_max_bytes=settings.dead_letter_max_bytes,
+        publish_traces=settings.publish_traces,
+        tracer=tracer,
+        collector=collector,
+        metrics=metrics,
+        once=once,
+        quotas=Quotas(settings.callers),
+        slots=slots,
+        max_calls=settings.max_calls_per_message,
+    )
+    return Worker(
+        broker=settings.broker,
+        worker_id=worker_id,
+        topics=topics,
+        pipeline=pipeline,
+        publisher=publisher,
+        status=status,
+        mcp=mcp,
+        metrics=metrics,
+        slots=slots,
+        shutdown_grace_s=settings.shutdown_grace_s,
+        publish_timeout_s=settings.publish_timeout_s,
+        reconnect_max_delay_s=settings.reconnect_max_delay_s,
+        links=Links(
+            settings.broker,
+            ids,
+            slots.count,
+            # A session outlives the connection only under a stable, configured identity
+            # whose client ids no caller can derive (see `client_ids`).
+            session_expiry_s=settings.session_expiry_s if ids.persistent else 0,
+            timeout_s=settings.publish_timeout_s,
+            keepalive_s=settings.keepalive_s,
+            max_packet_bytes=max_packet_bytes(settings.max_payload_bytes),
+        ),
+    )
+
+
+def _client_id_secret(settings: Settings) -> bytes | None:
+    """What keys the client ids: `client_id_secret`, else `client_id_secret_file`'s, else
+    the broker password (only a stable worker_id makes ids worth keeping across starts)."""
+    if settings.worker_id is None:
+        return None
+    if settings.client_id_secret is not None:
+        return settings.client_id_secret.get_secret_value().encode()
+    if settings.client_id_secret_file is not None:
+        return kept_secret(settings.client_id_secret_file)
+    if settings.broker_password is not None:
+        return settings.broker_password.get_secret_value().encode()
+    return None
+
+
+def serve_http(
+    settings: Settings, worker: Worker
+) -> contextlib.AbstractAsyncContextManager[object]:
+    """The HTTP listener (/metrics, /healthz, /readyz) `http_port` asks for; nothing
+    without one. Entered before `worker.run`, so /readyz answers while it connects."""
+    if settings.metrics_port is not None:
+        log.warning(
+            "metrics_port is deprecated: set http_port (here %s), whose listener serves "
+            "/metrics, /healthz and /readyz",
+            settings.http_port,
+        )
+    if settings.http_port is None:
+        return contextlib.nullcontext()
+    # Imported here: starlette and uvicorn load only for a worker that listens.
+    from toolbus.worker.http import HttpListener  # noqa: PLC0415 -- see above
+
+    return HttpListener(worker, host=settings.http_host, port=settings.http_port)
