@@ -1,5 +1,5 @@
 """Chaos with real processes and counted outcomes: workers SIGKILLed, the broker SIGKILLed,
-a flood. Each request goes through `toolbus.client.Client`, which re-sends under the same
+a flood. Each request goes through `toolbus.Client`, which re-sends under the same
 id when no reply comes; the recording tool writes a line per execution, so "lost" and
 "executed twice" are counted, never guessed. Each test prints its counts.
 """

@@ -11,7 +11,7 @@ are dropped.
 
 The connection is kept for the requester's lifetime and re-made when the broker goes
 away, so requests made across a broker restart are sent again once it is back.
-`toolbus.client.Client` builds on this; it knows what the bytes mean.
+`toolbus.Client` builds on this; it knows what the bytes mean.
 """
 
 from __future__ import annotations
