@@ -25,13 +25,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for bench.paired
+
 from bench.paired import package_of
 from toolbus.backends.mcp import McpBackend, McpServer
 from toolbus.config import McpPolicy, McpServerConfig
 from toolbus.tools.registry import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVER = ROOT / "tests" / "servers" / "misbehaving.py"
+SERVER = ROOT / "tests" / "support" / "servers" / "misbehaving.py"
 CALL_LIMIT_S = 300.0
 
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
