@@ -16,12 +16,13 @@ from paho.mqtt.enums import MQTTProtocolVersion
 
 from tests.calls.test_pipeline import REPLY, Rig, rig_for
 from tests.support.harness import measured
-from tests.support.packets import properties, varint
+from tests.support.packets import properties
 from tests.support.tools import Probe
 from toolbus.cli.bench import mosquitto as bench_broker
 from toolbus.config import Settings
 from toolbus.transport import max_packet_bytes
 from toolbus.transport.inbound_limits import PACKET_HEADROOM_BYTES, strip_user_properties
+from toolbus.transport.properties import varint
 from toolbus.wire.messages import MAX_USER_PROPERTIES, MAX_USER_PROPERTY_BYTES, UserPropertyTally
 
 ROOT = Path(__file__).parents[2]

@@ -14,6 +14,8 @@ import struct
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from toolbus.transport.properties import varint
+
 RESPONSE_TOPIC, CORRELATION_DATA, USER_PROPERTY = 0x08, 0x09, 0x26
 
 
@@ -57,12 +59,3 @@ def properties(
 
 def _field(data: bytes) -> bytes:
     return struct.pack("!H", len(data)) + data
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        value, digit = divmod(value, 128)
-        out.append(digit | 0x80 if value else digit)
-        if not value:
-            return bytes(out)

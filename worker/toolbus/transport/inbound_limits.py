@@ -30,6 +30,7 @@ from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from toolbus.transport.properties import varint
 from toolbus.wire.messages import MAX_USER_PROPERTIES, MAX_USER_PROPERTY_BYTES, UserPropertyTally
 
 # What a request packet holds besides its payload: the fixed header (5 bytes), the topic
@@ -144,7 +145,7 @@ def strip_user_properties(
     if i != end or (count <= MAX_USER_PROPERTIES and size <= MAX_USER_PROPERTY_BYTES):
         return None
     rebuilt = bytearray(view[:at])
-    rebuilt += _encode_varint(len(kept)) + kept
+    rebuilt += varint(len(kept)) + kept
     rebuilt += view[end:]
     return rebuilt, UserPropertyTally(count, size)
 
@@ -158,12 +159,3 @@ def _varint(view: memoryview, at: int) -> tuple[int, int]:
             return value, i + 1
         shift += 7
     return 0, len(view) + 1  # malformed: past the end, so the caller leaves it to paho
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        value, digit = divmod(value, 128)
-        out.append(digit | 0x80 if value else digit)
-        if not value:
-            return bytes(out)

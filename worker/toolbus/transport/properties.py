@@ -59,7 +59,7 @@ def publish_properties(out: Outbound) -> PackedProperties:
     for key, value in out.user_properties:
         parts += (_USER_PROPERTY, _text(key), _text(value))
     body = b"".join(parts)
-    return PackedProperties(_varint(len(body)) + body)
+    return PackedProperties(varint(len(body)) + body)
 
 
 def packet_bytes(out: Outbound, properties: bytes) -> int:
@@ -67,7 +67,7 @@ def packet_bytes(out: Outbound, properties: bytes) -> int:
     topic, Packet Identifier (QoS > 0), properties, payload."""
     remaining = 2 + len(out.topic.encode("utf-8")) + (2 if out.qos else 0)
     remaining += len(properties) + len(out.payload)
-    return 1 + len(_varint(remaining)) + remaining
+    return 1 + len(varint(remaining)) + remaining
 
 
 def _text(value: str) -> bytes:
@@ -80,7 +80,7 @@ def _binary(value: bytes) -> bytes:
     return struct.pack("!H", len(value)) + value
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
     """MQTT's variable byte integer: seven bits a byte, the high bit set on all but the last."""
     out = bytearray()
     while True:

@@ -187,6 +187,14 @@ class ErrorBody(_Wire):
     details: dict[str, JsonValue] = Field(default_factory=dict)
 
 
+# A reply's and a many-call reply's `trace_unavailable`, described once.
+TRACE_UNAVAILABLE = (
+    "Set when the request asked for its spans (`publish_trace`) and none will follow on "
+    "`{reply_topic}/trace`: `not_recording` (the worker records no spans: no exporter and "
+    "`publish_traces` off) or `not_sampled` (the trace was sampled out)."
+)
+
+
 class Reply(_Wire):
     """The answer to one request, published on the caller's reply topic."""
 
@@ -201,10 +209,7 @@ class Reply(_Wire):
     trace_id: str | None = Field(default=None, description="The trace this call belongs to.")
     trace_unavailable: TraceUnavailable | None = Field(
         default=None,
-        description="Set when the request asked for its spans (`publish_trace`) and none "
-        "will follow on `{reply_topic}/trace`: `not_recording` (the worker records no "
-        "spans: no exporter and `publish_traces` off) or `not_sampled` (the trace was "
-        "sampled out).",
+        description=TRACE_UNAVAILABLE,
     )
     traceparent: str | None = Field(
         default=None, description="W3C context of the reply, for MQTT 3.1.1 callers."
@@ -247,10 +252,7 @@ class CallsReply(_Wire):
     trace_id: str | None = Field(default=None, description="The trace this message belongs to.")
     trace_unavailable: TraceUnavailable | None = Field(
         default=None,
-        description="Set when the request asked for its spans (`publish_trace`) and none "
-        "will follow on `{reply_topic}/trace`: `not_recording` (the worker records no "
-        "spans: no exporter and `publish_traces` off) or `not_sampled` (the trace was "
-        "sampled out).",
+        description=TRACE_UNAVAILABLE,
     )
     traceparent: str | None = Field(
         default=None, description="W3C context of the reply, for MQTT 3.1.1 callers."
