@@ -31,7 +31,18 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from toolbus.dedup.store import UNKNOWN, Claim, Done, Started, StoreUnreachable, described, parse
+from toolbus.dedup.ledger import Bounds
+from toolbus.dedup.redis_scripts import FINISH, RELEASE, TAKE_OVER, UNCLAIM
+from toolbus.dedup.store import (
+    UNKNOWN,
+    Claim,
+    Done,
+    Started,
+    StoreUnreachable,
+    StoreUnsafe,
+    described,
+    parse,
+)
 from toolbus.wire.tasks import cancel_and_wait
 
 log = logging.getLogger("toolbus.dedup")
@@ -39,68 +50,20 @@ log = logging.getLogger("toolbus.dedup")
 HEARTBEAT_S = 2.0
 ALIVE_TTL_S = 6.0  # three heartbeats: a slow loop is not mistaken for a dead worker
 
-# Replace the record only if it still is the one we saw (compare and set): an orphaned
-# run, or a reply to another request under the same key.
 RECONNECT_RETRIES = 2  # a lost connection made again, then the command sent again
 
 FAILED_CLAIMS_KEPT = 1_000  # `KeptReplies` asks at once: a few at most, but bounded
 
-_TAKE_OVER = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return 1
-end
-return 0
-"""
+# What a finished record costs Redis beyond its key and its JSON: the record's own key
+# and entry, and the books' four entries naming it (`redis_scripts.py`), measured with
+# `INFO memory` (docs/reliability.md, "Sizing Redis").
+REDIS_RECORD_OVERHEAD_BYTES = 500
 
-# Is the record under KEYS[1] this incarnation's run (ARGV[1..3]: worker id, incarnation,
-# fingerprint)? A late close must not touch a record another worker wrote meanwhile (a
-# take-over while our heartbeat had lapsed, a claim after the record expired).
-_OURS = """
-local function ours(raw)
-  local ok, record = pcall(cjson.decode, raw)
-  return ok and type(record) == 'table' and record.state == 'started'
-    and record.worker_id == ARGV[1] and record.incarnation == ARGV[2]
-    and (record.fingerprint or '') == ARGV[3]
-end
-"""
-
-# Close with the reply (ARGV[4], for ARGV[5] ms) our own run, or a record gone meanwhile
-# (expired, or a store that lost its records: the reply is still the truth); wake waiters
-# on ARGV[6]. One round trip. The same reply already there is a write that went through
-# although its answer was lost (a retry): done.
-_FINISH = (
-    _OURS
-    + """
-local raw = redis.call('GET', KEYS[1])
-if raw == ARGV[4] then return 1 end
-if raw and not ours(raw) then return 0 end
-redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
-redis.call('PUBLISH', ARGV[6], 'done')
-return 1
-"""
+# Policies under which Redis, at its `maxmemory`, deletes records it holds: a finished
+# call's record gone runs its repeat again, another caller's as soon as one's.
+_EVICTING = (
+    "allkeys-lru allkeys-lfu allkeys-random volatile-lru volatile-lfu volatile-random volatile-ttl"
 )
-
-# Delete our own run's claim only (compare and delete); wake waiters on ARGV[4].
-_RELEASE = (
-    _OURS
-    + """
-local raw = redis.call('GET', KEYS[1])
-if not raw or not ours(raw) then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[4], 'released')
-return 1
-"""
-)
-
-# Delete the record only if it is exactly ARGV[1] (a claim that failed, landed late);
-# wake waiters on ARGV[2].
-_UNCLAIM = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[2], 'released')
-return 1
-"""
 
 
 class RedisStore:
@@ -111,6 +74,7 @@ class RedisStore:
         *,
         prefix: str,
         timeout_s: float = 5.0,
+        bounds: Bounds | None = None,
         on_emptied: Callable[[], None] = lambda: None,
     ) -> None:
         self._redis = aioredis.from_url(
@@ -130,11 +94,25 @@ class RedisStore:
         )
         self._worker_id, self._incarnation = worker_id, uuid.uuid4().hex
         self._prefix = prefix
+        self._bounds = bounds or Bounds()
+        # EVALSHA, loaded again on NOSCRIPT (a Redis restarted): the scripts are sent once.
+        self._take_over = self._redis.register_script(TAKE_OVER)
+        self._finish = self._redis.register_script(FINISH)
+        self._release = self._redis.register_script(RELEASE)
+        self._unclaim = self._redis.register_script(UNCLAIM)
         self._heartbeat: asyncio.Task[None] | None = None
         self._epoch: str | None = None  # the store's, as first seen; None until opened
         self._on_emptied = on_emptied
         # Claims that raised, by key: what each tried to write (`failed_claim`).
         self._failed: dict[str, Started] = {}
+        self._held_bytes = 0  # the fleet's books, as the last heartbeat read them
+        self._gave_way = {"shrunk": 0, "forgotten": 0}  # by this worker's closes
+
+    def held_bytes(self) -> int:
+        return self._held_bytes
+
+    def gave_way(self) -> dict[str, int]:
+        return dict(self._gave_way)
 
     def _key(self, key: str) -> str:
         return f"{self._prefix}:dedup:{key}"
@@ -146,17 +124,43 @@ class RedisStore:
         return f"{self._prefix}:alive:{worker_id}"
 
     async def __aenter__(self) -> Self:
+        where = self._redis.connection_pool.connection_kwargs
+        at = f"Redis at {where.get('host')}:{where.get('port')}"  # the URL may hold a password
         try:
             await self._beat()  # fails here, at start-up, when Redis is unreachable
+            memory = await self._redis.info("memory")
         except RedisError as exc:
             await self._redis.aclose()
-            where = self._redis.connection_pool.connection_kwargs
-            raise StoreUnreachable(  # host and port only: the URL may hold a password
-                f"cannot reach the dedup store (Redis at {where.get('host')}:"
-                f"{where.get('port')}): {exc}"
-            ) from None
+            raise StoreUnreachable(f"cannot reach the dedup store ({at}): {exc}") from None
+        try:
+            self._check_memory(memory, at)
+        except StoreUnsafe:
+            await self._redis.aclose()
+            raise
         self._heartbeat = asyncio.create_task(self._beat_forever(), name="dedup-heartbeat")
         return self
+
+    def _check_memory(self, memory: dict[str, object], at: str) -> None:
+        """Refuse a Redis that evicts records at its `maxmemory` (a finished call's record
+        evicted runs its repeat again: another caller's, when one caller fills it); warn
+        when its `maxmemory` is below what the bounds let the records take (when full, a
+        `noeviction` Redis refuses writes, and every caller's calls get `unavailable`)."""
+        limit = int(str(memory.get("maxmemory", 0)))
+        policy = str(memory.get("maxmemory_policy", "noeviction"))
+        if limit and policy in _EVICTING.split():
+            raise StoreUnsafe(
+                f"the dedup store ({at}) evicts keys at its maxmemory "
+                f"(maxmemory-policy {policy}): a call's record evicted would run its repeat "
+                "again. Set maxmemory-policy noeviction (docs/reliability.md, Sizing Redis)"
+            )
+        needed = 2 * self._bounds.max_bytes  # records within the bound, and Redis's own
+        if limit and limit < needed:
+            log.warning(
+                "the dedup store's maxmemory (%d bytes) is below twice dedup_max_bytes (%d): "
+                "once full, every call gets unavailable (docs/reliability.md, Sizing Redis)",
+                limit,
+                self._bounds.max_bytes,
+            )
 
     async def __aexit__(self, *exc: object) -> None:
         if self._heartbeat is not None:
@@ -171,7 +175,9 @@ class RedisStore:
         async with self._redis.pipeline(transaction=False) as both:
             both.set(self._alive(self._worker_id), self._incarnation, px=int(ALIVE_TTL_S * 1000))
             both.get(self._epoch_key())
-            _, epoch = await both.execute()
+            both.get(f"{self._prefix}:dedup-bytes")
+            _, epoch, held = await both.execute()
+        self._held_bytes = int(held or 0)
         if self._epoch is None or _text(epoch) != self._epoch:
             await self._check_epoch(_text(epoch))
 
@@ -249,36 +255,47 @@ class RedisStore:
 
     async def _replace(self, key: str, seen: str, ttl_s: float, fingerprint: str) -> bool:
         mine = self._started(fingerprint).to_json()
-        taken = await self._redis.eval(
-            _TAKE_OVER,
-            1,
-            self._key(key),
-            seen,
-            mine,
-            int(ttl_s * 1000),
+        taken = await self._take_over(
+            keys=[self._key(key)], args=[seen, mine, int(ttl_s * 1000), key, self._prefix]
         )
         # Taken, or taken by this very call before its answer was lost (a retry): ours.
         return bool(taken) or _text(await self._redis.get(self._key(key))) == mine
 
     async def finish(
-        self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = UNKNOWN
+        self,
+        key: str,
+        reply: bytes,
+        ttl_s: float,
+        *,
+        fingerprint: str = UNKNOWN,
+        summary: bytes | None = None,
     ) -> None:
-        done = Done(reply, fingerprint).to_json()
-        written = await self._redis.eval(
-            _FINISH,
-            1,
-            self._key(key),
-            *self._mine(fingerprint),
-            done,
-            int(ttl_s * 1000),
-            self._channel(key),
+        done = Done(reply, fingerprint, summary).to_json()
+        written = await self._finish(
+            keys=[self._key(key)],
+            args=[
+                *self._mine(fingerprint),
+                done,
+                int(ttl_s * 1000),
+                self._channel(key),
+                self._prefix,
+                key,
+                REDIS_RECORD_OVERHEAD_BYTES,
+                int(summary is not None),
+                self._bounds.caller_max_bytes,
+                self._bounds.max_bytes,
+            ],
         )
         if not written:
             log.info("%s is another run's now: its reply is not stored", described(key))
+            return
+        if isinstance(written, list):  # closed, and how many records gave way to it
+            self._gave_way["shrunk"] += int(written[1])
+            self._gave_way["forgotten"] += int(written[2])
 
     async def release(self, key: str, *, fingerprint: str = UNKNOWN) -> None:
-        await self._redis.eval(
-            _RELEASE, 1, self._key(key), *self._mine(fingerprint), self._channel(key)
+        await self._release(
+            keys=[self._key(key)], args=[*self._mine(fingerprint), self._channel(key)]
         )
 
     def failed_claim(self, key: str) -> Started | None:
@@ -287,7 +304,7 @@ class RedisStore:
     async def unclaim(self, key: str, claimed: Started) -> None:
         # Answered is done, deleted or not: the failed claim's SET was in its connection
         # when Redis stalled, and Redis reads that before a command sent after it resumed.
-        await self._redis.eval(_UNCLAIM, 1, self._key(key), claimed.to_json(), self._channel(key))
+        await self._unclaim(keys=[self._key(key)], args=[claimed.to_json(), self._channel(key)])
 
     def _mine(self, fingerprint: str) -> tuple[str, str, str]:
         """What names a run of this incarnation's in a record (`_OURS`)."""
