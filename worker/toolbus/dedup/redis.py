@@ -57,7 +57,7 @@ FAILED_CLAIMS_KEPT = 1_000  # `KeptReplies` asks at once: a few at most, but bou
 # What a finished record costs Redis beyond its key and its JSON: the record's own key
 # and entry, and the books' four entries naming it (`redis_scripts.py`), measured with
 # `INFO memory` (docs/reliability.md, "Sizing Redis").
-REDIS_RECORD_OVERHEAD_BYTES = 500
+REDIS_RECORD_OVERHEAD_BYTES = 600
 
 # Policies under which Redis, at its `maxmemory`, deletes records it holds: a finished
 # call's record gone runs its repeat again, another caller's as soon as one's.
