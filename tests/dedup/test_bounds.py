@@ -174,7 +174,7 @@ async def test_redis_books_are_settled_as_records_expire(redis_server: RedisServ
 async def test_redis_bounds_hold_across_workers(redis_server: RedisServer) -> None:
     """Two workers share one Redis: the books are the store's, not a worker's."""
     prefix = f"t{uuid.uuid4().hex[:8]}"
-    bounds = Bounds(caller_max_bytes=40_000)
+    bounds = Bounds(caller_max_bytes=80_000)
     async with (
         RedisStore(redis_server.url, "w1", prefix=prefix, bounds=bounds) as one,
         RedisStore(redis_server.url, "w2", prefix=prefix, bounds=bounds) as two,

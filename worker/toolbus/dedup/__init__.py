@@ -34,6 +34,7 @@ May import: the wire (toolbus.wire) only.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from toolbus.dedup.memory import MemoryStore
 from toolbus.dedup.store import KEY_SEP, Claim, DedupStore, Started, described, fingerprint
 from toolbus.dedup.summary import kept_for_repeats
 from toolbus.wire.contracts import Reply
-from toolbus.wire.errors import BadRequest, CallTimeout, InDoubt, ToolbusError
+from toolbus.wire.errors import BadRequest, CallTimeout, InDoubt, ToolbusError, Unavailable
 
 __all__ = [
     "RUN_UNCLAIMED",
@@ -133,8 +134,8 @@ class Once:
                         still_running=True,
                     )
                 )
-        if claim.kind == "fresh":
-            return Verdict(key=key, fingerprint=asks)
+        if claim.kind in ("fresh", "doubtful"):
+            return await self._claimed(key, claim, tool, asks)
         if not claim.asks(asks):
             return await self._reused(key, claim, asks, provider_id=provider_id)
         if claim.kind == "done":
@@ -175,6 +176,27 @@ class Once:
             return Verdict(key=key, fingerprint=asks)
         return Verdict(error=_in_doubt(started))
 
+    async def _claimed(self, key: str, claim: Claim, tool: str, asks: str) -> Verdict:
+        """Ours to run; unless claimed in a store emptied lately, which may have held a run
+        of this id: then a tool safe to repeat runs, and any other is refused, the claim
+        withdrawn, until the lost records would have expired anyway."""
+        if claim.kind == "fresh" or self._idempotent(tool):
+            return Verdict(key=key, fingerprint=asks)
+        await self.store.release(key, fingerprint=asks)
+        retry_after_ms = max(0, math.ceil((claim.doubt_until - time.time()) * 1000))
+        log.warning(
+            "%s refused: the dedup store was emptied and may have held a run of it",
+            described(key),
+        )
+        return Verdict(
+            error=Unavailable(
+                "the dedup store lost its records lately and this request may have run "
+                "before: it was not run; send it again after retry_after_ms",
+                store="emptied",
+                retry_after_ms=retry_after_ms,
+            )
+        )
+
     async def finish(self, verdict: Verdict, reply: Reply) -> None:
         if verdict.key is not None:
             kept, summary = kept_for_repeats(reply, self._max_reply_bytes)
@@ -202,6 +224,7 @@ def open_store(
     *,
     prefix: str,
     bounds: Bounds | None = None,
+    ttl_s: float = 600.0,
     on_emptied: Callable[[], None] = lambda: None,
 ) -> DedupStore:
     """`memory` or `redis://host:port/db` (the `toolbus[redis]` extra), either kept within
@@ -215,6 +238,8 @@ def open_store(
     from toolbus.dedup.redis import RedisStore  # noqa: PLC0415 -- only with a Redis store
 
     return KeptReplies(
-        RedisStore(url, worker_id, prefix=prefix, bounds=bounds, on_emptied=on_emptied),
+        RedisStore(
+            url, worker_id, prefix=prefix, ttl_s=ttl_s, bounds=bounds, on_emptied=on_emptied
+        ),
         bounds=bounds,
     )

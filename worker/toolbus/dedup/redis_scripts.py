@@ -129,6 +129,16 @@ local function bound(owner, overhead, caller_max, max)
 end
 """
 
+# Claim KEYS[1] with ARGV[1] for ARGV[2] ms (SET NX), if the store's epoch (KEYS[2]) is
+# still ARGV[3]: another epoch is a store emptied or replaced, where the claim must not
+# land unnoticed. Answers 1 (claimed), the record there (a string), false (gone between
+# the two: expired) or {'emptied'} (nothing written).
+CLAIM = """
+if redis.call('GET', KEYS[2]) ~= ARGV[3] then return {'emptied'} end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return redis.call('GET', KEYS[1])
+"""
+
 # Replace the record only if it still is ARGV[1] (compare and set): an orphaned run, or a
 # reply to another request under the same key (ARGV[4]: the store key, ARGV[5]: the
 # prefix), whose books are closed: it is a run now.

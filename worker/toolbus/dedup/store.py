@@ -120,12 +120,14 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """What a claim found. `fresh`: the id is ours to run now."""
+    """What a claim found. `fresh`: the id is ours to run now. `doubtful`: ours too, but
+    the store was emptied and may have held a run of it (until `doubt_until`)."""
 
-    kind: Literal["fresh", "done", "running", "orphaned"]
+    kind: Literal["fresh", "doubtful", "done", "running", "orphaned"]
     reply: bytes | None = None  # for `done`
     started: Started | None = None  # for `running` and `orphaned`
     fingerprint: str = UNKNOWN  # what the record's call asked for (not for `fresh`)
+    doubt_until: float = 0.0  # for `doubtful`: Unix time
 
     def asks(self, fingerprint: str) -> bool:
         """Does the record hold a call that asked for the same thing as `fingerprint`?"""

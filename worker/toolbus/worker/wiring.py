@@ -167,6 +167,7 @@ def build_worker(
                 caller_max_bytes=settings.dedup_caller_max_bytes,
                 max_bytes=settings.dedup_max_bytes,
             ),
+            ttl_s=settings.dedup_ttl_s,
             on_emptied=metrics.dedup_store_emptied,
         ),
         settings.dedup_ttl_s,
