@@ -149,7 +149,7 @@ async def test_kitchen_is_answered_while_garage_floods_a_capped_redis(
                     await report(garage, prefix, "garage", f"g{n}", LARGE)
 
             flooding = asyncio.create_task(flood())
-            answers = []
+            answers: list[dict[str, object]] = []
             while not flooding.done():
                 answers.append(await report(kitchen, prefix, "kitchen", f"k{len(answers)}", 100))
             await flooding

@@ -23,7 +23,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-GRACE_S = 5.0  # a live worker's next heartbeats notice and write back within this
+# Every live worker beats (2 s) within SETTLE_S of the loss: by then it has noticed and
+# written back, or shows as alive and is waited for, within GRACE_S.
+SETTLE_S = 2.5
+GRACE_S = 5.0
 
 # Per journal entry beyond its key and record: the dict's entry and the objects.
 JOURNAL_OVERHEAD_BYTES = 200
@@ -91,7 +94,10 @@ class Recovery:
     ttl_s: float
 
     def pending(self, now: float) -> bool:
-        """A live worker that has not written back yet, within the grace: wait for it."""
+        """Too early to tell (a live worker may not have beaten since), or a live worker
+        has not written back yet, within the grace: wait."""
+        if now < self.began_at + SETTLE_S:
+            return True
         return now < self.began_at + GRACE_S and any(
             m in self.alive for m in self.members if m not in self.written
         )

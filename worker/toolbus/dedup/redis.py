@@ -191,6 +191,7 @@ class RedisStore:
         started = self._started(fingerprint)
         mine = started.to_json()
         for _ in range(3):  # the store emptied under the claim, or the record expired meanwhile
+            await self._fleet.settled(GRACE_S)  # after a loss, once live workers wrote back
             try:
                 found = await self._claim(
                     keys=[self._key(key), self._fleet.epoch_key()],
@@ -215,7 +216,7 @@ class RedisStore:
     async def _fresh(self, key: str, claimed: str, ttl_s: float) -> Claim:
         """Ours: new, unless the store was emptied and `key` may be a call that ran then."""
         self._journal.wrote(key, claimed, time.time() + ttl_s)
-        doubt_until = await self._fleet.doubt_until(GRACE_S)
+        doubt_until = self._fleet.doubt_until()
         if doubt_until:
             return Claim("doubtful", doubt_until=doubt_until)
         return Claim("fresh")

@@ -25,7 +25,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from toolbus.dedup.recovery import Journal, Recovery, member
+from toolbus.dedup.recovery import GRACE_S, Journal, Recovery, member
 
 log = logging.getLogger("toolbus.dedup")
 
@@ -67,6 +67,7 @@ class Fleet:
         self.held_bytes = 0  # the fleet's books, as the last heartbeat read them
         self._members: dict[str, float] = {}  # seen at work within the TTL: member -> when
         self._recovery: Recovery | None = None
+        self._followed_at = 0.0  # monotonic: when the recovery's state was last read
         self._lock = asyncio.Lock()  # one adoption of a new epoch at a time
 
     def alive_key(self, worker_id: str) -> str:
@@ -146,6 +147,8 @@ class Fleet:
 
     async def _join(self, epoch: str) -> None:
         if await self._redis.exists(f"{self._prefix}:recovery:{epoch}"):
+            # Nothing of ours was lost: written back, whole, so nobody waits for us.
+            await self._redis.hset(f"{self._prefix}:written:{epoch}", self._me, 0.0)
             self._recovery = Recovery(epoch, time.time(), {}, {}, frozenset(), self._ttl_s)
             await self._follow()
 
@@ -154,11 +157,14 @@ class Fleet:
         recovery = self._recovery
         if recovery is None:
             return
+        self._followed_at = time.monotonic()
         async with self._redis.pipeline(transaction=False) as read:
             read.hgetall(f"{self._prefix}:recovery:{recovery.epoch}")
             read.hgetall(f"{self._prefix}:written:{recovery.epoch}")
-            members, written = await read.execute()
-        members = _floats(members)
+            read.zrange(f"{self._prefix}:workers", 0, -1, withscores=True)
+            before, written, since = await read.execute()
+        # Those seen before the loss, and those beating since (who may not have noticed).
+        members = {**_floats(dict(since)), **_floats(before)}
         workers = {name.partition("\x1f")[0] for name in members}
         alive = await self._alive(workers)
         self._recovery = Recovery(
@@ -182,21 +188,29 @@ class Fleet:
         incarnations = await self._redis.mget([self.alive_key(w) for w in names])
         return {w: member(w, i) for w, i in zip(names, map(_text, incarnations), strict=True) if i}
 
-    async def doubt_until(self, deadline_s: float) -> float:
-        """Until when an id the store does not know may be an old call (0: it is new).
-        Waits, within `deadline_s` and the grace, for live workers still writing back."""
+    async def settled(self, bound_s: float) -> None:
+        """Before a claim in a recovery: until every live worker has written back (or
+        `bound_s`), so no claim takes an id a worker is about to write back."""
         if self._recovery is None:
-            return 0.0
-        end = time.monotonic() + deadline_s
+            return
+        if not self._recovery.pending(time.time()) and time.monotonic() - self._followed_at < 1:
+            return  # settled, read within the second: no round trips for each claim
+        end = time.monotonic() + bound_s
         await self._follow()
         while self._recovery is not None and self._recovery.pending(time.time()):
             if time.monotonic() >= end:
-                break
-            await asyncio.sleep(min(0.1, max(0.0, end - time.monotonic())))  # polling the store
+                return
+            await asyncio.sleep(0.1)  # polling the store's recovery, within `bound_s`
             await self._follow()
+
+    def doubt_until(self) -> float:
+        """Until when an id the store does not know may be an old call (Unix time; 0: it
+        is new), as last read."""
         if self._recovery is None:
             return 0.0
         until = self._recovery.doubt_until()
+        if self._recovery.pending(time.time()):
+            until = max(until, time.time() + GRACE_S)  # gone past the bound: not settled
         return until if until > time.time() else 0.0
 
 
