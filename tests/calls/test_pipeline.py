@@ -169,7 +169,11 @@ def rig_for(
     registry = build_registry([*BUILTIN_TOOLS, *local_tools], settings)
     executor = build_executor(settings, registry, tracer=tracer, metrics=metrics)
     sent = publisher or ListPublisher()
-    once = None if store is None else Once(store, 60.0, executor.idempotent)
+    once = (
+        None
+        if store is None
+        else Once(store, 60.0, executor.idempotent, max_reply_bytes=settings.dedup_max_reply_bytes)
+    )
     pipeline = Pipeline(
         executor,
         topics_for(settings),
@@ -627,6 +631,36 @@ async def test_in_doubt_when_the_first_run_was_cut_short(redis_server: RedisServ
     assert rerun["ok"]  # echo is configured idempotent: safe to run again
 
 
+async def test_reply_not_kept_for_a_repeat_of_a_reply_over_the_bound() -> None:
+    """A reply over `dedup_max_reply_bytes` is kept as its summary: the repeat learns the
+    call ran and how it ended, never gets the call run again, and never the whole reply
+    held for `dedup_ttl_s` (issue 29: 300 results of 1.9 MB held 580 MiB)."""
+    runs: list[int] = []
+
+    @tool
+    async def report(size: int) -> str:
+        """A long report."""
+        runs.append(size)
+        return "r" * size
+
+    probe = Probe()
+    rig = rig_for(
+        [report], probe, store=MemoryStore("w1"), dedup_max_reply_bytes=2048, max_payload_bytes=8192
+    )
+    async with rig.pipeline:
+        first = await rig.call("report", {"id": "big", "arguments": {"size": 4000}})
+        again = await rig.call("report", {"id": "big", "arguments": {"size": 4000}})
+        small = await rig.call("report", {"id": "small", "arguments": {"size": 10}})
+        small_again = await rig.call("report", {"id": "small", "arguments": {"size": 10}})
+    assert first["ok"] and len(first["result"]["text"]) == 4000
+    assert again["error"]["code"] == "reply_not_kept" and again["replayed"] is True
+    details = again["error"]["details"]
+    assert details["ok"] is True and details["reply_bytes"] > 4000
+    assert (again["id"], again["tool"]) == ("big", "report")
+    assert small_again["replayed"] and small_again["result"] == small["result"]
+    assert runs == [4000, 10]  # each ran once
+
+
 async def test_a_reply_survives_a_stalled_redis_and_is_written_once_it_is_back(
     own_redis: RedisServer,
 ) -> None:
@@ -730,6 +764,7 @@ CODES_WITH_A_CASE = {
     "internal": test_internal_when_the_reply_cannot_be_encoded,
     "in_doubt": test_in_doubt_when_the_first_run_was_cut_short,
     "rate_limited": test_rate_limited_beyond_the_caller_quota_and_only_that_caller,
+    "reply_not_kept": test_reply_not_kept_for_a_repeat_of_a_reply_over_the_bound,
 }
 
 

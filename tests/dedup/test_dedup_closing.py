@@ -25,9 +25,19 @@ from tests.support.logwait import watching
 from toolbus.dedup import DedupStore, Once, fingerprint
 from toolbus.dedup.kept import KeptReplies
 from toolbus.dedup.redis import RedisStore
+from toolbus.wire.contracts import Reply
 
 TTL_S = 60.0
 ASKS = "ask-a"
+
+
+def answered(text: str) -> Reply:
+    return Reply(id="r", ok=True, tool="light", duration_ms=1.0, result={"text": text})
+
+
+def stored_reply(text: str) -> bytes:
+    """`answered(text)` as a record keeps it (what a repeat is sent)."""
+    return answered(text).model_dump_json(by_alias=True).encode()
 
 
 def kept_over(server: RedisServer, prefix: str, worker_id: str = "w1") -> KeptReplies:
@@ -115,14 +125,14 @@ async def test_turn_1_s_late_reply_never_reaches_turn_2_s_repeats_of_call_0(
             await asyncio.sleep(0.01)  # polling a TTL: meanwhile turn 2 runs unclaimed
     retry = asyncio.create_task(once.begin(k, turn_2, "light", 30.0, provider_id=True))
     await asyncio.sleep(0)  # it waits (memory; Redis may still subscribe: either order holds)
-    await late.finish(first, b'{"state": "on"}')
+    await late.finish(first, answered("on"))
     await late.release(first)
     assert not retry.done()
-    await once.finish(second, b'{"state": "off"}')
+    await once.finish(second, answered("off"))
     async with asyncio.timeout(10):
-        assert (await retry).reply == b'{"state": "off"}'
+        assert (await retry).reply == stored_reply("off")
     again = await once.begin(k, turn_2, "light", 5.0, provider_id=True)
-    assert again.reply == b'{"state": "off"}'
+    assert again.reply == stored_reply("off")
 
 
 async def test_a_late_release_of_a_finished_run_leaves_its_reply(store: DedupStore) -> None:
@@ -317,8 +327,8 @@ async def test_log_lines_name_the_request_and_caller_never_a_reply_topic(
             assert taken.key is not None  # the dead worker's run, taken over
             fresh = await once.begin(stored(None, topic, "kept"), ASKS, "echo", 5.0)
             own_redis.stop()
-            await once.finish(fresh, b"{}")
-            await once.finish(taken, b"{}")
+            await once.finish(fresh, answered("{}"))
+            await once.finish(taken, answered("{}"))
     lines = [r.getMessage() for r in seen.records]
     assert any("'again'" in line and "anonymous" in line for line in lines), lines
     assert any("'kept'" in line and "anonymous" in line for line in lines), lines

@@ -20,9 +20,10 @@ import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.calls.test_pipeline import CORRELATION, REPLY, Rig, anonymous_key, standard_rig
+from tests.calls.test_pipeline import CORRELATION, REPLY, Rig, anonymous_key, rig_for, standard_rig
 from tests.support.harness import RedisServer
 from tests.support.providers import chat_completion
+from tests.support.tools import Probe, probe_tools
 from toolbus.dedup import DedupStore, fingerprint, open_store
 from toolbus.dedup.redis import RedisStore
 
@@ -392,3 +393,62 @@ async def test_at_once_a_reply_still_never_carries_another_request_s_result(
         assert own_result(reply, ASKS[ask][2]), (reply, asked)
         if reply["replayed"]:
             assert asked in others  # a repeat of one of them, never of another ask
+
+
+# -- replies too large to keep, through every shape ---------------------------------------
+
+
+@pytest_asyncio.fixture(params=["memory", "redis"])
+async def small_records(
+    request: pytest.FixtureRequest, redis_server: RedisServer
+) -> AsyncIterator[Rig]:
+    """A rig whose records keep replies of at most 2 KiB whole (issue 29.1)."""
+    probe = Probe()
+    built = rig_for(
+        probe_tools(probe),
+        probe,
+        store=store_for(request.param, redis_server),
+        dedup_max_reply_bytes=2048,
+        max_payload_bytes=65_536,
+    )
+    async with built.pipeline:
+        yield built
+
+
+BIG = json.dumps({"text": "big", "data": ["d" * 1900] * 3})  # a reply of ~6 KB
+
+
+async def test_a_providers_message_sent_again_gets_each_large_result_as_not_kept(
+    small_records: Rig,
+) -> None:
+    """An OpenAI message of two calls whose replies were too large to keep, sent again
+    (the same correlation: a retry): each call answered `reply_not_kept`, replayed, in the
+    provider's shape (a tool message per call that says so), and nothing runs again."""
+    message = chat_completion(("call_a", "echo", BIG), ("call_b", "busy", '{"n": 1}'))
+    await small_records.request(None, message, correlation=b"turn-1")
+    first = small_records.reply()
+    await small_records.request(None, message, correlation=b"turn-1")
+    again = small_records.reply()
+    assert [r["ok"] for r in first["results"]] == [True, True]
+    codes = [r["error"]["code"] if r.get("error") else "ok" for r in again["results"]]
+    assert codes == ["reply_not_kept", "ok"]  # busy's reply is small: kept whole
+    assert [r["replayed"] for r in again["results"]] == [True, True]
+    assert again["ok"] is False
+    contents = [m["content"] for m in again["append"]]
+    assert [m["tool_call_id"] for m in again["append"]] == ["call_a", "call_b"]
+    assert contents[0].startswith("error (reply_not_kept)")
+    assert small_records.probe.calls == 1  # busy ran once; echo's repeat never ran
+
+
+async def test_a_311_callers_repeat_of_a_large_reply_is_answered_on_its_reply_to(
+    small_records: Rig,
+) -> None:
+    body = {"id": "big-1", "reply_to": "tb/reply/old", "arguments": json.loads(BIG)}
+    await small_records.request("echo", body, response_topic=None)
+    first = small_records.reply("tb/reply/old")
+    await small_records.request("echo", body, response_topic=None)
+    again = small_records.reply("tb/reply/old")
+    assert first["ok"] and first["result"]["structured"]["data"] == ["d" * 1900] * 3
+    assert (again["id"], again["replayed"]) == ("big-1", True)
+    assert again["error"]["code"] == "reply_not_kept"
+    assert again["error"]["details"]["ok"] is True

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import pytest
@@ -62,14 +62,28 @@ class Observed:
     async def supersede(self, key: str, previous: Claim, ttl_s: float, *, fingerprint: str) -> bool:
         return await self.store.supersede(key, previous, ttl_s, fingerprint=fingerprint)
 
-    async def finish(self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = "") -> None:
+    async def finish(
+        self,
+        key: str,
+        reply: bytes,
+        ttl_s: float,
+        *,
+        fingerprint: str = "",
+        summary: bytes | None = None,
+    ) -> None:
         self.finishing.set()
         if self.hold is not None:
             await self.hold.wait()
-        await self.store.finish(key, reply, ttl_s, fingerprint=fingerprint)
+        await self.store.finish(key, reply, ttl_s, fingerprint=fingerprint, summary=summary)
 
     async def release(self, key: str, *, fingerprint: str = "") -> None:
         await self.store.release(key, fingerprint=fingerprint)
+
+    def held_bytes(self) -> int:
+        return self.store.held_bytes()
+
+    def gave_way(self) -> Mapping[str, int]:
+        return self.store.gave_way()
 
     async def wait(self, key: str, timeout_s: float, *, fingerprint: str = "") -> bytes | None:
         self.waiting.set()

@@ -41,6 +41,13 @@ RECORDING_TOOL = textwrap.dedent(
         logging.getLogger("tb_record").warning("record started %s", key)
         await asyncio.sleep(hold_s)  # simulated work
         return key
+
+    @tool
+    async def report(key: str, size: int) -> str:
+        "Records its run as `record` does, and answers `size` characters."
+        with open(os.environ["TB_RECORD_FILE"], "a") as f:
+            f.write(f"{key} {os.getpid()}\\n")
+        return "r" * size
     """
 )
 
@@ -48,7 +55,10 @@ RECORDING_TOOL = textwrap.dedent(
 def recording_env(tmp_path: Path, prefix: str, **settings: str) -> dict[str, str]:
     """The environment of a worker with the recording tool; `settings` as TOOLBUS_* values."""
     plugin = install_plugin(
-        tmp_path / "plugin", "tb_record", RECORDING_TOOL, {"record": "tb_record:record"}
+        tmp_path / "plugin",
+        "tb_record",
+        RECORDING_TOOL,
+        {"record": "tb_record:record", "report": "tb_record:report"},
     )
     env = cli_env(prefix, plugin)
     env["TB_RECORD_FILE"] = str(tmp_path / "executions")

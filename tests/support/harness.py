@@ -177,12 +177,14 @@ def _password_file(directory: Path, passwords: dict[str, str]) -> Path:
 
 
 class RedisServer:
-    """A redis-server of our own on a free loopback port, nothing saved to disk."""
+    """A redis-server of our own on a free loopback port, nothing saved to disk; `options`
+    more of its command line (`"--maxmemory", "8mb"`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *options: str) -> None:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None
+        self.options = options
 
     def start(self) -> None:
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
@@ -197,6 +199,7 @@ class RedisServer:
                 "",
                 "--appendonly",
                 "no",
+                *self.options,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -222,7 +222,7 @@ class Answerer:
             return
         try:
             if outcome.invoked:
-                await self._once.finish(verdict, reply.model_dump_json(by_alias=True).encode())
+                await self._once.finish(verdict, reply)
             else:
                 await self._once.release(verdict)
         except Exception as exc:

@@ -94,8 +94,26 @@ class Settings(BaseSettings):
     dedup_max_records: int = Field(
         default=10_000,
         ge=1,
-        description="The memory store's bound: the oldest finished calls are forgotten "
-        "first beyond it (about 1 KiB each).",
+        description="The memory store's bound on finished calls: beyond it the oldest of the "
+        "caller holding the most is forgotten (its repeat runs again).",
+    )
+    dedup_max_reply_bytes: int = Field(
+        default=64 << 10,
+        ge=1024,
+        description="The largest reply a dedup record keeps whole; a larger one is kept as a "
+        "summary, and its repeats get `reply_not_kept` (never a second run).",
+    )
+    dedup_caller_max_bytes: int = Field(
+        default=16 << 20,
+        ge=64 << 10,
+        description="The bytes one caller's dedup records may hold (memory store: this "
+        "worker; Redis: the fleet); beyond it its oldest replies give way to summaries.",
+    )
+    dedup_max_bytes: int = Field(
+        default=64 << 20,
+        ge=64 << 10,
+        description="The bytes all dedup records may hold; beyond it the oldest replies of "
+        "the caller holding the most give way to summaries.",
     )
     session_expiry_s: int = Field(
         default=3600,

@@ -19,6 +19,10 @@ the record's reply: under the caller's own id it is refused (`bad_request`, reas
 compatible servers number each response's calls `call_0`, ...), it runs: over a
 finished record, which it replaces (its own repeats are then known), else unclaimed.
 
+A reply is kept whole up to `max_reply_bytes`; a larger one, or one given up to keep the
+store within its bytes (`ledger.py`), is kept as its summary (`summary.py`): its repeats
+get `reply_not_kept` and the call still does not run again.
+
 A call that never reached its tool (unknown name, bad arguments, server down) releases
 its claim, so a repeat runs afresh. A reply or release the store fails to take is kept
 by the worker and written again, and a claim it failed to answer (which a stalled store
@@ -30,17 +34,22 @@ May import: the wire (toolbus.wire) only.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from toolbus.dedup.kept import KeptReplies
+from toolbus.dedup.ledger import Bounds
 from toolbus.dedup.memory import MemoryStore
 from toolbus.dedup.store import KEY_SEP, Claim, DedupStore, Started, described, fingerprint
-from toolbus.wire.errors import BadRequest, CallTimeout, InDoubt, ToolbusError
+from toolbus.dedup.summary import kept_for_repeats
+from toolbus.wire.contracts import Reply
+from toolbus.wire.errors import BadRequest, CallTimeout, InDoubt, ToolbusError, Unavailable
 
 __all__ = [
     "RUN_UNCLAIMED",
+    "Bounds",
     "DedupStore",
     "MemoryStore",
     "Once",
@@ -73,10 +82,19 @@ class Once:
         store: where the records live (memory: this worker; Redis: every replica).
         ttl_s: how long a record is kept after its call.
         idempotent: whether a tool name (as requested) is safe to run twice.
+        max_reply_bytes: the largest reply a record keeps whole (else its summary).
     """
 
-    def __init__(self, store: DedupStore, ttl_s: float, idempotent: Callable[[str], bool]) -> None:
+    def __init__(
+        self,
+        store: DedupStore,
+        ttl_s: float,
+        idempotent: Callable[[str], bool],
+        *,
+        max_reply_bytes: int = 64 << 10,
+    ) -> None:
         self.store, self._ttl_s, self._idempotent = store, ttl_s, idempotent
+        self._max_reply_bytes = max_reply_bytes
 
     @staticmethod
     def key(caller: str | None, reply_topic: str | None, ident: str) -> str | None:
@@ -116,8 +134,8 @@ class Once:
                         still_running=True,
                     )
                 )
-        if claim.kind == "fresh":
-            return Verdict(key=key, fingerprint=asks)
+        if claim.kind in ("fresh", "doubtful"):
+            return await self._claimed(key, claim, tool, asks)
         if not claim.asks(asks):
             return await self._reused(key, claim, asks, provider_id=provider_id)
         if claim.kind == "done":
@@ -158,10 +176,32 @@ class Once:
             return Verdict(key=key, fingerprint=asks)
         return Verdict(error=_in_doubt(started))
 
-    async def finish(self, verdict: Verdict, reply: bytes) -> None:
+    async def _claimed(self, key: str, claim: Claim, tool: str, asks: str) -> Verdict:
+        """Ours to run; unless claimed in a store emptied lately, which may have held a run
+        of this id: then a tool safe to repeat runs, and any other is refused, the claim
+        withdrawn, until the lost records would have expired anyway."""
+        if claim.kind == "fresh" or self._idempotent(tool):
+            return Verdict(key=key, fingerprint=asks)
+        await self.store.release(key, fingerprint=asks)
+        retry_after_ms = max(0, math.ceil((claim.doubt_until - time.time()) * 1000))
+        log.warning(
+            "%s refused: the dedup store was emptied and may have held a run of it",
+            described(key),
+        )
+        return Verdict(
+            error=Unavailable(
+                "the dedup store lost its records lately and this request may have run "
+                "before: it was not run; send it again after retry_after_ms",
+                store="emptied",
+                retry_after_ms=retry_after_ms,
+            )
+        )
+
+    async def finish(self, verdict: Verdict, reply: Reply) -> None:
         if verdict.key is not None:
+            kept, summary = kept_for_repeats(reply, self._max_reply_bytes)
             await self.store.finish(
-                verdict.key, reply, self._ttl_s, fingerprint=verdict.fingerprint
+                verdict.key, kept, self._ttl_s, fingerprint=verdict.fingerprint, summary=summary
             )
 
     async def release(self, verdict: Verdict) -> None:
@@ -183,18 +223,23 @@ def open_store(
     worker_id: str,
     *,
     prefix: str,
-    max_records: int = 10_000,
+    bounds: Bounds | None = None,
+    ttl_s: float = 600.0,
     on_emptied: Callable[[], None] = lambda: None,
 ) -> DedupStore:
-    """`memory` (at most `max_records` kept) or `redis://host:port/db` (the
-    `toolbus[redis]` extra; Redis bounds its memory by the TTL and its own maxmemory).
-    `on_emptied` hears each time a Redis store is found to have lost its records. A
-    reply or release Redis fails to take is kept and written again (at most
-    `max_records` kept)."""
+    """`memory` or `redis://host:port/db` (the `toolbus[redis]` extra), either kept within
+    `bounds` (records, and bytes per caller and in all; for Redis across the fleet that
+    shares it). `on_emptied` hears each time a Redis store is found to have lost its
+    records. A reply or release Redis fails to take is kept by this worker and written
+    again, within the same bounds."""
+    bounds = bounds or Bounds()
     if url == "memory":
-        return MemoryStore(worker_id, max_records)
+        return MemoryStore(worker_id, bounds=bounds)
     from toolbus.dedup.redis import RedisStore  # noqa: PLC0415 -- only with a Redis store
 
     return KeptReplies(
-        RedisStore(url, worker_id, prefix=prefix, on_emptied=on_emptied), max_kept=max_records
+        RedisStore(
+            url, worker_id, prefix=prefix, ttl_s=ttl_s, bounds=bounds, on_emptied=on_emptied
+        ),
+        bounds=bounds,
     )

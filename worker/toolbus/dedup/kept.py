@@ -31,8 +31,11 @@ a release deletes, and a reply replaces, only this worker's own run of the reque
 for a reply, a record gone meanwhile), never a record another worker wrote since.
 
 Each kept entry lives as long as its record would (its TTL), then is dropped, written or
-not. At most `max_kept` are kept (a long outage fails new claims first, so few calls get
-as far as a failed write); beyond that an entry is not kept, and says so.
+not. What is kept is bounded like the store (`Bounds`): at most `max_records` entries and
+`max_bytes` of replies (a long outage fails new claims first, so few calls get as far as
+a failed write). A reply that would pass the bytes bound is kept as its summary (its
+repeats get `reply_not_kept`, never a second run); beyond either bound an entry is not
+kept, and says so.
 """
 
 from __future__ import annotations
@@ -40,11 +43,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Self
 
 from tenacity import AsyncRetrying, stop_after_delay, wait_random_exponential
 
+from toolbus.dedup.ledger import Bounds
 from toolbus.dedup.store import UNKNOWN, Claim, NetworkStore, Started, described
 from toolbus.wire.tasks import cancel_and_wait
 
@@ -64,6 +69,10 @@ class _Kept:
     matters_until: float  # monotonic: past it the record would have expired anyway
     fingerprint: str
     claimed: Started | None = None
+    summary: bytes | None = None  # what may stand in for `reply`
+
+    def size(self) -> int:
+        return len(self.reply or b"") + len(self.summary or b"")
 
     def live(self) -> bool:
         return time.monotonic() < self.matters_until
@@ -74,7 +83,8 @@ class KeptReplies:
 
     Args:
         store: where the records live.
-        max_kept: how many unwritten replies and releases this worker keeps at most.
+        bounds: how many unwritten replies and releases this worker keeps at most
+            (`max_records`), and how many bytes of replies (`max_bytes`).
         write_timeout_s: how long one write may take (the reply waits for the first);
             the store's client may retry within it.
         first_retry_s: the backoff's first step (it doubles, jittered, to 1 s).
@@ -84,20 +94,32 @@ class KeptReplies:
         self,
         store: NetworkStore,
         *,
-        max_kept: int = 10_000,
+        bounds: Bounds | None = None,
         write_timeout_s: float = 5.0,
         first_retry_s: float = 0.1,
     ) -> None:
         self.store = store
-        self._max_kept, self._first_retry_s = max_kept, first_retry_s
+        self._bounds, self._first_retry_s = bounds or Bounds(), first_retry_s
         self._write_timeout_s = write_timeout_s
         self._kept: dict[str, _Kept] = {}  # oldest first
+        self._kept_bytes = 0
         self._writer: asyncio.Task[None] | None = None  # one, however many are kept
         self._claim_ttl_s = 0.0  # the claims' TTL, as last seen: how long a claim lives
 
     def kept(self) -> int:
         """How many replies and releases wait to be written."""
         return len(self._kept)
+
+    def kept_bytes(self) -> int:
+        """How many bytes of replies wait to be written."""
+        return self._kept_bytes
+
+    def held_bytes(self) -> int:
+        """The store's, and what this worker keeps to write."""
+        return self.store.held_bytes() + self._kept_bytes
+
+    def gave_way(self) -> Mapping[str, int]:
+        return self.store.gave_way()
 
     async def all_written(self) -> None:
         """Until every kept entry is written or given up, or the writer has stopped."""
@@ -123,7 +145,7 @@ class KeptReplies:
     def _live(self, key: str) -> _Kept | None:
         kept = self._kept.get(key)
         if kept is not None and not kept.live():
-            del self._kept[key]  # its record would have expired: nothing left to say
+            self._drop(key, kept)  # its record would have expired: nothing left to say
             return None
         return kept
 
@@ -160,9 +182,15 @@ class KeptReplies:
         return await self.store.supersede(key, previous, ttl_s, fingerprint=fingerprint)
 
     async def finish(
-        self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = UNKNOWN
+        self,
+        key: str,
+        reply: bytes,
+        ttl_s: float,
+        *,
+        fingerprint: str = UNKNOWN,
+        summary: bytes | None = None,
     ) -> None:
-        kept = _Kept(reply, ttl_s, time.monotonic() + ttl_s, fingerprint)
+        kept = _Kept(reply, ttl_s, time.monotonic() + ttl_s, fingerprint, summary=summary)
         try:
             await self._write(key, kept)
         except Exception as exc:
@@ -184,11 +212,18 @@ class KeptReplies:
             elif kept.reply is None:
                 await self.store.release(key, fingerprint=kept.fingerprint)
             else:
-                await self.store.finish(key, kept.reply, kept.ttl_s, fingerprint=kept.fingerprint)
+                await self.store.finish(
+                    key,
+                    kept.reply,
+                    kept.ttl_s,
+                    fingerprint=kept.fingerprint,
+                    summary=kept.summary,
+                )
 
     def _drop(self, key: str, kept: _Kept) -> None:
         if self._kept.get(key) is kept:  # not a newer entry of the same key
             del self._kept[key]
+            self._kept_bytes -= kept.size()
 
     async def wait(self, key: str, timeout_s: float, *, fingerprint: str = UNKNOWN) -> bytes | None:
         if self._live(key) is not None:
@@ -213,18 +248,26 @@ class KeptReplies:
         what = "closing" if kept.reply is not None else "releasing"
         if kept.claimed is not None:
             what = "claiming (it may land late: withdrawn)"
-        if len(self._kept) >= self._max_kept:
+        room = self._bounds.max_bytes - self._kept_bytes
+        if kept.size() > room and kept.summary is not None:  # its summary, never a rerun
+            kept = _Kept(kept.summary, kept.ttl_s, kept.matters_until, kept.fingerprint)
+        if len(self._kept) >= self._bounds.max_records or kept.size() > room:
             log.error(
-                "dedup store failed %s %s and %d entries already wait to be written: "
-                "not kept; its repeats may get timeout or in_doubt: %s",
+                "dedup store failed %s %s and %d entries (%d bytes) already wait to be "
+                "written: not kept; its repeats may get timeout or in_doubt: %s",
                 what,
                 described(key),
                 len(self._kept),
+                self._kept_bytes,
                 exc,
             )
             return
         log.warning("dedup store failed %s %s, kept to write again: %s", what, described(key), exc)
+        previous = self._kept.pop(key, None)
+        if previous is not None:
+            self._kept_bytes -= previous.size()
         self._kept[key] = kept
+        self._kept_bytes += kept.size()
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_all(), name="dedup-kept-writer")
 

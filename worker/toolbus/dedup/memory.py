@@ -2,13 +2,15 @@
 
 It protects against a requester's retries reaching the same worker; a crashed worker
 forgets everything, so replicas and crash-safe deduplication need the Redis store.
-Memory is bounded twice: by the TTL, and by `max_records`, so a flood of ids costs at
-most `max_records` replies (about 1 KiB each). The bound is shared between callers: at
-the bound, the finished record that goes is the oldest of the caller holding the most
-(the claimer, on a tie), so one caller's flood of ids forgets that caller's own calls;
-another caller loses one only once it holds as many as the flooder. Every anonymous
-client is one caller here (one bucket, `_owner`): reply topics cost nothing to make, so
-a flood from fresh reply topics forgets anonymous calls, never a named caller's.
+Memory is bounded by the TTL and by the ledger's bounds (`ledger.py`): at most
+`max_records` finished records, and at most `caller_max_bytes` of one caller's and
+`max_bytes` of all. Past a bytes bound the oldest whole reply of the caller holding the
+most gives way to its summary (its repeats get `reply_not_kept`, never a second run); past
+the count bound that caller's oldest record is forgotten. So one caller's flood costs its
+own records; another caller loses one only once it holds as much as the flooder. Every
+anonymous client is one caller here (one owner, `_owner`): reply topics cost nothing to
+make, so a flood from fresh reply topics costs anonymous calls, never a named caller's.
+Running records (at most the worker's concurrency) are never touched.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Self
 
-from toolbus.dedup.store import KEY_SEP, UNKNOWN, Claim, Started, described
+from toolbus.dedup.ledger import Bounds, Ledger
+from toolbus.dedup.store import UNKNOWN, Claim, Started, described, owner_of, record_size
 
 log = logging.getLogger("toolbus.dedup")
 
@@ -32,6 +35,7 @@ class _Record:
     reply: bytes | None = None
     closed: asyncio.Event | None = None  # made by the first waiter: most never have one
     fingerprint: str = UNKNOWN  # what the call asked for
+    summary: bytes | None = None  # what may stand in for `reply` at the bytes bounds
 
     def close(self) -> None:
         if self.closed is not None:
@@ -39,26 +43,28 @@ class _Record:
 
 
 class MemoryStore:
-    def __init__(self, worker_id: str, max_records: int = 10_000) -> None:
+    def __init__(
+        self, worker_id: str, max_records: int = 10_000, *, bounds: Bounds | None = None
+    ) -> None:
+        """`bounds`: the ledger's (`max_records` alone leaves the bytes bounds' defaults)."""
         self._me = Started(worker_id, uuid.uuid4().hex, 0.0)
         self._records: dict[str, _Record] = {}
-        # Finished records per caller, oldest finished first: what eviction chooses from.
-        self._finished: dict[str, dict[str, None]] = {}
-        # Callers by how many finished records they hold, and the most anyone holds: the
-        # caller to evict from is found in O(1), however many callers there are.
-        self._by_count: dict[int, dict[str, None]] = {}
-        self._most = 0
-        self._max_records = max_records
+        self.ledger = Ledger(bounds or Bounds(max_records=max_records))
         self._claims = 0
+        self._gave_way = {"shrunk": 0, "forgotten": 0}
+
+    def held_bytes(self) -> int:
+        return self.ledger.bytes
+
+    def gave_way(self) -> dict[str, int]:
+        return dict(self._gave_way)
 
     async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self._records.clear()
-        self._finished.clear()
-        self._by_count.clear()
-        self._most = 0
+        self.ledger = Ledger(self.ledger.bounds)
 
     def _live(self, key: str) -> _Record | None:
         record = self._records.get(key)
@@ -70,26 +76,8 @@ class MemoryStore:
     def _forget(self, key: str) -> _Record | None:
         record = self._records.pop(key, None)
         if record is not None and record.reply is not None:
-            owner = _owner(key)
-            finished = self._finished[owner]
-            del finished[key]
-            self._recount(owner, len(finished) + 1, len(finished))
-            if not finished:
-                del self._finished[owner]
+            self.ledger.remove(owner_of(key), key)
         return record
-
-    def _recount(self, owner: str, was: int, now: int) -> None:
-        """`owner` went from `was` finished records to `now` (one more or one fewer)."""
-        if was:
-            peers = self._by_count[was]
-            del peers[owner]
-            if not peers:
-                del self._by_count[was]
-                if was == self._most and now < was:
-                    self._most = now  # the owner that held the most still holds `now`
-        if now:
-            self._by_count.setdefault(now, {})[owner] = None
-            self._most = max(self._most, now)
 
     def _sweep(self) -> None:
         # Amortized: expired records go when the dict has grown past what is live.
@@ -97,17 +85,46 @@ class MemoryStore:
         for key in [k for k, r in self._records.items() if r.expires_at <= now]:
             self._forget(key)
 
+    def _give_way(self, owner: str) -> bool:
+        """`owner`'s oldest whole reply shrunk to its summary, else its oldest record
+        forgotten; False when it holds no finished record."""
+        key = self.ledger.oldest(owner, whole=True)
+        if key is not None:
+            record = self._records[key]
+            assert record.reply is not None
+            assert record.summary is not None
+            record.reply, record.summary = record.summary, None
+            self.ledger.shrunk(owner, key, record_size(key, record.reply, None, record.fingerprint))
+            self._gave_way["shrunk"] += 1
+            return True
+        key = self.ledger.oldest(owner, whole=False)
+        if key is None:
+            return False
+        self._forget(key)
+        self._gave_way["forgotten"] += 1
+        return True
+
+    def _bound(self, owner: str) -> None:
+        """Within the bytes bounds again after `owner`'s record finished. O(1) a step."""
+        while self.ledger.over_caller(owner) and self._give_way(owner):
+            pass
+        while self.ledger.over_bytes():
+            victim = self.ledger.victim_by_bytes(owner)
+            if victim is None or not self._give_way(victim):
+                return
+
     def _evict(self, count: int, claimer: str) -> None:
         """`count` finished records, each the oldest of the caller holding the most (the
         claimer itself on a tie): a flood of one caller's ids forgets its own. Running ones
         (at most the worker's concurrency) stay, or their repeats would run the call a
         second time. O(1) each."""
         for _ in range(count):
-            if not self._most:
+            owner = self.ledger.victim_by_count(claimer)
+            key = None if owner is None else self.ledger.oldest(owner, whole=False)
+            if key is None:
                 return
-            most = self._by_count[self._most]
-            owner = claimer if claimer in most else next(iter(most))
-            self._forget(next(iter(self._finished[owner])))
+            self._forget(key)
+            self._gave_way["forgotten"] += 1
 
     async def claim(self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN) -> Claim:
         record = self._live(key)
@@ -115,8 +132,8 @@ class MemoryStore:
             self._claims += 1
             if self._claims % 1024 == 0:  # amortized; runs also at the bound
                 self._sweep()
-            if len(self._records) >= self._max_records:
-                self._evict(len(self._records) - self._max_records + 1, _owner(key))
+            if len(self._records) >= self.ledger.bounds.max_records:
+                self._evict(len(self._records) - self.ledger.bounds.max_records + 1, owner_of(key))
             started = Started(self._me.worker_id, self._me.incarnation, time.time(), fingerprint)
             self._records[key] = _Record(
                 time.monotonic() + ttl_s, started=started, fingerprint=fingerprint
@@ -141,10 +158,16 @@ class MemoryStore:
         return (await self.claim(key, ttl_s, fingerprint=fingerprint)).kind == "fresh"
 
     async def finish(
-        self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = UNKNOWN
+        self,
+        key: str,
+        reply: bytes,
+        ttl_s: float,
+        *,
+        fingerprint: str = UNKNOWN,
+        summary: bytes | None = None,
     ) -> None:
         record = self._live(key)
-        if record is not None and record.reply == reply:
+        if record is not None and record.reply is not None and record.reply in (reply, summary):
             return  # written already (a kept reply written again)
         if record is not None and not _ours(record, fingerprint):
             # Another run's now: this claim outlived its TTL and the key was claimed
@@ -153,13 +176,13 @@ class MemoryStore:
             log.info("%s is another run's now: its reply is not stored", described(key))
             return
         record = self._forget(key) or _Record(0.0, fingerprint=fingerprint)
-        record.expires_at, record.reply = time.monotonic() + ttl_s, reply
+        record.expires_at, record.reply, record.summary = time.monotonic() + ttl_s, reply, summary
         self._records[key] = record
-        # Last of its caller's: evicted by when it finished, whenever it was claimed.
-        owner = _owner(key)
-        finished = self._finished.setdefault(owner, {})
-        finished[key] = None
-        self._recount(owner, len(finished) - 1, len(finished))
+        # Last of its caller's: it gives way by when it finished, whenever it was claimed.
+        owner = owner_of(key)
+        size = record_size(key, reply, summary, fingerprint)
+        self.ledger.add(owner, key, size, whole=summary is not None)
+        self._bound(owner)
         record.close()
 
     async def release(self, key: str, *, fingerprint: str = UNKNOWN) -> None:
@@ -189,11 +212,3 @@ def _ours(record: _Record, fingerprint: str) -> bool:
     """Is `record` a run of `fingerprint`'s request still going? This process is the only
     worker here, so that is this worker's own run (the Redis store's `_OURS`)."""
     return record.reply is None and record.fingerprint == fingerprint
-
-
-def _owner(key: str) -> str:
-    """Whose a key is, for the bound: its caller (what `Once.key` puts before the id), and
-    "" for every anonymous client together (their keys start with `KEY_SEP`; the reply
-    topic that tells them apart is free to make, so it buys no share of the bound)."""
-    owner, sep, _ = key.partition(KEY_SEP)
-    return owner if sep else ""

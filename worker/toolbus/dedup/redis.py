@@ -1,18 +1,18 @@
 """The Redis dedup store: replicas agree on request ids through one Redis.
 
-The only module that imports `redis` (the `toolbus[redis]` extra). Records are JSON
-strings under `{prefix}:dedup:{key}`, written with `SET NX EX` (claim, the call's
-fingerprint in it: one round trip) and closed with the reply; closing also publishes
-on `{prefix}:dedup-done:{key}` for waiters. Each worker process keeps
-`{prefix}:alive:{worker_id}` set to its incarnation, refreshed well within its TTL: a
-run whose worker's key is gone, or names another incarnation (the same worker_id
-restarted), was cut short by a dead worker.
+With `redis_fleet.py` and `redis_scripts.py`, the only modules that import `redis` (the
+`toolbus[redis]` extra). Records are JSON strings under `{prefix}:dedup:{key}`, claimed
+with `SET NX PX` (the call's fingerprint in it, and the store's epoch checked: one round
+trip) and closed with the reply; closing also publishes on `{prefix}:dedup-done:{key}` for
+waiters, and keeps the books that hold the records within their bounds. A run whose
+worker's heartbeat key is gone, or names another incarnation, was cut short.
 
-Records must outlive a Redis restart (`appendonly yes`): a Redis that comes back empty
-has forgotten which calls ran, and their repeats run again. That cannot be undone, but
-it is not silent: `{prefix}:epoch` is written once (`SET NX`) by the first worker to use
-the store; every worker remembers it and reads it with each heartbeat, and on finding it
-gone or changed logs one ERROR and calls `on_emptied` (a metric), then adopts the new one.
+Records must outlive a Redis restart (`appendonly yes`) and must not be evicted (a
+worker refuses a Redis whose `maxmemory-policy` evicts). A Redis that comes back empty
+has forgotten which calls ran: every worker notices at its next claim or heartbeat, says
+so loudly, writes back what it wrote that still lives (its `Journal`) and, while a worker
+that was at work before has not, refuses calls the store does not know whose tools are
+not safe to repeat (`redis_fleet.py`, `recovery.py`).
 """
 
 from __future__ import annotations
@@ -31,76 +31,38 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from toolbus.dedup.store import UNKNOWN, Claim, Done, Started, StoreUnreachable, described, parse
+from toolbus.dedup.ledger import Bounds
+from toolbus.dedup.recovery import GRACE_S, Journal
+from toolbus.dedup.redis_fleet import HEARTBEAT_S, Fleet
+from toolbus.dedup.redis_scripts import CLAIM, FINISH, RELEASE, TAKE_OVER, UNCLAIM
+from toolbus.dedup.store import (
+    UNKNOWN,
+    Claim,
+    Done,
+    Started,
+    StoreUnreachable,
+    StoreUnsafe,
+    described,
+    parse,
+)
 from toolbus.wire.tasks import cancel_and_wait
 
 log = logging.getLogger("toolbus.dedup")
 
-HEARTBEAT_S = 2.0
-ALIVE_TTL_S = 6.0  # three heartbeats: a slow loop is not mistaken for a dead worker
-
-# Replace the record only if it still is the one we saw (compare and set): an orphaned
-# run, or a reply to another request under the same key.
 RECONNECT_RETRIES = 2  # a lost connection made again, then the command sent again
 
 FAILED_CLAIMS_KEPT = 1_000  # `KeptReplies` asks at once: a few at most, but bounded
 
-_TAKE_OVER = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return 1
-end
-return 0
-"""
+# What a finished record costs Redis beyond its key and its JSON: the record's own key
+# and entry, and the books' four entries naming it (`redis_scripts.py`), measured with
+# `INFO memory` (docs/reliability.md, "Sizing Redis").
+REDIS_RECORD_OVERHEAD_BYTES = 600
 
-# Is the record under KEYS[1] this incarnation's run (ARGV[1..3]: worker id, incarnation,
-# fingerprint)? A late close must not touch a record another worker wrote meanwhile (a
-# take-over while our heartbeat had lapsed, a claim after the record expired).
-_OURS = """
-local function ours(raw)
-  local ok, record = pcall(cjson.decode, raw)
-  return ok and type(record) == 'table' and record.state == 'started'
-    and record.worker_id == ARGV[1] and record.incarnation == ARGV[2]
-    and (record.fingerprint or '') == ARGV[3]
-end
-"""
-
-# Close with the reply (ARGV[4], for ARGV[5] ms) our own run, or a record gone meanwhile
-# (expired, or a store that lost its records: the reply is still the truth); wake waiters
-# on ARGV[6]. One round trip. The same reply already there is a write that went through
-# although its answer was lost (a retry): done.
-_FINISH = (
-    _OURS
-    + """
-local raw = redis.call('GET', KEYS[1])
-if raw == ARGV[4] then return 1 end
-if raw and not ours(raw) then return 0 end
-redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
-redis.call('PUBLISH', ARGV[6], 'done')
-return 1
-"""
+# Policies under which Redis, at its `maxmemory`, deletes records it holds: a finished
+# call's record gone runs its repeat again, another caller's as soon as one's.
+_EVICTING = (
+    "allkeys-lru allkeys-lfu allkeys-random volatile-lru volatile-lfu volatile-random volatile-ttl"
 )
-
-# Delete our own run's claim only (compare and delete); wake waiters on ARGV[4].
-_RELEASE = (
-    _OURS
-    + """
-local raw = redis.call('GET', KEYS[1])
-if not raw or not ours(raw) then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[4], 'released')
-return 1
-"""
-)
-
-# Delete the record only if it is exactly ARGV[1] (a claim that failed, landed late);
-# wake waiters on ARGV[2].
-_UNCLAIM = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[2], 'released')
-return 1
-"""
 
 
 class RedisStore:
@@ -111,6 +73,8 @@ class RedisStore:
         *,
         prefix: str,
         timeout_s: float = 5.0,
+        ttl_s: float = 600.0,
+        bounds: Bounds | None = None,
         on_emptied: Callable[[], None] = lambda: None,
     ) -> None:
         self._redis = aioredis.from_url(
@@ -130,11 +94,35 @@ class RedisStore:
         )
         self._worker_id, self._incarnation = worker_id, uuid.uuid4().hex
         self._prefix = prefix
+        self._bounds = bounds or Bounds()
+        # EVALSHA, loaded again on NOSCRIPT (a Redis restarted): the scripts are sent once.
+        self._claim = self._redis.register_script(CLAIM)
+        self._take_over = self._redis.register_script(TAKE_OVER)
+        self._finish = self._redis.register_script(FINISH)
+        self._release = self._redis.register_script(RELEASE)
+        self._unclaim = self._redis.register_script(UNCLAIM)
         self._heartbeat: asyncio.Task[None] | None = None
-        self._epoch: str | None = None  # the store's, as first seen; None until opened
-        self._on_emptied = on_emptied
+        # What this worker wrote that still lives, to write back to an emptied store.
+        self._journal = Journal(self._bounds.max_bytes // 4)
+        self._fleet = Fleet(
+            self._redis,
+            prefix,
+            worker_id,
+            self._incarnation,
+            ttl_s=ttl_s,
+            journal=self._journal,
+            write_back=self._write_back,
+            on_emptied=on_emptied,
+        )
         # Claims that raised, by key: what each tried to write (`failed_claim`).
         self._failed: dict[str, Started] = {}
+        self._gave_way = {"shrunk": 0, "forgotten": 0}  # by this worker's closes
+
+    def held_bytes(self) -> int:
+        return self._fleet.held_bytes
+
+    def gave_way(self) -> dict[str, int]:
+        return dict(self._gave_way)
 
     def _key(self, key: str) -> str:
         return f"{self._prefix}:dedup:{key}"
@@ -142,64 +130,57 @@ class RedisStore:
     def _channel(self, key: str) -> str:
         return f"{self._prefix}:dedup-done:{key}"
 
-    def _alive(self, worker_id: str) -> str:
-        return f"{self._prefix}:alive:{worker_id}"
-
     async def __aenter__(self) -> Self:
+        where = self._redis.connection_pool.connection_kwargs
+        at = f"Redis at {where.get('host')}:{where.get('port')}"  # the URL may hold a password
         try:
-            await self._beat()  # fails here, at start-up, when Redis is unreachable
+            await self._fleet.beat()  # fails here, at start-up, when Redis is unreachable
+            memory = await self._redis.info("memory")
         except RedisError as exc:
             await self._redis.aclose()
-            where = self._redis.connection_pool.connection_kwargs
-            raise StoreUnreachable(  # host and port only: the URL may hold a password
-                f"cannot reach the dedup store (Redis at {where.get('host')}:"
-                f"{where.get('port')}): {exc}"
-            ) from None
+            raise StoreUnreachable(f"cannot reach the dedup store ({at}): {exc}") from None
+        try:
+            self._check_memory(memory, at)
+        except StoreUnsafe:
+            await self._redis.aclose()
+            raise
         self._heartbeat = asyncio.create_task(self._beat_forever(), name="dedup-heartbeat")
         return self
+
+    def _check_memory(self, memory: dict[str, object], at: str) -> None:
+        """Refuse a Redis that evicts records at its `maxmemory` (a finished call's record
+        evicted runs its repeat again: another caller's, when one caller fills it); warn
+        when its `maxmemory` is below what the bounds let the records take (when full, a
+        `noeviction` Redis refuses writes, and every caller's calls get `unavailable`)."""
+        limit = int(str(memory.get("maxmemory", 0)))
+        policy = str(memory.get("maxmemory_policy", "noeviction"))
+        if limit and policy in _EVICTING.split():
+            raise StoreUnsafe(
+                f"the dedup store ({at}) evicts keys at its maxmemory "
+                f"(maxmemory-policy {policy}): a call's record evicted would run its repeat "
+                "again. Set maxmemory-policy noeviction (docs/reliability.md, Sizing Redis)"
+            )
+        needed = 2 * self._bounds.max_bytes  # records within the bound, and Redis's own
+        if limit and limit < needed:
+            log.warning(
+                "the dedup store's maxmemory (%d bytes) is below twice dedup_max_bytes (%d): "
+                "once full, every call gets unavailable (docs/reliability.md, Sizing Redis)",
+                limit,
+                self._bounds.max_bytes,
+            )
 
     async def __aexit__(self, *exc: object) -> None:
         if self._heartbeat is not None:
             await cancel_and_wait(self._heartbeat)
         with contextlib.suppress(Exception):  # a clean stop: nothing of ours runs any more
-            await self._redis.delete(self._alive(self._worker_id))
+            await self._redis.delete(self._fleet.alive_key(self._worker_id))
         await self._redis.aclose()
-
-    async def _beat(self) -> None:
-        """Say this incarnation lives, and see that the store still has its records: one
-        round trip for both."""
-        async with self._redis.pipeline(transaction=False) as both:
-            both.set(self._alive(self._worker_id), self._incarnation, px=int(ALIVE_TTL_S * 1000))
-            both.get(self._epoch_key())
-            _, epoch = await both.execute()
-        if self._epoch is None or _text(epoch) != self._epoch:
-            await self._check_epoch(_text(epoch))
-
-    def _epoch_key(self) -> str:
-        return f"{self._prefix}:epoch"
-
-    async def _check_epoch(self, found: str | None) -> None:
-        """Adopt the store's epoch (made now if it has none); a worker that knew another
-        one says loudly that the store lost its records."""
-        async with self._redis.pipeline(transaction=True) as adopt:
-            adopt.set(self._epoch_key(), uuid.uuid4().hex, nx=True)
-            adopt.get(self._epoch_key())
-            _, current = await adopt.execute()
-        known, self._epoch = self._epoch, _text(current)
-        if known is None:
-            return  # opening: whatever the store has is the start
-        log.error(
-            "dedup store emptied: its records of earlier calls are gone (Redis restarted "
-            "without persistence, or flushed); repeats of calls made before may run again",
-            extra={"epoch_was": known, "epoch_found": found, "epoch_now": self._epoch},
-        )
-        self._on_emptied()
 
     async def _beat_forever(self) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_S)  # a period, not a synchronisation
             try:
-                await self._beat()
+                await self._fleet.beat()
             except Exception as exc:  # Redis away for a moment: keep beating
                 log.warning("dedup heartbeat failed: %s", exc)
 
@@ -209,22 +190,38 @@ class RedisStore:
     async def claim(self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN) -> Claim:
         started = self._started(fingerprint)
         mine = started.to_json()
-        try:
-            landed = await self._redis.set(self._key(key), mine, nx=True, px=int(ttl_s * 1000))
-        except Exception:
-            # Sent, maybe: a stalled Redis runs it once it resumes (`failed_claim`).
-            self._failed[key] = started
-            if len(self._failed) > FAILED_CLAIMS_KEPT:  # nobody asks (no `KeptReplies`)
-                del self._failed[next(iter(self._failed))]
-            raise
-        if landed:
-            return Claim("fresh")
-        raw = await self._redis.get(self._key(key))
-        if raw is None:  # expired in between: try once more
-            return await self.claim(key, ttl_s, fingerprint=fingerprint)
-        if _text(raw) == mine:  # our SET went through, its answer lost with the connection
-            return Claim("fresh")
-        record = parse(raw)
+        for _ in range(3):  # the store emptied under the claim, or the record expired meanwhile
+            await self._fleet.settled(GRACE_S)  # after a loss, once live workers wrote back
+            try:
+                found = await self._claim(
+                    keys=[self._key(key), self._fleet.epoch_key()],
+                    args=[mine, int(ttl_s * 1000), self._fleet.epoch or ""],
+                )
+            except Exception:
+                # Sent, maybe: a stalled Redis runs it once it resumes (`failed_claim`).
+                self._failed[key] = started
+                if len(self._failed) > FAILED_CLAIMS_KEPT:  # nobody asks (no `KeptReplies`)
+                    del self._failed[next(iter(self._failed))]
+                raise
+            if isinstance(found, list):  # another epoch: emptied or replaced; nothing written
+                await self._fleet.emptied(None)
+                continue
+            if found is None:  # expired in between: try once more
+                continue
+            if found == 1 or _text(found) == mine:  # ours (a lost answer to our SET too)
+                return await self._fresh(key, mine, ttl_s)
+            return await self._found(parse(found))
+        raise RedisError("the dedup store changed under three claims in a row")
+
+    async def _fresh(self, key: str, claimed: str, ttl_s: float) -> Claim:
+        """Ours: new, unless the store was emptied and `key` may be a call that ran then."""
+        self._journal.wrote(key, claimed, time.time() + ttl_s)
+        doubt_until = self._fleet.doubt_until()
+        if doubt_until:
+            return Claim("doubtful", doubt_until=doubt_until)
+        return Claim("fresh")
+
+    async def _found(self, record: Started | Done) -> Claim:
         if isinstance(record, Done):
             return Claim("done", reply=record.reply, fingerprint=record.fingerprint)
         if await self._running(record):
@@ -233,7 +230,7 @@ class RedisStore:
 
     async def _running(self, record: Started) -> bool:
         """Does the incarnation that started this run still live?"""
-        alive = await self._redis.get(self._alive(record.worker_id))
+        alive = await self._redis.get(self._fleet.alive_key(record.worker_id))
         return _text(alive) == record.incarnation
 
     async def take_over(
@@ -249,36 +246,70 @@ class RedisStore:
 
     async def _replace(self, key: str, seen: str, ttl_s: float, fingerprint: str) -> bool:
         mine = self._started(fingerprint).to_json()
-        taken = await self._redis.eval(
-            _TAKE_OVER,
-            1,
-            self._key(key),
-            seen,
-            mine,
-            int(ttl_s * 1000),
+        taken = await self._take_over(
+            keys=[self._key(key)], args=[seen, mine, int(ttl_s * 1000), key, self._prefix]
         )
         # Taken, or taken by this very call before its answer was lost (a retry): ours.
-        return bool(taken) or _text(await self._redis.get(self._key(key))) == mine
+        ours = bool(taken) or _text(await self._redis.get(self._key(key))) == mine
+        if ours:
+            self._journal.wrote(key, mine, time.time() + ttl_s)
+        return ours
 
     async def finish(
-        self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = UNKNOWN
+        self,
+        key: str,
+        reply: bytes,
+        ttl_s: float,
+        *,
+        fingerprint: str = UNKNOWN,
+        summary: bytes | None = None,
     ) -> None:
-        done = Done(reply, fingerprint).to_json()
-        written = await self._redis.eval(
-            _FINISH,
-            1,
-            self._key(key),
-            *self._mine(fingerprint),
-            done,
-            int(ttl_s * 1000),
-            self._channel(key),
+        written = await self._finish(
+            keys=[self._key(key)],
+            args=self._finish_args(key, Done(reply, fingerprint, summary), ttl_s),
         )
         if not written:
+            self._journal.forget(key)
             log.info("%s is another run's now: its reply is not stored", described(key))
+            return
+        # What an emptied store gets back: the summary, small replies whole.
+        self._journal.wrote(key, Done(summary or reply, fingerprint).to_json(), time.time() + ttl_s)
+        if isinstance(written, list):  # closed, and how many records gave way to it
+            self._gave_way["shrunk"] += int(written[1])
+            self._gave_way["forgotten"] += int(written[2])
+
+    def _finish_args(self, key: str, done: Done, ttl_s: float) -> list[str | int]:
+        return [
+            *self._mine(done.fingerprint),
+            done.to_json(),
+            max(1, int(ttl_s * 1000)),
+            self._channel(key),
+            self._prefix,
+            key,
+            REDIS_RECORD_OVERHEAD_BYTES,
+            int(done.summary is not None),
+            self._bounds.caller_max_bytes,
+            self._bounds.max_bytes,
+        ]
+
+    async def _write_back(self, entries: list[tuple[str, str, float]]) -> None:
+        """The journal into an emptied store: runs as claimed, calls as closed (a record
+        there meanwhile is left alone: a claim made since is another run's)."""
+        async with self._redis.pipeline(transaction=False) as back:
+            for key, record, left_s in entries:
+                found = parse(record)
+                if isinstance(found, Started):
+                    back.set(self._key(key), record, nx=True, px=max(1, int(left_s * 1000)))
+                else:
+                    args = self._finish_args(key, found, left_s)
+                    await self._finish(keys=[self._key(key)], args=args, client=back)
+            await back.execute()
+        log.info("wrote %d records back to the emptied dedup store", len(entries))
 
     async def release(self, key: str, *, fingerprint: str = UNKNOWN) -> None:
-        await self._redis.eval(
-            _RELEASE, 1, self._key(key), *self._mine(fingerprint), self._channel(key)
+        self._journal.forget(key)
+        await self._release(
+            keys=[self._key(key)], args=[*self._mine(fingerprint), self._channel(key)]
         )
 
     def failed_claim(self, key: str) -> Started | None:
@@ -287,7 +318,8 @@ class RedisStore:
     async def unclaim(self, key: str, claimed: Started) -> None:
         # Answered is done, deleted or not: the failed claim's SET was in its connection
         # when Redis stalled, and Redis reads that before a command sent after it resumed.
-        await self._redis.eval(_UNCLAIM, 1, self._key(key), claimed.to_json(), self._channel(key))
+        self._journal.forget(key)
+        await self._unclaim(keys=[self._key(key)], args=[claimed.to_json(), self._channel(key)])
 
     def _mine(self, fingerprint: str) -> tuple[str, str, str]:
         """What names a run of this incarnation's in a record (`_OURS`)."""

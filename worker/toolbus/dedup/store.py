@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -50,7 +51,21 @@ class StoreUnreachable(Exception):
     (or a Redis to start), said in one line, not a traceback."""
 
 
+class StoreUnsafe(StoreUnreachable):
+    """The shared store is reached but would break at most once (a Redis that evicts
+    records at its `maxmemory`): a configuration to fix, said in one line, and the worker
+    does not start."""
+
+
 KEY_SEP = "\x1f"  # between the caller and the request id in a store key (`Once.key`)
+
+
+def owner_of(key: str) -> str:
+    """Whose a key is, for the stores' bounds: its caller (what `Once.key` puts before the
+    id), and "" for every anonymous client together (their keys start with `KEY_SEP`; the
+    reply topic that tells them apart is free to make, so it buys no share of a bound)."""
+    owner, sep, _ = key.partition(KEY_SEP)
+    return owner if sep else ""
 
 
 def described(key: str) -> str:
@@ -87,26 +102,32 @@ class Started:
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """A call answered: the reply that closed it, and what it was asked to do."""
+    """A call answered: the reply that closed it, what it was asked to do, and the summary
+    that may stand in for the reply later (`summary.py`; None: the reply stays whole)."""
 
     reply: bytes
     fingerprint: str = UNKNOWN
+    summary: bytes | None = None
 
     def to_json(self) -> str:
         record = {"state": "done", "reply": self.reply.decode()}
         if self.fingerprint:
             record["fingerprint"] = self.fingerprint
+        if self.summary is not None:
+            record["summary"] = self.summary.decode()
         return json.dumps(record)
 
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """What a claim found. `fresh`: the id is ours to run now."""
+    """What a claim found. `fresh`: the id is ours to run now. `doubtful`: ours too, but
+    the store was emptied and may have held a run of it (until `doubt_until`)."""
 
-    kind: Literal["fresh", "done", "running", "orphaned"]
+    kind: Literal["fresh", "doubtful", "done", "running", "orphaned"]
     reply: bytes | None = None  # for `done`
     started: Started | None = None  # for `running` and `orphaned`
     fingerprint: str = UNKNOWN  # what the record's call asked for (not for `fresh`)
+    doubt_until: float = 0.0  # for `doubtful`: Unix time
 
     def asks(self, fingerprint: str) -> bool:
         """Does the record hold a call that asked for the same thing as `fingerprint`?"""
@@ -119,7 +140,19 @@ def parse(raw: str | bytes) -> Started | Done:
     held = str(record.get("fingerprint", UNKNOWN))
     if record.get("state") == "started":
         return Started(record["worker_id"], record["incarnation"], record["started_at"], held)
-    return Done(str(record["reply"]).encode(), held)
+    summary = record.get("summary")
+    return Done(str(record["reply"]).encode(), held, None if summary is None else summary.encode())
+
+
+# What a finished record costs beyond its key, reply, summary and fingerprint: measured
+# with tracemalloc for the memory store's objects (docs/reliability.md, "Limits").
+RECORD_OVERHEAD_BYTES = 400
+
+
+def record_size(key: str, reply: bytes, summary: bytes | None, fingerprint: str) -> int:
+    """The bytes a finished record is counted for, against the store's bounds."""
+    extra = len(summary) if summary is not None else 0
+    return RECORD_OVERHEAD_BYTES + len(key) + len(reply) + extra + len(fingerprint)
 
 
 class DedupStore(Protocol):
@@ -149,10 +182,17 @@ class DedupStore(Protocol):
         ...
 
     async def finish(
-        self, key: str, reply: bytes, ttl_s: float, *, fingerprint: str = UNKNOWN
+        self,
+        key: str,
+        reply: bytes,
+        ttl_s: float,
+        *,
+        fingerprint: str = UNKNOWN,
+        summary: bytes | None = None,
     ) -> None:
         """Close `key` with its reply and wake whoever waits for it: over this worker's own
-        run of it (`fingerprint`'s) or no record, never over another run's record."""
+        run of it (`fingerprint`'s) or no record, never over another run's record.
+        `summary` may stand in for the reply later, when the store's bytes bounds ask."""
         ...
 
     async def release(self, key: str, *, fingerprint: str = UNKNOWN) -> None:
@@ -163,6 +203,16 @@ class DedupStore(Protocol):
     async def wait(self, key: str, timeout_s: float, *, fingerprint: str = UNKNOWN) -> bytes | None:
         """The reply that closes `key`, once there is one; None after `timeout_s`, or when
         the record turns out to hold another request than `fingerprint`'s."""
+        ...
+
+    def held_bytes(self) -> int:
+        """The bytes the records hold, as counted against the bounds (memory: this
+        worker's; Redis: the fleet's, as last read)."""
+        ...
+
+    def gave_way(self) -> Mapping[str, int]:
+        """How many finished records this worker made give way at the bounds, by how:
+        `shrunk` (the reply to its summary) and `forgotten` (the record)."""
         ...
 
 

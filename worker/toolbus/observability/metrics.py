@@ -10,6 +10,8 @@
     toolbus.mcp.server.up         gauge      {server}          1 ready, 0 otherwise
     toolbus.mcp.stdout.partial_dropped  counter  {server}      unfinished stdout lines dropped
     toolbus.dedup.store_emptied   counter    {}                the Redis store lost its records
+    toolbus.dedup.bytes           gauge      {}                what the dedup records hold
+    toolbus.dedup.gave_way        counter    {how}             past the bounds: shrunk, forgotten
     toolbus.session_taken_over    counter    {connection}      another client came with our id
 
 Exported as `observability.sdk.configure_metrics` sets up (OTLP, console, Prometheus on
@@ -35,6 +37,8 @@ class Metrics:
         meter: where to create them; the global provider's `toolbus` meter by default.
         server_states: read at each collection for `toolbus.mcp.server.up`.
         partial_lines: read at each collection for `toolbus.mcp.stdout.partial_dropped`.
+        dedup_bytes: read at each collection for `toolbus.dedup.bytes`.
+        dedup_gave_way: read at each collection for `toolbus.dedup.gave_way`.
     """
 
     def __init__(
@@ -43,6 +47,8 @@ class Metrics:
         *,
         server_states: Callable[[], Mapping[str, str]] = dict,
         partial_lines: Callable[[], Mapping[str, int]] = dict,
+        dedup_bytes: Callable[[], int] = lambda: 0,
+        dedup_gave_way: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         meter = meter or metrics.get_meter(METER_NAME)
         self._calls = meter.create_counter(
@@ -94,6 +100,28 @@ class Metrics:
             unit="{line}",
             description="Stdout lines an MCP server left unfinished too long, dropped",
         )
+
+        self._dedup_bytes, self._dedup_gave_way = dedup_bytes, dedup_gave_way
+        meter.create_observable_gauge(
+            "toolbus.dedup.bytes",
+            callbacks=[self._observe_dedup_bytes],
+            unit="By",
+            description="Bytes the dedup records hold, counted against dedup_max_bytes "
+            "(memory: this worker's; Redis: the fleet's)",
+        )
+        meter.create_observable_counter(
+            "toolbus.dedup.gave_way",
+            callbacks=[self._observe_gave_way],
+            unit="{record}",
+            description="Finished records that gave way at the dedup bounds, by how: "
+            "shrunk to a summary, or forgotten",
+        )
+
+    def _observe_dedup_bytes(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(self._dedup_bytes())]
+
+    def _observe_gave_way(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(n, {"how": how}) for how, n in self._dedup_gave_way().items()]
 
     def _observe_servers(self, options: CallbackOptions) -> Iterable[Observation]:
         return [

@@ -42,6 +42,10 @@ class ErrorCode(StrEnum):
     RATE_LIMITED = "rate_limited"
     """The caller is over its quota (`[callers.NAME]` rate or calls in flight); nothing ran.
     `details.retry_after_ms` says when to try again, `details.limit` which quota it hit."""
+    REPLY_NOT_KEPT = "reply_not_kept"
+    """A repeat of a request that ran and was answered, whose reply was too large to keep
+    for repeats (or was given up to bound the dedup store's bytes): it is not run again.
+    `details.ok` says whether that run succeeded, `details.error_code` how it failed."""
 
 
 TraceUnavailable = Literal["not_recording", "not_sampled"]

@@ -10,7 +10,8 @@
     ├── ToolFailed               tool_error
     ├── InternalError            internal
     ├── InDoubt                  in_doubt
-    └── RateLimited              rate_limited
+    ├── RateLimited              rate_limited
+    └── ReplyNotKept             reply_not_kept
 
 Each leaf carries the wire code it maps to, one to one, renders its own
 wire body, and says what its code means without quoting any value (`summary`: what
@@ -120,6 +121,11 @@ class InDoubt(ToolbusError):
 class RateLimited(ToolbusError):
     code = ErrorCode.RATE_LIMITED
     summary = "the caller is over its quota"
+
+
+class ReplyNotKept(ToolbusError):
+    code = ErrorCode.REPLY_NOT_KEPT
+    summary = "a repeat of a call that ran, whose reply is no longer kept"
 
 
 class NoReply(TimeoutError):

@@ -21,7 +21,7 @@ from toolbus.calls.inflight import Slots
 from toolbus.calls.pipeline import Pipeline
 from toolbus.calls.quotas import Quotas
 from toolbus.config import Settings, tool_settings
-from toolbus.dedup import Once, open_store
+from toolbus.dedup import Bounds, Once, open_store
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
 from toolbus.observability.export import TraceCollector
@@ -146,7 +146,14 @@ def build_worker(
         listeners=[status.server_changed],
         tracer=tracer,
     )
-    metrics = Metrics(meter, server_states=mcp.states, partial_lines=mcp.partial_lines)
+    metrics = Metrics(
+        meter,
+        server_states=mcp.states,
+        partial_lines=mcp.partial_lines,
+        # Read at each collection, long after `once` below exists: hence lambdas.
+        dedup_bytes=lambda: once.store.held_bytes(),  # noqa: PLW0108 -- `once` is bound below
+        dedup_gave_way=lambda: once.store.gave_way(),  # noqa: PLW0108 -- likewise
+    )
     executor = build_executor(
         settings, registry, tracer=tracer, metrics=metrics, startup=mcp, root_spans=False
     )
@@ -155,11 +162,17 @@ def build_worker(
             settings.dedup_store,
             worker_id,
             prefix=settings.topic_prefix,
-            max_records=settings.dedup_max_records,
+            bounds=Bounds(
+                max_records=settings.dedup_max_records,
+                caller_max_bytes=settings.dedup_caller_max_bytes,
+                max_bytes=settings.dedup_max_bytes,
+            ),
+            ttl_s=settings.dedup_ttl_s,
             on_emptied=metrics.dedup_store_emptied,
         ),
         settings.dedup_ttl_s,
         executor.idempotent,
+        max_reply_bytes=settings.dedup_max_reply_bytes,
     )
     slots = Slots(settings.concurrency)
     pipeline = Pipeline(
