@@ -98,7 +98,10 @@ async def test_an_error_answer_is_tool_error_and_costs_no_other_call(
             if reply["error"]["code"] == "unavailable":
                 await states.until("ready")
         restarts = starts(tmp_path) - 1
-        measured(f"MCP {code}: server restarts for {REPEATS} such answers: {restarts}")
+        measured(
+            f"MCP {code}: server restarts for {REPEATS + 1} such answers "
+            f"(one with calls in flight, then {REPEATS} in a row): {restarts}"
+        )
 
         assert error_of(failed) == ("tool_error", code), failed
         assert failed["error"]["details"]["server"] == "coded"
