@@ -1,4 +1,4 @@
-"""An MCP test server that misbehaves on request, over stdio.
+"""An MCP test server that misbehaves on request, over stdio (or streamable HTTP).
 
 Modes, from the environment:
   TB_SLOW_START_S    sleep this long before serving (a slow start)
@@ -6,6 +6,7 @@ Modes, from the environment:
   TB_CRASH_ON_CALL   exit abruptly on the Nth call to `work`
   TB_GARBAGE         print non-JSON lines to stdout before serving
   TB_STATE_DIR       where it writes its pid and counts (for the tests to read)
+  TB_HTTP_PORT       serve streamable HTTP on 127.0.0.1:PORT instead of stdio
 Tools: `work` (answers), `exit_now` (dies mid-call), `hang` (never answers),
 `stubborn` (ignores cancellation, answers late), `noisy` (garbage on stdout, then
 answers), `add_tool`/`remove_tool` (changes its tool list and notifies), `picture`
@@ -16,7 +17,10 @@ answers no call, then a normal answer), `stderr_flood` (one N KB stderr line, th
 normal answer). Hostile to the session: `list_flood` (N `tools/list_changed` in a row;
 `lists` counts the `tools/list` requests served), `fragment` (answers, then writes bytes
 without a newline), `close_stdout` (closes the wire and lives on, deaf to its stdin
-closing and to SIGTERM, until SIGKILL).
+closing and to SIGTERM, until SIGKILL). Calls held and error answers: `hold` (waits
+until `release` opens its gate), `held` (answers once N `hold` calls wait), `fail_with` (a
+JSON-RPC error answer with the code asked for, as a tool raising the SDK's `MCPError`
+gets, once N `hold` calls wait).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.exceptions import MCPError
 from mcp.types import ImageContent, TextContent
 from mcp.types import Tool as ListedTool
 
@@ -288,6 +293,52 @@ async def close_stdout() -> str:
     return "never"
 
 
+holding: dict[str, int] = {}  # `hold` calls waiting, by gate
+held_changed = asyncio.Condition()
+gates: dict[str, asyncio.Event] = {}
+
+
+def gate_named(name: str) -> asyncio.Event:
+    return gates.setdefault(name, asyncio.Event())
+
+
+@server.tool()
+async def hold(value: str, gate: str = "") -> str:
+    """Waits until `release` opens its gate, then answers with its argument."""
+    async with held_changed:
+        holding[gate] = holding.get(gate, 0) + 1
+        held_changed.notify_all()
+    await gate_named(gate).wait()
+    return f"held {value}"
+
+
+async def until_held(count: int, gate: str) -> None:
+    async with held_changed:
+        await held_changed.wait_for(lambda: holding.get(gate, 0) >= count)
+
+
+@server.tool()
+async def held(count: int, gate: str = "") -> int:
+    """Answers once `count` calls of `hold` wait at `gate`."""
+    await until_held(count, gate)
+    return holding[gate]
+
+
+@server.tool()
+async def release(gate: str = "") -> str:
+    """Lets every `hold` call at `gate` answer, now and from now on."""
+    gate_named(gate).set()
+    return f"released {gate}"
+
+
+@server.tool()
+async def fail_with(code: int, after_held: int = 0, gate: str = "") -> str:
+    """Answers with a JSON-RPC error of `code` (once `after_held` calls of `hold` wait at
+    `gate`): what the SDK answers for a tool that raises `MCPError`, -32000 included."""
+    await until_held(after_held, gate)
+    raise MCPError(code, f"failed with {code} on purpose")
+
+
 @server.tool()
 def picture() -> list[Any]:
     """Returns an image and a caption."""
@@ -306,7 +357,11 @@ def main() -> None:
     time.sleep(float(os.environ.get("TB_SLOW_START_S", "0")))
     if os.environ.get("TB_GARBAGE"):
         garbage("Welcome to the misbehaving server v0.0 (a banner on stdout)")
-    server.run("stdio")
+    port = os.environ.get("TB_HTTP_PORT")
+    if port:
+        server.run("streamable-http", host="127.0.0.1", port=int(port))
+    else:
+        server.run("stdio")
     if linger.is_set():
         threading.Event().wait()  # until SIGKILL
 

@@ -32,7 +32,7 @@ from toolbus.backends.mcp.convert import call_error, describe
 from toolbus.backends.mcp.session import Session
 from toolbus.observability.propagation import inject_headers
 from toolbus.observability.spans import step_span
-from toolbus.wire.errors import Unavailable
+from toolbus.wire.errors import ToolbusError, Unavailable
 
 TRANSPORT_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError)
 
@@ -87,16 +87,53 @@ async def _call(
     current: Session, plan: CallPlan, arguments: dict[str, Any], meta: RequestParamsMeta | None
 ) -> CallToolResult:
     try:
+        # No read timeout for the SDK: a call's deadline is the executor's (a cancellation),
+        # so the SDK's own REQUEST_TIMEOUT never happens and a -32001 is the server's answer.
         return await current.session.call_tool(plan.remote_name, arguments, meta=meta)
     except MCPError as exc:
-        if exc.code == CONNECTION_CLOSED:
-            current.end("the connection closed")
-        raise call_error(exc, plan.server) from exc
+        raise await failure(current, exc, plan.server) from exc
     except TRANSPORT_ERRORS as exc:
         current.end(describe(exc))
         raise Unavailable(
             f"MCP server {plan.server} is unreachable: {describe(exc)}", server=plan.server
         ) from exc
+
+
+async def failure(current: Session, exc: MCPError, server: str) -> ToolbusError:
+    """What an `MCPError` raised by `tools/call` is for its caller: the one place it is told.
+
+    The SDK raises `MCPError` for an error answer the server sent and for outcomes of its
+    own, with codes of the same band: CONNECTION_CLOSED (-32000) when the connection
+    closes under a request (and, over HTTP, when a request's response stream is lost),
+    REQUEST_TIMEOUT (-32001) when a read timeout passes. Servers answer ordinary failures
+    with those codes too (JSON-RPC's implementation-defined server errors; the SDK's own
+    servers do for a tool raising `MCPError(-32000, ...)`), and nothing else in the
+    exception tells the two apart. So the code decides nothing on its own: a -32000 is a
+    lost connection only when the transport says the connection is over (`lost`);
+    anything else is the server's answer to this one call, `tool_error` with its
+    `mcp_code`, and the session and every other call on it go on.
+    """
+    if exc.code == CONNECTION_CLOSED and await lost(current):
+        current.end("the connection closed")
+        return Unavailable(f"MCP server {server} closed the connection", server=server)
+    return call_error(exc, server)
+
+
+async def lost(current: Session) -> bool:
+    """Whether the session's connection is over, by the transport's own account: the
+    session has ended (the stdio transport ends it before the SDK sees the pipes close),
+    or, over HTTP, the server does not answer a ping."""
+    if current.ended.is_set():
+        return True
+    if current.ping_to_tell_s is None:
+        return False  # stdio: while the session is open, so are the pipes
+    try:
+        async with asyncio.timeout(current.ping_to_tell_s):
+            await current.session.send_ping()
+    except (MCPError, TimeoutError, *TRANSPORT_ERRORS) as exc:
+        current.end(f"no answer to a ping: {describe(exc)}")
+        return True
+    return current.ended.is_set()
 
 
 def _meta() -> RequestParamsMeta:

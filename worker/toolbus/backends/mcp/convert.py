@@ -14,8 +14,6 @@ import json
 
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
-    CONNECTION_CLOSED,
-    REQUEST_TIMEOUT,
     AudioContent,
     BlobResourceContents,
     CallToolResult,
@@ -31,7 +29,7 @@ from pydantic_core import to_json
 from toolbus.config import ToolSettings
 from toolbus.tools.registry import Invoke, Tool
 from toolbus.wire.contracts import ContentItem, ToolResult
-from toolbus.wire.errors import CallTimeout, ToolbusError, ToolFailed, Unavailable
+from toolbus.wire.errors import ToolbusError, ToolFailed
 
 BAD_LINE_CHARS = 200
 
@@ -152,15 +150,12 @@ def too_large(server: str, received_bytes: int, limit_bytes: int) -> ToolFailed:
 
 
 def call_error(exc: MCPError, server: str) -> ToolbusError:
-    """An MCP error answering `tools/call`, as the error the caller gets."""
+    """An error answer to `tools/call` (not a lost connection: `call.failure` tells), as
+    the error the caller gets: `tool_error` with the server's code, whatever the code."""
     if exc.code == RESULT_TOO_LARGE and isinstance(exc.data, dict):
         limit, received = exc.data.get("limit_bytes"), exc.data.get("received_bytes")
         if isinstance(limit, int) and isinstance(received, int):
             return too_large(server, received, limit)
-    if exc.code == CONNECTION_CLOSED:
-        return Unavailable(f"MCP server {server} closed the connection", server=server)
-    if exc.code == REQUEST_TIMEOUT:
-        return CallTimeout(f"MCP server {server} timed out", server=server)
     return ToolFailed(exc.message, server=server, mcp_code=exc.code)
 
 

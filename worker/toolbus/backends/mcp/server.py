@@ -273,7 +273,8 @@ class McpServer:
                     tools = await list_tools(session)
                 self.connects += 1
                 # The holder closes it, later, in this same task.
-                return Session(session, tools, stack.pop_all(), ending)
+                ping_s = self.config.connect_timeout_s if self.config.command is None else None
+                return Session(session, tools, stack.pop_all(), ending, ping_s)
         except Exception as exc:
             if ending.event.is_set():  # the server's side ended first: that is why
                 raise ConnectionError(ending.why) from exc

@@ -3,6 +3,11 @@
 A session is opened, held and closed by one task (anyio's cancel scopes require it);
 anything that sees it fail (a call, a ping, the process exiting) marks it ended with a
 reason, and its holder closes it.
+
+Whether its connection is over is the transport's word, never an error code's
+(`call.failure`): the stdio transport ends the session itself, before the SDK can see
+the pipes close; over HTTP, where the SDK's transport reports a response stream it lost
+with the same code a server may answer with, only a ping can tell (`ping_to_tell_s`).
 """
 
 from __future__ import annotations
@@ -46,12 +51,18 @@ class Ending:
 
 @dataclass
 class Session:
-    """An open session, the tools it listed, and the stack that closes it."""
+    """An open session, the tools it listed, and the stack that closes it.
+
+    `ping_to_tell_s`: None when the transport ends the session the moment its connection
+    ends (stdio), so that an open session's connection is up; else how long a ping may
+    take to show that it is (HTTP).
+    """
 
     session: ClientSession
     tools: list[ListedTool]
     stack: AsyncExitStack
     ending: Ending = field(default_factory=Ending)
+    ping_to_tell_s: float | None = None
 
     @property
     def ended(self) -> asyncio.Event:

@@ -21,7 +21,10 @@ this module is a transport of its own under the SDK's `ClientSession`:
     stderr  split the same way, each line to the log `toolbus.mcp.{server}` (a long
             one cut, never fatal), a tail kept for error reports (`stderr`).
     end     when stdout ends, the session ends with the truth: the exit code or the
-            signal, or that the server closed its stdout and runs on.
+            signal, or that the server closed its stdout and runs on. It ends before
+            the SDK can see either pipe close, so that an error answer with the SDK's
+            own "connection closed" code, -32000, from a session still open is the
+            server's answer, never a lost connection (`call.failure`).
     stop    as the MCP spec says and the SDK does: close stdin, wait, then SIGTERM
             and SIGKILL to the server's process group, every wait bounded.
 """
@@ -307,14 +310,17 @@ class Pipes:
 
     async def write_stdin(self, source: MemoryObjectReceiveStream[SessionMessage]) -> None:
         assert self.process.stdin is not None
-        try:
-            async with source:
+        # `source` closes only once the end is told: a call that then cannot write (the SDK
+        # raises its CONNECTION_CLOSED) finds the session ended, as a lost connection must.
+        async with source:
+            try:
                 async for message in source:
                     text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
                     await self.process.stdin.send(text.encode() + b"\n")
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
-            if not self.stopping:
-                self._end(await self._exit_reason(f"writing to the server failed: {describe(exc)}"))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
+                if not self.stopping:
+                    reason = f"writing to the server failed: {describe(exc)}"
+                    self._end(await self._exit_reason(reason))
 
     # -- the process -----------------------------------------------------------------
 
