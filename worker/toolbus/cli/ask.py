@@ -51,7 +51,7 @@ def _talk(settings: Any, talk: Any) -> Any:
     try:
         return asyncio.run(talk)
     except NoReply as exc:
-        # A worker did answer when a copy's answer came: then the outcome is unknown.
+        # A copy was answered (that it did not run): a worker is there; the outcome is unknown.
         hint = "" if exc.answer is not None else " (is a worker running?)"
         print(f"toolbus: {exc}{hint}", file=sys.stderr)
         return EXIT_NO_REPLY
