@@ -201,6 +201,10 @@ class Executor:
     async def run(self, prepared: Prepared) -> Outcome:
         """The prepared call's tool run, unless it is refused; then `conclude`d."""
         outcome, call, tool = prepared.outcome, prepared.call, prepared.tool
+        # Asked again here, not only on arrival: the claim may have waited (a stalled
+        # store, a twin's run) past the deadline. Its sender has stopped waiting, and may
+        # have concluded from another copy's answer that nothing ran: no tool starts now.
+        prepared.expired = prepared.expired or _expired(call)
         if prepared.expired and outcome.error is None:
             self.refuse(prepared, _expired_error())
         if tool is None or outcome.error is not None:

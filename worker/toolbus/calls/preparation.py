@@ -65,8 +65,9 @@ class Prepared:
     arguments: dict[str, Any]  # what the tool is given: as they arrived until prepared
     tool: Tool | None = None  # set once every step has passed
     started: float = 0.0  # `time.perf_counter()` when preparing began
-    # Past the sender's deadline on arrival: prepared (a repeat of a finished call is
-    # replayed, which needs what it asks for), never run.
+    # Past the sender's deadline on arrival, or by the time it would run (a claim that
+    # waited on a stalled store): prepared (a repeat of a finished call is replayed,
+    # which needs what it asks for), never run.
     expired: bool = False
 
     def elapsed_s(self) -> float:

@@ -51,7 +51,9 @@ def _talk(settings: Any, talk: Any) -> Any:
     try:
         return asyncio.run(talk)
     except NoReply as exc:
-        print(f"toolbus: {exc} (is a worker running?)", file=sys.stderr)
+        # A copy was answered (that it did not run): a worker is there; the outcome is unknown.
+        hint = "" if exc.answer is not None else " (is a worker running?)"
+        print(f"toolbus: {exc}{hint}", file=sys.stderr)
         return EXIT_NO_REPLY
     except TransportError as exc:
         print(f"toolbus: cannot reach the broker at {settings.broker}: {exc}", file=sys.stderr)

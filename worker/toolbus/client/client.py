@@ -9,8 +9,10 @@ One connection and one private reply topic for the client's lifetime, re-made ac
 broker restarts, and every request re-sent unchanged (the same id) while no answer comes:
 that is `toolbus.client.requester`. This module knows what is asked and what comes back: which
 topic a call goes to for the caller it names, errors as the `toolbus.wire.errors` classes of
-their codes, and a provider's message sent as the SDK made it, its answer a `CallsReply`
-whose `append` goes back into the conversation. docs/client.md shows it in agent loops.
+their codes, which answers say only that their own delivery did not run (`said`: the
+requester then waits for the other copies' answers), and a provider's message sent as the
+SDK made it, its answer a `CallsReply` whose `append` goes back into the conversation.
+docs/client.md shows it in agent loops.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from toolbus.client.requester import Requester, Retry
+from toolbus.client.requester import Requester, Retry, Said
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.contracts import CallsReply, ErrorBody, ErrorCode, Reply, ReplyFormat, ToolsFormat
 from toolbus.wire.errors import NoReply, ToolbusError
@@ -40,7 +42,7 @@ DEFAULT_TIMEOUT_S = 30.0  # the workers' own `default_timeout_s`
 REPLY_GRACE_S = 2.0
 DEFAULT_RETRY = Retry()  # frozen: one shared default is safe; 3 sends, 5 s apart
 
-T = TypeVar("T")
+T = TypeVar("T", bound=Reply | CallsReply)  # what a worker answers
 
 
 class Client:
@@ -289,7 +291,30 @@ class Client:
             grace_s=REPLY_GRACE_S,
             correlation=uuid.uuid4().bytes,
             ident=ident,
+            judge=said,
         )
+
+
+def said(answer: Reply | CallsReply) -> Said:
+    """What an answer says of its request: a message's, the least any of its calls says
+    (one call's "did not run" may be contradicted by another copy of the message)."""
+    if isinstance(answer, CallsReply):
+        return min((said(reply) for reply in answer.results), default=Said.FINAL)
+    error = answer.error
+    if answer.ok or error is None or answer.replayed:
+        return Said.FINAL  # it ran, or the record of its run answered
+    details = error.details
+    if (
+        error.code is ErrorCode.RATE_LIMITED
+        or (error.code is ErrorCode.UNAVAILABLE and details.get("store") is True)
+        or (error.code is ErrorCode.TIMEOUT and details.get("expired") is True)
+    ):
+        return Said.NOT_RUN  # nothing claimed or run for this delivery, by its own word
+    if error.code is ErrorCode.UNAVAILABLE:
+        # A server down when it came (it did not run), or one lost mid-call, or a worker
+        # stopping (it may have): the other copies' answers say which.
+        return Said.UNKNOWN
+    return Said.FINAL
 
 
 def read_answer(payload: bytes) -> Reply | CallsReply:

@@ -6,8 +6,16 @@ learns when to stop. When no answer comes within the retry interval it is publis
 again, byte for byte (the same body, so the same `id`, and the same correlation), up to
 `Retry.attempts` sends in all: a worker that died with the request is replaced by one
 that gets the repeat, and the workers' deduplication (`dedup_store`) makes sure the tool
-runs at most once for it. The first answer wins; later ones (a late original, a replay)
-are dropped.
+runs at most once for it. The first answer that says what became of the request wins;
+later ones (a late original, a replay) are dropped.
+
+An answer that says only that its own delivery did not run (`unavailable` for a stalled
+dedup store, say) is not yet the request's answer while other copies are unanswered: one
+of them may be waiting in a worker's claim and run once the store is back. It is held
+(`Said`) and the wait goes on, without sending again, for the other copies' answers, up
+to the deadline: a later answer that says more wins; once every copy has said it did not
+run, that is true of the request and is the answer; copies still unanswered at the end
+leave the outcome unknown (`NoReply`, with the held answer).
 
 The connection is kept for the requester's lifetime and re-made when the broker goes
 away, so requests made across a broker restart are sent again once it is back.
@@ -18,10 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import IntEnum
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -54,10 +64,56 @@ class Retry:
 NO_RETRY = Retry(attempts=1, interval_s=math.inf)
 
 
+class Said(IntEnum):
+    """What an answer says of its request, for `Requester.request` to weigh. Ordered: of
+    answers held, the greatest is given."""
+
+    NOT_RUN = 0  # this delivery did not run (nothing claimed, or the claim refused)
+    UNKNOWN = 1  # this delivery may have run and did not finish; another copy may know more
+    FINAL = 2  # what became of the request: the answer
+
+
+def final(_answer: object) -> Said:
+    """Every answer is the request's (the first wins): for answers that cannot say less."""
+    return Said.FINAL
+
+
 @dataclass(slots=True)
 class _Pending:
-    answer: asyncio.Future[Any]
+    """One request's answers as they come: the first final one, else the greatest held."""
+
     parse: Callable[[bytes], Any]
+    judge: Callable[[Any], Said]
+    copies: int  # the most copies sent: no more answers than that are counted
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    final: Any = None  # the answer: ends the wait
+    held: Any = None  # the greatest answer of those that say less, the first among equals
+    held_said: Said = Said.NOT_RUN
+    answered: int = 0  # copies answered with less than a final answer
+    # Digests of the answers held: the same answer delivered again (QoS 1 is at least
+    # once; a worker answers its request's redelivery with the reply it kept) is one
+    # copy's answer, not another's. Two copies answered byte for byte alike (rare: the
+    # durations differ) count as one: the wait then ends at the deadline, unknown, which
+    # is safe; the other way round would end it early while a copy may still run.
+    seen: set[bytes] = field(default_factory=set)
+    closed: bool = False
+
+    def take(self, payload: bytes) -> None:
+        if self.final is not None or self.closed:
+            return  # answered already (a late original, a replay)
+        digest = hashlib.blake2b(payload, digest_size=16).digest()
+        if digest in self.seen:
+            return
+        answer = self.parse(payload)  # raises for an answer we cannot read: not counted
+        said = self.judge(answer)
+        if said is Said.FINAL:
+            self.final = answer
+        elif self.answered < self.copies:
+            self.seen.add(digest)
+            self.answered += 1
+            if self.held is None or said > self.held_said:
+                self.held, self.held_said = answer, said
+        self.arrived.set()
 
 
 class Requester:
@@ -116,9 +172,8 @@ class Requester:
         if self._reader is not None:
             await cancel_and_wait(self._reader, self._connect_timeout_s)
         for pending in self._pending.values():
-            if not pending.answer.done():
-                pending.answer.set_exception(NoReply("the client closed before an answer came"))
-                pending.answer.exception()  # retrieved: a request still sending raises its own
+            pending.closed = True  # each waiting request raises `NoReply`
+            pending.arrived.set()
         connection, self._connection = self._connection, None
         if connection is not None:
             with contextlib.suppress(TransportError):
@@ -134,56 +189,89 @@ class Requester:
         grace_s: float,
         correlation: bytes,
         ident: str | None,
+        judge: Callable[[T], Said] = final,
     ) -> T:
         """Publish `payload` and wait for its answer, re-sending it while none comes.
 
         `timeout_s` is the request's deadline, sent as its expiry: no send after it, and
-        the worker stops then. `grace_s` more is waited for the worker's own answer at
-        the deadline (a `timeout`) to arrive. `parse` reads an answer; one it refuses
-        (`ValueError`) is logged and waited past. `ident` is the request's id, if it has one.
+        the worker stops then (and starts nothing after it). `grace_s` more is waited
+        for the worker's own answer at the deadline (a `timeout`) to arrive. `parse`
+        reads an answer; one it refuses (`ValueError`) is logged and waited past.
+        `judge` says what an answer tells of the request: one that says less than
+        `Said.FINAL` is held while copies sent are unanswered (see the module's
+        docstring). `ident` is the request's id, if it has one.
         """
         if self._closed:
             raise NoReply("the client is closed", id=ident)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        end = deadline + grace_s
         what = ident or "the request"
-        pending = _Pending(loop.create_future(), parse)
+        pending = _Pending(parse, judge, self._retry.attempts)
         self._pending[correlation] = pending
+        sends, next_send = 0, deadline
         try:
-            for attempt in range(self._retry.attempts):
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                if attempt:
-                    self.resent += 1
-                    log.info("no reply to %s yet: sending it again (%d)", what, attempt + 1)
-                    if self._on_resend is not None:
-                        self._on_resend(attempt + 1, self._retry.attempts)
-                await self._send(
-                    Outbound(
-                        topic=topic,
-                        payload=payload,
-                        response_topic=self.reply_topic,
-                        correlation_data=correlation,
-                        expiry_s=math.ceil(remaining),  # the worker's deadline is ours
-                    ),
-                    deadline + grace_s,
-                    ident,
-                )
-                last = attempt == self._retry.attempts - 1
-                wait_s = deadline + grace_s - loop.time()
-                if not last:
-                    wait_s = min(wait_s, self._retry.interval_s)
+            while True:
+                if pending.final is not None:
+                    answer: T = pending.final
+                    return answer
+                if pending.closed:
+                    raise NoReply("the client closed before an answer came", id=ident)
+                if pending.held is not None and pending.answered >= sends:
+                    held: T = pending.held  # every copy said it did not run: none did
+                    return held
+                wake = end
+                # Sent again only while nothing came: an answer, even one held, says
+                # that a copy reached a worker.
+                if pending.held is None and sends < self._retry.attempts:
+                    now = loop.time()
+                    if now < deadline and (sends == 0 or now >= next_send):
+                        if sends:
+                            self._resending(sends + 1, what)
+                        copy = Outbound(
+                            topic=topic,
+                            payload=payload,
+                            response_topic=self.reply_topic,
+                            correlation_data=correlation,
+                            # The worker's deadline is ours (whole seconds, rounded up).
+                            expiry_s=max(1, math.ceil(deadline - now)),
+                        )
+                        await self._send(copy, end, ident)
+                        sends += 1
+                        next_send = loop.time() + self._retry.interval_s
+                        continue  # an answer may have come meanwhile
+                    if next_send < deadline:
+                        wake = min(end, next_send)
+                if loop.time() >= end:
+                    raise self._unanswered(pending, what, sends, timeout_s + grace_s, ident)
+                pending.arrived.clear()
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(0.0, wait_s)):
-                        answer: T = await asyncio.shield(pending.answer)
-                        return answer
-            raise NoReply(
-                f"no reply to {what} on {self.reply_topic} within {timeout_s + grace_s:g} s",
-                id=ident,
-            )
+                    async with asyncio.timeout_at(wake):
+                        await pending.arrived.wait()
         finally:
             self._pending.pop(correlation, None)
+
+    def _resending(self, send: int, what: str) -> None:
+        self.resent += 1
+        log.info("no reply to %s yet: sending it again (%d)", what, send)
+        if self._on_resend is not None:
+            self._on_resend(send, self._retry.attempts)
+
+    def _unanswered(
+        self, pending: _Pending, what: str, sends: int, waited_s: float, ident: str | None
+    ) -> NoReply:
+        if pending.held is None:
+            return NoReply(
+                f"no reply to {what} on {self.reply_topic} within {waited_s:g} s", id=ident
+            )
+        return NoReply(
+            f"{pending.answered} of {sends} copies of {what} were answered that they did not "
+            f"run, the others not within {waited_s:g} s: one of them may have run",
+            id=ident,
+            answer=pending.held,
+            sends=sends,
+            answered=pending.answered,
+        )
 
     async def _send(self, out: Outbound, deadline: float, ident: str | None) -> None:
         """Publish once the connection is up; across a broker restart, once it is back."""
@@ -262,9 +350,9 @@ class Requester:
 
     def _deliver(self, correlation: bytes | None, payload: bytes) -> None:
         pending = self._pending.get(correlation or b"")
-        if pending is None or pending.answer.done():
+        if pending is None:
             return  # an answer to a request already answered (a late original, a replay)
         try:
-            pending.answer.set_result(pending.parse(payload))
+            pending.take(payload)
         except (ValueError, RecursionError):  # pydantic's ValidationError too; deep JSON
             log.warning("an answer on %s is not one we can read; ignored", self.reply_topic)

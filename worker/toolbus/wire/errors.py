@@ -129,15 +129,23 @@ class ReplyNotKept(ToolbusError):
 
 
 class NoReply(TimeoutError):
-    """No reply arrived within the deadline, after every send (see the tree above).
+    """No reply arrived within the deadline, after every send (see the tree above); or
+    only replies that each say their own delivery did not run, while another copy of the
+    request went unanswered and may have run: what became of it is not known.
 
     `id` is the request's: sending it again with the same id later gets the worker's
     stored reply rather than a second run, while the workers remember it (`dedup_ttl_s`).
+    `details`: `sends` (copies published) and `answered` (copies answered), when any
+    were; `answer`: one such answer (a `Reply`), or None.
     """
 
-    def __init__(self, message: str, *, id: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, id: str | None = None, answer: Any = None, **details: Any
+    ) -> None:
         super().__init__(message)
         self.id = id
+        self.answer = answer
+        self.details: dict[str, Any] = json_details(details)
 
 
 def json_details(details: dict[str, Any]) -> dict[str, Any]:
