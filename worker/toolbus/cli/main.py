@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
@@ -31,6 +31,9 @@ from toolbus.config.problems import ConfigError
 from toolbus.wire.contracts import ToolsFormat
 from toolbus.wire.untrusted import printable
 from toolbus.worker.exit_codes import EXIT_BROKER, EXIT_ERROR, EXIT_OK, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from toolbus.config import Settings
 
 SCHEMAS_DIR = Path("schemas")
 ASYNCAPI_PATH = Path("docs/asyncapi.yaml")
@@ -257,10 +260,14 @@ def _serve(args: argparse.Namespace) -> int:
     from toolbus.transport import BrokerRefused
     from toolbus.worker.wiring import build_worker, serve_http
 
+    kept = _kept_secret(settings)  # before anything starts: a refusal is exit 2
     provider = configure_tracing(record_for_callers=settings.publish_traces)
     meters = configure_metrics(prometheus=settings.http_port is not None)
     worker = build_worker(
-        settings, [*BUILTIN_TOOLS, *load_entry_points()], child_env=child_environment()
+        settings,
+        [*BUILTIN_TOOLS, *load_entry_points()],
+        child_env=child_environment(),
+        kept_secret=kept,
     )
 
     async def run() -> None:
@@ -286,6 +293,21 @@ def _serve(args: argparse.Namespace) -> int:
         if meters is not None:
             meters.shutdown()
     return EXIT_OK
+
+
+def _kept_secret(settings: Settings) -> bytes | None:
+    """`client_id_secret_file`'s secret when it keys the client ids (a worker_id, no
+    `client_id_secret`): read, or made, here, where files are read. A file others may
+    write, or a short secret, is a ValueError (exit 2); one others may read, a warning."""
+    from toolbus.worker.client_ids import kept_secret
+
+    path = settings.client_id_secret_file
+    if settings.worker_id is None or settings.client_id_secret is not None or path is None:
+        return None
+    kept = kept_secret(path)
+    for concern in kept.concerns:
+        print(f"toolbus: warning: {printable(concern)}", file=sys.stderr)
+    return kept.secret
 
 
 def _call(args: argparse.Namespace) -> int:
