@@ -262,3 +262,43 @@ async def test_the_command_line_prints_one_line_per_problem(tmp_path: Path) -> N
     # A foreign variable is a warning, after settings that load.
     code, _, err = await run_cli("call", "echo", "--broker", "mqtt://127.0.0.1:9", env=env)
     assert err.splitlines()[0].startswith("toolbus: warning: ") and "TOOLBUS_HOME" in err
+
+
+DEEP = 100_000  # levels: far past what Python's JSON and TOML parsers follow
+NESTED = {
+    "arrays.toml": "a = " + "[" * DEEP + "]" * DEEP + "\n",
+    "tables.toml": "a = " + "{b = " * DEEP + "1" + "}" * DEEP + "\n",
+    "arrays.json": '{"a": ' + "[" * DEEP + "]" * DEEP + "}",
+    "objects.json": '{"a": ' + '{"b": ' * DEEP + "1" + "}" * DEEP + "}",
+}
+
+
+@pytest.mark.parametrize("name", list(NESTED))
+async def test_a_file_nested_too_deeply_is_one_line_not_a_traceback(
+    tmp_path: Path, name: str
+) -> None:
+    cfg = tmp_path / name
+    cfg.write_text(NESTED[name])
+    env = {k: v for k, v in cli_env("unused").items() if not k.startswith("TOOLBUS_")}
+    code, out, err = await run_cli("serve", "--config", str(cfg), env=env)
+    assert (code, out) == (EXIT_USAGE, ""), err
+    [line] = err.splitlines()
+    assert line.startswith("toolbus: bad configuration: ") and str(cfg) in line
+    [problem] = refused(cfg)
+    assert (problem.kind, problem.source) == ("unreadable", str(cfg))
+    [problem] = refused(mcp_config=cfg)  # an MCP client's file, read the same way
+    assert (problem.kind, problem.source) == ("unreadable", str(cfg))
+
+
+async def test_a_variable_nested_too_deeply_is_one_line_at_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    deep = "[" * 60_000 + "]" * 60_000  # within the kernel's bound on one variable
+    env = {k: v for k, v in cli_env("unused").items() if not k.startswith("TOOLBUS_")}
+    code, out, err = await run_cli("serve", env={**env, "TOOLBUS_TOOLS": deep})
+    assert (code, out) == (EXIT_USAGE, ""), err
+    [line] = err.splitlines()
+    assert line.startswith("toolbus: bad configuration: ") and "TOOLBUS_TOOLS" in line
+    monkeypatch.setenv("TOOLBUS_TOOLS", deep)
+    [problem] = refused()
+    assert (problem.kind, problem.source) == ("invalid_value", "environment variable TOOLBUS_TOOLS")

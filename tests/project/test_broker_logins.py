@@ -5,8 +5,10 @@ compose/mosquitto/mosquitto-dynsec.conf runs here as written (its port, paths an
 plugin's Debian path swapped in), with the dynamic-security plugin mosquitto ships; its
 logins are made by the shipped `dynsec-setup` and `add-caller` through `mosquitto_ctrl`.
 A caller's login is bound to its own client id, so it cannot connect with a worker's
-(public or secret) and kick it off. `add-caller` refuses names with `/`, wildcards and
-`anonymous`, for dynsec and for the ACL file alike.
+(public or secret) and kick it off. `add-caller` refuses names with `/`, wildcards, a
+leading `-`, over 200 characters, `anonymous` and dynsec-setup's logins, for dynsec and
+for the ACL file alike; with dynsec, a login or role the broker already has is refused
+and left as it was (the worker's login once got a caller's role that way).
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ SHIPPED = ROOT / "compose" / "mosquitto"
 ADMIN = ("admin", "pw-admin")
 PASSWORDS = {"toolbus": "pw-worker", "operator": "pw-op", "health": "pw-h"}
 CALLERS = {"kitchen": "pw-k", "garage": "pw-g"}
-# Names that are not one plain caller level, or are the anonymous caller.
-REFUSED_NAMES = ["kitchen/book", "anonymous", "a+b", "#", "$SYS", ""]
+# Names that are not one plain caller level, or are the anonymous caller, or that
+# mosquitto_ctrl would read as an option, or too long for a worker's caller level.
+REFUSED_NAMES = ["kitchen/book", "anonymous", "a+b", "#", "$SYS", "", "-h", "-k", "x" * 201]
+RESERVED_NAMES = list(PASSWORDS)  # dynsec-setup's logins: the worker's, operator, health
 RUN_BOUND_S = 60
 
 
@@ -202,7 +206,58 @@ def test_add_caller_refuses_a_name_that_acts_as_another_in_dynsec(
     assert name == "" or name not in known.stdout.split()
 
 
-@pytest.mark.parametrize("name", REFUSED_NAMES)
+def dynsec_state(broker: Broker, name: str) -> tuple[str, str]:
+    """What the broker has for the login `name` (its client id, roles) and every role."""
+    found = [
+        run(ctrl_binary(), *ctrl_options(broker), "dynsec", *command)
+        for command in (("getClient", name), ("listRoles",))
+    ]
+    assert all(f.returncode == 0 and "rror" not in f.stderr for f in found), found
+    return found[0].stdout, found[1].stdout
+
+
+@pytest.mark.parametrize("name", [*RESERVED_NAMES, *CALLERS])
+def test_add_caller_leaves_an_existing_login_as_it_was(dynsec_broker: Broker, name: str) -> None:
+    """The worker's login, operator, health and a caller already added: refused, and the
+    broker keeps each as it was (no caller role for the worker's login)."""
+    before = dynsec_state(dynsec_broker, name)
+    assert f"Username: {name}" in before[0]
+    added = run(
+        str(SHIPPED / "add-caller"),
+        "dynsec",
+        name,
+        *ctrl_options(dynsec_broker),
+        env={"CALLER_PASSWORD": "pw-taken-over"},
+    )
+    assert added.returncode == 2, added.stdout + added.stderr
+    assert dynsec_state(dynsec_broker, name) == before
+
+
+def test_add_caller_stops_when_mosquitto_ctrl_reports_an_error(dynsec_broker: Broker) -> None:
+    """mosquitto_ctrl 2.0 exits 0 on a refused admin login: add-caller must not take
+    "cannot connect" for "no such login", nor go on as if the steps had worked."""
+    options = ctrl_options(dynsec_broker)
+    options[-1] = "not-the-admin-password"
+    added = run(
+        str(SHIPPED / "add-caller"), "dynsec", "pantry", *options, env={"CALLER_PASSWORD": "p"}
+    )
+    assert added.returncode == 1, added.stdout + added.stderr
+    assert (
+        "Username: pantry"
+        not in run(
+            ctrl_binary(), *ctrl_options(dynsec_broker), "dynsec", "getClient", "pantry"
+        ).stdout
+    )
+
+
+def test_add_caller_takes_a_name_of_200_characters(tmp_path: Path) -> None:
+    acl = tmp_path / "acl"
+    shutil.copy(SHIPPED / "acl", acl)
+    added = run(str(SHIPPED / "add-caller"), "acl", str(acl), "x" * 200)
+    assert added.returncode == 0, added.stderr
+
+
+@pytest.mark.parametrize("name", [*REFUSED_NAMES, *RESERVED_NAMES])
 def test_add_caller_refuses_a_name_that_acts_as_another_in_the_acl(
     tmp_path: Path, name: str
 ) -> None:

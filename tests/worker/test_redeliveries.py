@@ -378,7 +378,7 @@ async def test_calls_in_flight_in_a_stall_answer_a_caller_that_sends_once(
     settings = make_settings(
         own_broker,
         worker_id=f"stall-{store}-{calls_end}",
-        client_id_secret="stall-secret",  # a persistent session: the broker redelivers
+        client_id_secret="stall-test-secret",  # a persistent session: the broker redelivers
         keepalive_s=1,
         publish_timeout_s=1.0,
         reconnect_max_delay_s=1.0,
@@ -424,7 +424,10 @@ async def test_a_stall_within_the_keepalive_answers_once_and_acknowledges_late(
     worker before acknowledged these at the give-up, with the same outcome.)"""
     probe = Probe()
     settings = make_settings(
-        own_broker, worker_id="stall-short", client_id_secret="stall-secret", publish_timeout_s=1.0
+        own_broker,
+        worker_id="stall-short",
+        client_id_secret="stall-test-secret",
+        publish_timeout_s=1.0,
     )
     async with Caller(own_broker.url) as v5, Caller(own_broker.url, v5=False) as v311:
         async with running_worker(settings, probe_tools(probe)) as worker:

@@ -46,12 +46,13 @@ from toolbus.config import BrokerUrl
 from toolbus.observability.metrics import Metrics
 from toolbus.transport import SESSION_TAKEN_OVER
 from toolbus.transport.reasons import disconnect_reason
-from toolbus.worker.client_ids import client_ids, kept_secret
+from toolbus.worker.client_ids import KeptSecret, client_ids, kept_secret
 from toolbus.worker.exit_codes import EXIT_USAGE
 from toolbus.worker.links import Takeovers
 from toolbus.worker.wiring import build_worker
 
 TAKEN_OVER = "toolbus.session_taken_over"
+GIVEN = "a-client-id-secret-given"  # client_id_secret: 16 bytes at least
 ATTACKS, CALLS = 12, 300
 WAIT_S = 30.0
 
@@ -240,11 +241,11 @@ def test_a_secret_file_is_made_once_readable_by_its_owner_alone(tmp_path: Path) 
     """No secret handed out, no broker password: the worker makes one at the first start
     and keeps it, so its ids, and with them its broker session, survive a restart."""
     path = tmp_path / "state" / "client-id-secret"
-    first = kept_secret(path)
+    first = kept_secret(path).secret
     assert len(first) == 64 and stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert kept_secret(path) == first
-    assert client_ids("w-1", kept_secret(path)) == client_ids("w-1", first)
+    assert kept_secret(path) == KeptSecret(first)  # and nothing to warn about
+    assert client_ids("w-1", kept_secret(path).secret) == client_ids("w-1", first)
     assert sorted(p.name for p in path.parent.iterdir()) == ["client-id-secret"]
 
 
@@ -253,7 +254,7 @@ def test_workers_starting_together_keep_one_secret(tmp_path: Path) -> None:
     one of them reads the secret that won, and no draft is left behind."""
     path = tmp_path / "client-id-secret"
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        secrets = set(pool.map(lambda _: kept_secret(path), range(32)))
+        secrets = set(pool.map(lambda _: kept_secret(path).secret, range(32)))
     assert secrets == {path.read_bytes().strip()}
     assert [p.name for p in tmp_path.iterdir()] == ["client-id-secret"]
 
@@ -262,15 +263,17 @@ def test_the_secret_file_keys_the_ids_before_the_broker_password(
     broker: Broker, tmp_path: Path
 ) -> None:
     path = tmp_path / "secret"
+    kept = kept_secret(path).secret  # read by the entry point, handed to the worker
     settings = make_settings(broker, worker_id="w-file", client_id_secret_file=path)
-    one, two = build_worker(settings, []), build_worker(settings, [])
+    one, two = (build_worker(settings, [], kept_secret=kept) for _ in range(2))
     assert one.client_ids.persistent and one.client_ids == two.client_ids
     assert one.client_ids == client_ids("w-file", path.read_bytes().strip())
     assert one._links.session_expiry_s > 0
     given = make_settings(
-        broker, worker_id="w-file", client_id_secret="s", **{"client_id_secret_file": path}
+        broker, worker_id="w-file", client_id_secret=GIVEN, **{"client_id_secret_file": path}
     )
-    assert build_worker(given, []).client_ids == client_ids("w-file", b"s")
+    built = build_worker(given, [], kept_secret=kept)
+    assert built.client_ids == client_ids("w-file", GIVEN.encode())
 
 
 @pytest.mark.parametrize("problem", ["empty", "not_a_folder"])

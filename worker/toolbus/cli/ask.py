@@ -14,6 +14,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from toolbus.cli import values as cli_values
 from toolbus.cli.settings import _settings
@@ -21,6 +22,7 @@ from toolbus.client.client import Client, Retry
 from toolbus.transport import TransportError
 from toolbus.wire.contracts import ToolsFormat
 from toolbus.wire.errors import NoReply, ToolbusError
+from toolbus.wire.untrusted import printable
 from toolbus.worker.exit_codes import EXIT_BROKER, EXIT_ERROR, EXIT_NO_REPLY, EXIT_OK
 
 
@@ -53,11 +55,18 @@ def _talk(settings: Any, talk: Any) -> Any:
     except NoReply as exc:
         # A copy was answered (that it did not run): a worker is there; the outcome is unknown.
         hint = "" if exc.answer is not None else " (is a worker running?)"
-        print(f"toolbus: {exc}{hint}", file=sys.stderr)
+        print(f"toolbus: {printable(str(exc))}{hint}", file=sys.stderr)
         return EXIT_NO_REPLY
     except TransportError as exc:
-        print(f"toolbus: cannot reach the broker at {settings.broker}: {exc}", file=sys.stderr)
+        unreached = f"cannot reach the broker at {settings.broker}: {exc}"
+        print(f"toolbus: {printable(unreached)}", file=sys.stderr)
         return EXIT_BROKER
+
+
+def _json(text: str) -> str:
+    """JSON for the terminal: a string's C0 controls are escaped by every encoder, its C1
+    controls and DEL (U+009B is a CSI) by none; escaped here, the same JSON value."""
+    return printable(text, newlines=True)
 
 
 def call(args: argparse.Namespace) -> int:
@@ -78,7 +87,7 @@ def call(args: argparse.Namespace) -> int:
     reply = _talk(settings, talk())
     if isinstance(reply, int):
         return reply
-    print(reply.model_dump_json(by_alias=True, exclude_none=True, indent=2))
+    print(_json(reply.model_dump_json(by_alias=True, exclude_none=True, indent=2)))
     return EXIT_OK if reply.ok else EXIT_ERROR
 
 
@@ -94,7 +103,7 @@ def tools(args: argparse.Namespace) -> int:
             except ToolbusError as error:
                 if error.reply is None:
                     raise
-                print(error.reply.model_dump_json(indent=2), file=sys.stderr)
+                print(_json(error.reply.model_dump_json(indent=2)), file=sys.stderr)
                 return EXIT_ERROR
 
     listed = _talk(settings, talk())
@@ -104,7 +113,7 @@ def tools(args: argparse.Namespace) -> int:
     ours = args.format == ToolsFormat.TOOLBUS
     # A provider's format is asked for to be pasted into its SDK's `tools=`: JSON.
     if args.json or not ours:
-        print(json.dumps(definitions, indent=2))
+        print(_json(json.dumps(definitions, indent=2)))
         return EXIT_OK
     table = Table("tool", "origin", "parameters", "description")
     for tool in definitions:
@@ -113,7 +122,10 @@ def tools(args: argparse.Namespace) -> int:
         params = ", ".join(
             f"{name}{'' if name in required else '?'}" for name in schema.get("properties", {})
         )
-        table.add_row(tool["name"], tool["origin"], params, (tool.get("description") or "")[:80])
+        description = (tool.get("description") or "")[:80]
+        # A server chose every cell: plain text (no rich markup), no terminal controls.
+        cells = (tool["name"], tool["origin"], params, description)
+        table.add_row(*(Text(printable(str(cell))) for cell in cells))
     # Piped: rich would fit the table to 80 columns and cut names that a grep needs.
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     return EXIT_OK

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from toolbus.wire.untrusted import printable
+
 EXIT_HEALTHY, EXIT_UNHEALTHY = 0, 1
 DEFAULT_TIMEOUT_S = 3.0
 
@@ -51,13 +53,15 @@ def run(args: argparse.Namespace) -> int:
         status, body = get(url, args.timeout)
     except (OSError, http.client.HTTPException, ValueError) as exc:
         reason = "no answer in time" if isinstance(exc, TimeoutError) else str(exc) or repr(exc)
-        print(f"toolbus health: {url}: {reason}", file=sys.stderr)
+        print(f"toolbus health: {printable(f'{url}: {reason}')}", file=sys.stderr)
         return EXIT_UNHEALTHY
+    # Printable: the body holds what MCP servers said (their last errors) and the URL
+    # may come from a file.
     summary = _summary(body)
     if status == 200:
-        print(f"{url}: {status}{summary}")
+        print(printable(f"{url}: {status}{summary}"))
         return EXIT_HEALTHY
-    print(f"toolbus health: {url} answered {status}{summary}", file=sys.stderr)
+    print(f"toolbus health: {printable(f'{url} answered {status}{summary}')}", file=sys.stderr)
     return EXIT_UNHEALTHY
 
 
@@ -138,7 +142,7 @@ def _url_from_settings(config: Path | None) -> str | None:
             print(f"toolbus health: bad configuration: {problem}", file=sys.stderr)
         return None
     except (ValueError, OSError) as exc:
-        print(f"toolbus health: cannot read the settings: {exc}", file=sys.stderr)
+        print(f"toolbus health: cannot read the settings: {printable(str(exc))}", file=sys.stderr)
         return None
     if settings.http_port is None:
         print(

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
@@ -28,13 +29,25 @@ from toolbus.cli.settings import _settings, config_errors
 from toolbus.cli.values import json_object, pair
 from toolbus.config.problems import ConfigError
 from toolbus.wire.contracts import ToolsFormat
+from toolbus.wire.untrusted import printable
 from toolbus.worker.exit_codes import EXIT_BROKER, EXIT_ERROR, EXIT_OK, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from toolbus.config import Settings
 
 SCHEMAS_DIR = Path("schemas")
 ASYNCAPI_PATH = Path("docs/asyncapi.yaml")
 
 
-class _IntermixedParser(argparse.ArgumentParser):
+class _Parser(argparse.ArgumentParser):
+    """A parser whose error lines are printable: a script may hand `toolbus call` what a
+    model or a caller chose, and argparse quotes some of it as typed."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(printable(message))
+
+
+class _IntermixedParser(_Parser):
     """A subcommand's parser whose positionals and options may come in any order
     (`toolbus call echo --timeout 5 text=hi`). argparse does that only in
     `parse_intermixed_args`, which refuses a parser with subcommands, so each
@@ -55,7 +68,7 @@ class _IntermixedParser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="toolbus",
         description="Execute AI tool calls arriving over MQTT, and talk to the workers that do.",
         epilog="Exit codes: 0 ok; 1 the tool or worker answered with an error (health: "
@@ -214,14 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code: int = handlers[args.command](args)
     except ConfigError as exc:
-        for problem in exc.problems:  # one line each: a log line, a grep hit
+        for problem in exc.problems:  # one line each (printable): a log line, a grep hit
             print(f"toolbus: bad configuration: {problem}", file=sys.stderr)
         return EXIT_USAGE
     except ValidationError as exc:
         print(f"toolbus: bad configuration: {config_errors(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except (ValueError, OSError) as exc:
-        print(f"toolbus: {exc}", file=sys.stderr)
+        print(f"toolbus: {printable(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     return code
 
@@ -247,10 +260,14 @@ def _serve(args: argparse.Namespace) -> int:
     from toolbus.transport import BrokerRefused
     from toolbus.worker.wiring import build_worker, serve_http
 
+    kept = _kept_secret(settings)  # before anything starts: a refusal is exit 2
     provider = configure_tracing(record_for_callers=settings.publish_traces)
     meters = configure_metrics(prometheus=settings.http_port is not None)
     worker = build_worker(
-        settings, [*BUILTIN_TOOLS, *load_entry_points()], child_env=child_environment()
+        settings,
+        [*BUILTIN_TOOLS, *load_entry_points()],
+        child_env=child_environment(),
+        kept_secret=kept,
     )
 
     async def run() -> None:
@@ -264,10 +281,11 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         asyncio.run(run())
     except BrokerRefused as exc:  # at the first connect: the configuration is wrong
-        print(f"toolbus: cannot connect to the broker at {settings.broker}: {exc}", file=sys.stderr)
+        refused = f"cannot connect to the broker at {settings.broker}: {exc}"
+        print(f"toolbus: {printable(refused)}", file=sys.stderr)
         return EXIT_BROKER
     except StoreUnreachable as exc:  # likewise, for the shared dedup store
-        print(f"toolbus: {exc}", file=sys.stderr)
+        print(f"toolbus: {printable(str(exc))}", file=sys.stderr)
         return EXIT_BROKER
     finally:
         if provider is not None:
@@ -275,6 +293,21 @@ def _serve(args: argparse.Namespace) -> int:
         if meters is not None:
             meters.shutdown()
     return EXIT_OK
+
+
+def _kept_secret(settings: Settings) -> bytes | None:
+    """`client_id_secret_file`'s secret when it keys the client ids (a worker_id, no
+    `client_id_secret`): read, or made, here, where files are read. A file others may
+    write, or a short secret, is a ValueError (exit 2); one others may read, a warning."""
+    from toolbus.worker.client_ids import kept_secret
+
+    path = settings.client_id_secret_file
+    if settings.worker_id is None or settings.client_id_secret is not None or path is None:
+        return None
+    kept = kept_secret(path)
+    for concern in kept.concerns:
+        print(f"toolbus: warning: {printable(concern)}", file=sys.stderr)
+    return kept.secret
 
 
 def _call(args: argparse.Namespace) -> int:

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from toolbus.wire.untrusted import printable
+
 if TYPE_CHECKING:
     from toolbus.backends.mcp import McpBackend
     from toolbus.backends.mcp.server import McpServer
@@ -47,7 +49,8 @@ def run(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]
     from toolbus.wire.errors import UnknownTool  # noqa: PLC0415 -- likewise
     from toolbus.worker.wiring import build_executor, build_registry  # noqa: PLC0415 -- likewise
 
-    print(f"toolbus mappings: {sources(args, settings, environ)}", file=sys.stderr)
+    # Every line printable: server names, a server's errors and its schemas are theirs.
+    print(f"toolbus mappings: {printable(sources(args, settings, environ))}", file=sys.stderr)
     setup_logging("WARNING", settings.log_format)
     registry = build_registry([*BUILTIN_TOOLS, *load_entry_points()], settings)
     executor = build_executor(settings, registry)
@@ -61,13 +64,16 @@ def run(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]
     )
     down = asyncio.run(_discover(backend, settings))
     for name, why in down.items():
-        print(f"toolbus mappings: MCP server {name} is down: {why}", file=sys.stderr)
+        print(
+            f"toolbus mappings: {printable(f'MCP server {name} is down: {why}')}", file=sys.stderr
+        )
     try:
-        print(render(registry, executor.normalizer, args.tool))
+        print(render(registry, executor.normalizer, args.tool))  # printable line by line
     except UnknownTool as exc:
-        print(f"toolbus: {exc.message}", file=sys.stderr)
+        print(f"toolbus: {printable(exc.message)}", file=sys.stderr)
         if down:
-            print(f"toolbus mappings: it may be a tool of {', '.join(down)}", file=sys.stderr)
+            maybe = f"it may be a tool of {', '.join(down)}"
+            print(f"toolbus mappings: {printable(maybe)}", file=sys.stderr)
         return EXIT_ERROR
     # A tool that resolved is served; without one, every server was asked about.
     return EXIT_ERROR if down and args.tool is None else EXIT_OK

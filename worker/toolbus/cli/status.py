@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from toolbus.config import load_settings
     from toolbus.transport import TransportError
     from toolbus.wire.topics import Topics
+    from toolbus.wire.untrusted import printable
 
     if args.timeout <= 0:
         raise ValueError("--timeout must be above 0")
@@ -58,11 +59,12 @@ def run(args: argparse.Namespace) -> int:
         pool = asyncio.run(once(settings.broker, topics, args.timeout, as_json=args.json))
     except (TransportError, TimeoutError) as exc:
         why = str(exc) or f"no connection within {args.timeout} s"
-        print(f"toolbus: cannot reach the broker at {settings.broker}: {why}", file=sys.stderr)
+        unreached = f"cannot reach the broker at {settings.broker}: {why}"
+        print(f"toolbus: {printable(unreached)}", file=sys.stderr)
         return EXIT_BROKER
     except KeyboardInterrupt:
         return EXIT_OK  # the live view's way out
     if not any(worker.state == "online" for worker in pool.workers()):
-        print(f"toolbus: no worker online under {topics.prefix}/", file=sys.stderr)
+        print(f"toolbus: {printable(f'no worker online under {topics.prefix}/')}", file=sys.stderr)
         return EXIT_NO_WORKER
     return EXIT_OK

@@ -47,6 +47,9 @@ INTERNAL_VARIABLES = frozenset({"TOOLBUS_SUPERVISOR_PID"})
 FLAGS = {"broker_url": "--broker", "processes": "--processes"}
 _TOML_AT = re.compile(r"^(?P<why>.*?)\s*\(at line (?P<line>\d+), column (?P<column>\d+)\)$")
 _ENV_FIELD = re.compile(r'for field "(?P<field>[^"]+)"')
+# A value nested past what Python's parsers follow (about a thousand levels for JSON,
+# fewer for TOML; no setting is more than a few deep): said in one line, exit 2.
+TOO_DEEP = "nested too deeply"
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -62,9 +65,13 @@ def read_config_file(path: Path) -> dict[str, Any]:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise _unreadable(path, f"not valid JSON ({exc.msg})", exc.lineno, exc.colno) from None
+        except RecursionError:  # both parsers recurse per level: a line, not a traceback
+            raise _unreadable(path, f"not valid JSON ({TOO_DEEP})") from None
     else:
         try:
             data = tomllib.loads(text)
+        except RecursionError:
+            raise _unreadable(path, f"not valid TOML ({TOO_DEEP})") from None
         except tomllib.TOMLDecodeError as exc:
             at = _TOML_AT.match(str(exc))  # Python 3.11 gives the place only in the text
             if at is None:
@@ -205,6 +212,8 @@ def load_settings(
         raise ConfigError(problems)  # what a broken file meant to say is unknown
     try:
         settings = _validated(file_data, given)
+    except RecursionError:  # a variable's JSON (the files' were parsed above)
+        raise ConfigError([_too_deep(environ)]) from None
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         problems.extend(problem_from_error(e, sources.of(e["loc"]), Settings) for e in errors)
@@ -224,6 +233,21 @@ def load_settings(
     if problems:
         raise ConfigError(problems)
     return settings
+
+
+def _too_deep(environ: Mapping[str, str]) -> ConfigProblem:
+    """The problem of a configuration too deep to parse or validate: the variable whose
+    JSON is, when one is (pydantic-settings parses them without a bound)."""
+    for variable in sorted(environ):
+        if variable.upper().startswith(ENV_PREFIX):
+            try:
+                json.loads(environ[variable])
+            except RecursionError:
+                source = f"environment variable {variable}"
+                return ConfigProblem("invalid_value", source, expected=f"JSON {TOO_DEEP}")
+            except ValueError:
+                continue
+    return ConfigProblem("invalid_value", "", expected=f"the configuration is {TOO_DEEP}")
 
 
 def _validated(file_data: dict[str, Any], given: dict[str, Any]) -> Settings:

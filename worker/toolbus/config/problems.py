@@ -21,6 +21,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import ErrorDetails
 
+from toolbus.wire.untrusted import printable
+
 ProblemKind = Literal["unreadable", "unknown_key", "invalid_value", "unknown_variable"]
 
 SIMILAR = 0.6  # difflib's own default: close enough to suggest
@@ -54,6 +56,11 @@ class ConfigProblem:
     fatal: bool = True
 
     def __str__(self) -> str:
+        # One line, whatever a file's keys hold: its author chose them, and a terminal
+        # would run their escape sequences (or a `\n` would forge a line of its own).
+        return printable(self._text())
+
+    def _text(self) -> str:
         hint = f"; did you mean `{self.suggestion}`?" if self.suggestion else ""
         where = f" in {self.source}" if self.source else ""
         if self.kind == "unknown_key":

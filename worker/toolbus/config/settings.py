@@ -22,6 +22,9 @@ from toolbus.wire.broker import gather_password
 from toolbus.wire.untrusted import topic_problem
 
 DEFAULT_BROKER_URL = "mqtt://localhost:1883"
+# A client-id secret shorter than this can be guessed (the token is 80 bits of an HMAC:
+# no stronger than its key). `openssl rand -hex 32` makes one; the file's is 64 hex digits.
+MIN_CLIENT_ID_SECRET_BYTES = 16
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -75,13 +78,15 @@ class Settings(BaseSettings):
         default=None,
         description="Keys the worker's MQTT client ids (`{worker_id}-{token}`), so no "
         "caller can take them over; unset: the broker password, else random per start "
-        "(then no session outlives the process). Same value on every start.",
+        "(then no session outlives the process). Same value on every start; at least "
+        "16 bytes.",
     )
     client_id_secret_file: Path | None = Field(
         default=None,
         description="A file holding that secret, made with a random one at the first "
         "start if it does not exist (the container image keeps it in a volume); used "
-        "when client_id_secret is unset, before the broker password.",
+        "when client_id_secret is unset, before the broker password. Refused when others "
+        "may write it or it holds under 16 bytes; a warning when others may read it.",
     )
     dedup_store: str = Field(
         default="memory",
@@ -283,7 +288,14 @@ class Settings(BaseSettings):
     @classmethod
     def _secret_or_unset(cls, value: SecretStr | None) -> SecretStr | None:
         # An empty value (`TOOLBUS_CLIENT_ID_SECRET=` in a compose file) is no secret.
-        return value if value is not None and value.get_secret_value() else None
+        if value is None or not value.get_secret_value():
+            return None
+        if len(value.get_secret_value().encode()) < MIN_CLIENT_ID_SECRET_BYTES:
+            raise ValueError(
+                f"at least {MIN_CLIENT_ID_SECRET_BYTES} bytes, or it can be guessed "
+                "(`openssl rand -hex 32` makes one)"
+            )
+        return value
 
     @field_validator("worker_id")
     @classmethod

@@ -1,7 +1,9 @@
 """Mappings: what normalization will accept for each tool, as Markdown.
 
 `toolbus mappings [TOOL]` prints it from the same shapes and rules the pipeline uses,
-so the documentation of the mapping is the mapping.
+so the documentation of the mapping is the mapping. An MCP server chose its tools'
+parameter names, enum values and defaults, and the name it announced: each line is made
+printable, so none of them runs a terminal's escape sequences or breaks a line.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from toolbus.normalization.normalize import (
 )
 from toolbus.tools.registry import Registry, Tool
 from toolbus.tools.shapes import Shape
+from toolbus.wire.untrusted import printable
 
 MAX_DEPTH = 8  # recursive schemas are shown this deep
 
@@ -58,7 +61,7 @@ def _tool(registry: Registry, normalizer: Normalizer, tool: Tool, aliases: dict[
     ]
     rows = list(_rows(tool.shape, rules.static, _Context(rules, rename), "", frozenset()))
     lines += rows or ["| (none) | | | | |"]
-    return "\n".join(lines) + "\n"
+    return "".join(f"{printable(line)}\n" for line in lines)
 
 
 def _rows(

@@ -103,11 +103,17 @@ def _drop_own_logger(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
 
 def _dumps(event: EventDict, **_: Any) -> str:
     """orjson, else the standard library for what orjson refuses (a lone surrogate, an
-    integer beyond 64 bits), ASCII-escaped so the line stays valid UTF-8."""
+    integer beyond 64 bits), ASCII-escaped so the line stays valid UTF-8.
+
+    orjson escapes C0 controls but writes DEL and C1 controls as they are, and a terminal
+    that shows the line (`tail -f`, `toolbus mappings`) runs U+009B as a CSI: those are
+    escaped too (as JSON escapes: the same values). Checked in C first: most lines are ASCII.
+    """
     try:
-        return orjson.dumps(event, default=str).decode()
+        line = orjson.dumps(event, default=str).decode()
     except TypeError:
         return json.dumps(event, default=str, separators=(",", ":"))
+    return line if line.isascii() and "\x7f" not in line else printable(line)
 
 
 # What every record goes through first: the fields a line is made of.

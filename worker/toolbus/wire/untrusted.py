@@ -5,7 +5,10 @@ broker calls malformed (mosquitto 2.0 refuses control characters) makes it disco
 the publisher, and with it every request that connection held: one bad request would
 cost every caller. So every topic is checked here before it is used, every echoed
 string is checked the same way, and what goes into a log line or an error detail is
-bounded and made printable first.
+bounded and made printable first. So is everything the command line prints: a tool's
+name, description or schema, a reply, a server's error or a config file's key is
+whatever a server, a caller or a file's author chose, and a terminal would run its
+escape sequences.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ def _nonchar_ranges() -> str:
 
 # C0 and C1 controls and DEL (MQTT 5 §1.5.4 says "should not", mosquitto refuses them),
 # lone surrogates (they cannot be encoded as UTF-8 at all) and Unicode non-characters.
-_BAD_CHAR = re.compile(f"[\x00-\x1f\x7f-\x9f\ud800-\udfff{_nonchar_ranges()}]")
+_BAD_BUT_C0 = f"\x7f-\x9f\ud800-\udfff{_nonchar_ranges()}"
+_BAD_CHAR = re.compile(f"[\x00-\x1f{_BAD_BUT_C0}]")
+_BAD_CHAR_BUT_NEWLINE = re.compile(f"[\x00-\x09\x0b-\x1f{_BAD_BUT_C0}]")
 _WILDCARD = re.compile(r"[+#]")
 # A JSON escape of a surrogate: only then can parsed JSON hold a lone one.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]", re.ASCII)
@@ -64,10 +69,26 @@ def shown(text: str, limit: int = SHOWN_CHARS) -> str:
     return head
 
 
-def printable(text: str) -> str:
-    """`text` with every character a terminal or an MQTT topic must not get (controls,
-    lone surrogates, non-characters) written as its `\\uXXXX` escape."""
-    return _BAD_CHAR.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+def printable(text: str, *, newlines: bool = False) -> str:
+    """`text` with every character a terminal or an MQTT topic must not get (C0 and C1
+    controls, DEL, lone surrogates, non-characters) written as its `\\uXXXX` escape: a
+    terminal shown it runs no escape sequence (a window title, a cleared screen, a bell)
+    and starts no line of its own.
+
+    The one escaping function for every log line, error detail and command-line output.
+    `newlines`: keep `\\n`, for text whose own layout puts them there and whose untrusted
+    parts hold none (JSON, which escapes a string's own; a document escaped line by line).
+    The escape is JSON's too (a character beyond U+FFFF as its surrogate pair), so JSON
+    text stays valid JSON with the same value."""
+    return (_BAD_CHAR_BUT_NEWLINE if newlines else _BAD_CHAR).sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code > 0xFFFF:  # only the non-characters of the upper planes get here
+        code -= 0x10000
+        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return f"\\u{code:04x}"
 
 
 def may_hold_surrogates(payload: bytes) -> bool:

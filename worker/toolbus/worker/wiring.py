@@ -30,7 +30,7 @@ from toolbus.tools.access import Access
 from toolbus.tools.local import LocalTool
 from toolbus.tools.registry import Registry
 from toolbus.wire.topics import Topics
-from toolbus.worker.client_ids import client_ids, kept_secret
+from toolbus.worker.client_ids import client_ids
 from toolbus.worker.publisher import ConnectionPublisher
 from toolbus.worker.status import StatusReporter
 
@@ -98,12 +98,16 @@ def build_worker(
     collector: TraceCollector | None = None,
     meter: Meter | None = None,
     child_env: Mapping[str, str] | None = None,
+    kept_secret: bytes | None = None,
 ) -> Worker:
     """A worker for `settings`, serving `local_tools` and the configured MCP servers.
 
     Args:
         tracer, collector, meter: telemetry; the process-wide ones by default.
         child_env: environment for stdio MCP servers (e.g. `OTEL_*`).
+        kept_secret: the secret in `client_id_secret_file`, read (or made) and checked by
+            the entry point (`client_ids.kept_secret`); it keys the client ids when
+            `client_id_secret` is unset.
     """
     # Imported here: the mcp SDK takes a second to import, and the registry, executor and
     # pipeline (`toolbus mappings`, the in-process tests) are built without it.
@@ -118,7 +122,7 @@ def build_worker(
             "no worker_id set: requests held at a crash are lost, not delivered again; "
             "set a stable worker_id (unique per replica) for a persistent session"
         )
-    ids = client_ids(worker_id, _client_id_secret(settings))
+    ids = client_ids(worker_id, _client_id_secret(settings, kept_secret))
     if settings.worker_id and not ids.persistent:
         log.warning(
             "no client_id_secret(_file) and no broker password: the client ids are random "
@@ -218,15 +222,16 @@ def build_worker(
     )
 
 
-def _client_id_secret(settings: Settings) -> bytes | None:
-    """What keys the client ids: `client_id_secret`, else `client_id_secret_file`'s, else
-    the broker password (only a stable worker_id makes ids worth keeping across starts)."""
+def _client_id_secret(settings: Settings, kept: bytes | None) -> bytes | None:
+    """What keys the client ids: `client_id_secret`, else `client_id_secret_file`'s (`kept`),
+    else the broker password (only a stable worker_id makes ids worth keeping across
+    starts)."""
     if settings.worker_id is None:
         return None
     if settings.client_id_secret is not None:
         return settings.client_id_secret.get_secret_value().encode()
-    if settings.client_id_secret_file is not None:
-        return kept_secret(settings.client_id_secret_file)
+    if kept is not None:
+        return kept
     if settings.broker_password is not None:
         return settings.broker_password.get_secret_value().encode()
     return None

@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from toolbus.cli.bench.report import render, to_json
     from toolbus.cli.bench.run import BenchFailed, BenchOptions
     from toolbus.cli.bench.run import run as run_bench
+    from toolbus.wire.untrusted import printable
 
     names = args.only.split(",") if args.only else list(DEFAULT_RESPONDERS)
     names += ["toolbus-echo-tracing"] if args.tracing else []
@@ -74,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = run_bench(options)
     except BenchFailed as exc:
-        print(f"toolbus bench: {exc}", file=sys.stderr)
+        # It may quote what a worker or an MCP server said: printable, as every CLI line.
+        print(f"toolbus bench: {printable(str(exc))}", file=sys.stderr)
         return 1
     console = Console(stderr=to_stdout)
     if not console.is_terminal:
