@@ -196,7 +196,14 @@ class NativeStack:
         env = serve_env()
         env.update(image_env())
         environment = {**service["environment"], **(self.logins.worker_env if self.logins else {})}
-        env.update({key: self.rewrite(str(value)) for key, value in environment.items()})
+        # `KEY: ${VAR:-}` is YAML's null once interpolated: compose passes it as "" (it was
+        # "None" here, a 4-byte client-id secret the worker now refuses as guessable).
+        env.update(
+            {
+                key: "" if value is None else self.rewrite(str(value))
+                for key, value in environment.items()
+            }
+        )
         http_port = free_port()
         # Loopback and a port of its own here: in a container, 0.0.0.0 is the container's.
         env.update(TOOLBUS_HTTP_PORT=str(http_port), TOOLBUS_HTTP_HOST="127.0.0.1")
