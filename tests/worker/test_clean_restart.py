@@ -6,9 +6,8 @@ another worker online it unsubscribes, so nothing waits for it.
 Real processes: mosquitto, `toolbus serve` (one, two, or `--processes 2`) with the
 recording tool, and a v5 caller publishing requests (Response Topic, Correlation Data,
 QoS 1) while the workers are down. What the broker does with a kept shared subscription
-of an offline session, the reason for the rule, is shown on mosquitto itself; what a
-stopping worker counts as another online, and that in doubt it keeps the subscription,
-on `handover` with a real broker and a fake publisher.
+of an offline session, the reason for the rule, is shown on mosquitto itself (what a
+stopping worker counts as another online: tests/worker/test_handover.py).
 """
 
 from __future__ import annotations
@@ -20,25 +19,16 @@ import signal
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
 
 import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from tests.support.fleet import Executions, WorkerProcess, recording_env
-from tests.support.harness import Broker, ListPublisher, measured
+from tests.support.harness import Broker, measured
 from tests.support.mqtt import Caller, correlation_of
 from tests.worker.test_processes_serve import Supervised
 from toolbus.config import BrokerUrl
-from toolbus.transport import MqttConnection
-from toolbus.wire.contracts import WorkerStatus
-from toolbus.wire.messages import Outbound, Unconfirmed
-from toolbus.wire.topics import Topics
-from toolbus.worker.client_ids import ClientIds
-from toolbus.worker.handover import Handover, online_workers
-from toolbus.worker.links import Links
-from toolbus.worker.status import StatusReporter
 
 REQUESTS = 5
 ANSWER_BOUND_S = 15.0  # requests queued in the session arrive right after the reconnect
@@ -259,73 +249,3 @@ async def test_mosquitto_queues_to_a_kept_shared_subscription_of_an_offline_sess
         async with session(broker.url, away_id) as returned:
             held = await received(returned, 5)
     assert sorted(taken + held) == sorted(str(n).encode() for n in range(10))
-
-
-async def test_only_another_worker_saying_online_counts(broker: Broker) -> None:
-    """What the stopping worker reads: its own status, `stopping`, `offline`, a cleared
-    status and one it cannot read (another version's) are not a worker to take over."""
-    prefix = f"clean{uuid.uuid4().hex[:8]}"
-    topics = Topics(prefix, "toolbus", (f"{prefix}/reply/",))
-
-    def status(worker_id: str, state: Literal["online", "stopping", "offline"]) -> bytes:
-        return WorkerStatus(state=state, worker_id=worker_id).model_dump_json().encode()
-
-    retained = {
-        "me": status("me", "online"),
-        "up": status("up", "online"),
-        "going": status("going", "stopping"),
-        "gone": status("gone", "offline"),
-        "newer": b'{"state": "paused", "worker_id": "newer"}',
-        "garbled": b"\x00not json",
-    }
-    async with Caller(broker.url) as publisher:
-        for worker_id, payload in retained.items():
-            await publisher.client.publish(topics.status(worker_id), payload, qos=1, retain=True)
-        async with MqttConnection(BrokerUrl.from_url(broker.url)) as conn:
-            assert await online_workers(conn, topics, "me") == ["up"]
-        await publisher.client.publish(topics.status("up"), b"", qos=1, retain=True)  # cleared
-        async with MqttConnection(BrokerUrl.from_url(broker.url)) as conn:
-            assert await online_workers(conn, topics, "me") == []
-
-
-class GivenUp(ListPublisher):
-    """A broker that never acknowledges: every publish is given up."""
-
-    async def publish(self, out: Outbound) -> Unconfirmed | None:
-        await super().publish(out)
-        return Unconfirmed(out)
-
-
-def handover(publisher: ListPublisher, broker: Broker, session_expiry_s: int) -> Handover:
-    topics = Topics("inproc", "toolbus", ("inproc/reply/",))
-    status = StatusReporter(topics, "me", publisher, [], interval_s=15.0)
-    ids = ClientIds(requests="me-r", replies="me-p", persistent=session_expiry_s > 0)
-    links = Links(BrokerUrl.from_url(broker.url), ids, 4, session_expiry_s, 1.0, 60)
-    return Handover(status, topics, "me", links, timeout_s=1.0)
-
-
-class NoCounts:
-    count = handled = 0
-
-
-async def test_in_doubt_the_subscription_is_kept(broker: Broker) -> None:
-    """`stopping` not acknowledged, or the statuses unreadable (the connection gone):
-    nothing says another worker takes the requests, so they wait in the session."""
-    never_connected = MqttConnection(BrokerUrl.from_url(broker.url))
-    publisher = GivenUp()
-    assert await handover(publisher, broker, 3600).keep(never_connected, NoCounts(), 60)
-    [said] = publisher.sent
-    assert WorkerStatus.model_validate_json(said.payload).state == "stopping"
-    assert (said.retain, said.expiry_s) == (True, 60)
-
-    async with MqttConnection(BrokerUrl.from_url(broker.url)) as closed:
-        pass
-    assert await handover(ListPublisher(), broker, 3600).keep(closed, NoCounts(), 60)
-
-
-async def test_a_clean_session_says_stopping_and_keeps_nothing(broker: Broker) -> None:
-    publisher = ListPublisher()
-    unused = MqttConnection(BrokerUrl.from_url(broker.url))
-    assert not await handover(publisher, broker, 0).keep(unused, NoCounts(), 60)
-    [said] = publisher.sent
-    assert WorkerStatus.model_validate_json(said.payload).state == "stopping"
