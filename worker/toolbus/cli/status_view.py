@@ -90,6 +90,9 @@ async def _watch(conn: MqttConnection, pool: Pool, view: Live, topics: Topics) -
             await cancel_and_wait(reader, REFRESH_S)
 
 
+STATE_STYLES = {"online": "green", "stopping": "yellow"}  # else red: offline
+
+
 def render(pool: Pool, topics: Topics, note: str = "") -> RenderableType:
     """Two tables: the workers, then the MCP servers at each worker."""
     now = datetime.now(UTC)
@@ -97,7 +100,7 @@ def render(pool: Pool, topics: Topics, note: str = "") -> RenderableType:
     offline = {w.worker_id for w in workers if w.state == "offline"}
     table = Table("worker", "state", "since", "in flight", "handled", title="workers")
     for worker in workers:
-        state = Text(worker.state, style="green" if worker.state == "online" else "red")
+        state = Text(worker.state, style=STATE_STYLES.get(worker.state, "red"))
         since = _since(worker.since, now) if worker.since else "lost (last will)"
         table.add_row(
             _plain(worker.worker_id), state, since, str(worker.in_flight), str(worker.handled)

@@ -333,16 +333,17 @@ class ServerSummary(_Wire):
 
 class WorkerStatus(_Wire):
     """Retained on `{prefix}/status/workers/{worker_id}`, republished every
-    `status_interval_s` with a Message Expiry of a few intervals; `offline` on a clean
-    stop and as the MQTT last will (whose `since` is null: the broker sends it when the
-    connection is lost, a moment the worker cannot know)."""
+    `status_interval_s` with a Message Expiry of a few intervals; `stopping` as a clean
+    stop begins (no new request taken), `offline` when it ends and as the MQTT last will
+    (whose `since` is null: the broker sends it when the connection is lost, a moment the
+    worker cannot know)."""
 
-    state: Literal["online", "offline"]
+    state: Literal["online", "stopping", "offline"]
     worker_id: str
     since: datetime | None = Field(
         default=None,
         description="When this state began (ISO 8601, UTC): online since the last connect, "
-        "offline since the clean stop; null on the last will.",
+        "stopping since the stop began, offline since it ended; null on the last will.",
     )
     in_flight: int = Field(default=0, description="Requests being handled now.")
     handled: int = Field(

@@ -6,7 +6,9 @@ while `concurrency` requests wait, see `transport.socket_reader`), replies leave
 other, whose acknowledgements must come in even then. Requests arrive on a shared
 subscription so replicas split the load; each message is handled by the pipeline in
 its own named task while at most `concurrency` run at once (the consumer stops taking
-messages while every slot is busy). On stop the worker unsubscribes, finishes what it
+messages while every slot is busy). On stop the worker says `stopping`, then
+unsubscribes, unless its session is persistent and no other worker is online (then the
+broker queues what comes meanwhile for its return: see `handover`), finishes what it
 already holds within the grace period, answers anything still running with
 `unavailable`, then marks itself offline.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Self
@@ -34,6 +37,7 @@ from toolbus.transport import BrokerRefused, MqttConnection, TransportError
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.tasks import cancel_and_wait
 from toolbus.wire.topics import Topics
+from toolbus.worker.handover import Handover
 from toolbus.worker.links import RECONNECT_FIRST_DELAY_S, Links, Takeovers
 from toolbus.worker.publisher import ConnectionPublisher
 from toolbus.worker.redeliveries import Redeliveries
@@ -96,6 +100,7 @@ class Worker:
         )
         self.in_flight = InFlight(self.redeliveries.answer, slots, metrics)
         self._conn: MqttConnection | None = None
+        self._handover = Handover(status, topics, worker_id, links, publish_timeout_s)
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -148,9 +153,9 @@ class Worker:
 
     @property
     def stop_bound_s(self) -> float:
-        """The longest a stop may take: the grace period, then three bounded publishes
-        (unsubscribe, the late answers, `offline`), then closing the MCP servers."""
-        return self._grace_s + 3 * self._publish_timeout_s + self.mcp.close_bound_s
+        """The longest a stop may take: the grace period, four bounded steps (`stopping`,
+        unsubscribe, the late answers, `offline`), then closing the MCP servers."""
+        return self._grace_s + 4 * self._publish_timeout_s + self.mcp.close_bound_s
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, then drain and return."""
@@ -197,7 +202,7 @@ class Worker:
                         self._status.resume(self.in_flight)
                     delay_s = RECONNECT_FIRST_DELAY_S
                     if await _consume_until(consumer, out, stop):
-                        await self._drain(conn)
+                        await self._drain(conn, out)
                         return
             except TransportError as exc:
                 if isinstance(exc, BrokerRefused) and not connected_once:
@@ -215,10 +220,14 @@ class Worker:
         # Stopped while disconnected: calls still running get their grace period too.
         await self._finish_handlers()
 
-    async def _consume(self, conn: MqttConnection, *, only_queued: bool = False) -> None:
-        """Take messages one free slot at a time (slot first: see `InFlight`)."""
+    async def _consume(
+        self, conn: MqttConnection, *, only_queued: bool = False, limit: int | None = None
+    ) -> None:
+        """Take messages one free slot at a time (slot first: see `InFlight`): only those
+        already received with `only_queued`, and at most `limit`."""
         messages = conn.messages()
-        while not only_queued or conn.queued():
+        while (not only_queued or conn.queued()) and (limit is None or limit > 0):
+            limit = None if limit is None else limit - 1
             await _take_slot(self.in_flight, conn)
             try:
                 message = await anext(messages)
@@ -227,20 +236,24 @@ class Worker:
                 raise
             self.in_flight.start(message)
 
-    async def _drain(self, conn: MqttConnection) -> None:
-        """Stop taking requests, finish held ones within the grace period, then go offline."""
+    async def _drain(self, conn: MqttConnection, out: MqttConnection) -> None:
+        """Say `stopping`, stop taking requests (unsubscribed, or the subscription kept:
+        `handover`), finish held ones within the grace period, then go offline."""
         await self._begin_stopping()
         deadline = asyncio.get_running_loop().time() + self._grace_s
         log.info("stopping", extra={"in_flight": len(self.in_flight), "grace_s": self._grace_s})
+        keep = await self._handover.keep(out, self.in_flight, math.ceil(self.stop_bound_s))
         try:
-            # The UNSUBACK comes behind what the broker already sent: keep taking.
-            consumer = asyncio.create_task(self._consume(conn), name="consume-draining")
-            async with asyncio.timeout(self._publish_timeout_s):
-                await _cancelled_on_error(consumer, conn.unsubscribe(self.topics.subscriptions()))
-            await cancel_and_wait(consumer)
-            # Requests already received are answered too (they are ours until acked).
+            if not keep:  # the UNSUBACK comes behind what the broker already sent: take on
+                consumer = asyncio.create_task(self._consume(conn), name="consume-draining")
+                unsubscribe = conn.unsubscribe(self.topics.subscriptions())
+                async with asyncio.timeout(self._publish_timeout_s):
+                    await _cancelled_on_error(consumer, unsubscribe)
+                await cancel_and_wait(consumer)
+            # Requests already received are answered too (ours until acked); kept subscribed,
+            # those here now only: more come as answers free the window, and wait for us.
             async with asyncio.timeout_at(deadline):
-                await self._consume(conn, only_queued=True)
+                await self._consume(conn, only_queued=True, limit=conn.queued() if keep else None)
         except (TransportError, TimeoutError) as exc:
             log.warning("could not take every queued message before stopping: %s", exc)
         await self._finish_handlers(deadline)

@@ -12,8 +12,8 @@ What keeps them true:
   instead of piling up;
 - the heartbeat starts with every connect, so a broker that lost its retained messages
   has them back at once;
-- a clean stop publishes each server's final state (`stopped`) and the worker's
-  `offline`, expiring like the heartbeat's;
+- a clean stop publishes the worker's `stopping` as it begins, then each server's
+  final state (`stopped`) and the worker's `offline`, expiring like the heartbeat's;
 - the last will (`offline`, `since` null) expires after `offline_expiry_s`.
 """
 
@@ -131,6 +131,15 @@ class StatusReporter:
             await cancel_and_wait(task, PAUSE_BOUND_S)
         self._heartbeat = None
 
+    async def stopping(self, counts: Counts, lasts_s: int) -> bool:
+        """A clean stop has begun (after `pause`): the worker's `stopping` status,
+        expiring after `lasts_s` (at least the heartbeat's), which the other workers
+        read to decide which of them keeps the subscription (`handover`). True once the
+        broker has acknowledged it."""
+        status = self._worker_status("stopping", self._clock(), counts)
+        message = self._worker_message(status, max(self.expiry_s, lasts_s))
+        return await self._publisher.publish(message) is None
+
     async def stop(self, counts: Counts) -> None:
         """A clean stop: each server's final state (`stopped`) and the worker's
         `offline`, published at once (one publish bound for all), expiring like the
@@ -181,7 +190,7 @@ class StatusReporter:
             await self._publisher.publish(self._worker_message(status, self.expiry_s))
 
     def _worker_status(
-        self, state: Literal["online", "offline"], since: datetime, counts: Counts
+        self, state: Literal["online", "stopping", "offline"], since: datetime, counts: Counts
     ) -> WorkerStatus:
         return WorkerStatus(
             state=state,

@@ -8,6 +8,9 @@ restarts one that ends unasked (after a bounded exponential backoff), and stops 
     SIGTERM/SIGINT to the parent -> SIGTERM to every child -> each drains as a single
     `serve` does -> a child still running after its drain bound is SIGKILLed -> exit 0
 
+Children stopped together decide among themselves which keeps its subscription for the
+next start (the last to say `stopping`: see `handover`); the parent need not tell them.
+
 A child that exits with a configuration or broker-refused code at its first start
 would only do so again: the parent stops the others and exits with that code.
 
@@ -50,8 +53,8 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 def child_stop_bound_s(shutdown_grace_s: float, publish_timeout_s: float) -> float:
     """How long a child may take from SIGTERM to exit: a `Worker`'s own stop bound (the
-    grace period, three bounded publishes, closing the MCP servers) plus a margin."""
-    return shutdown_grace_s + 3 * publish_timeout_s + MCP_CLOSE_BOUND_S + STOP_MARGIN_S
+    grace period, four bounded steps, closing the MCP servers) plus a margin."""
+    return shutdown_grace_s + 4 * publish_timeout_s + MCP_CLOSE_BOUND_S + STOP_MARGIN_S
 
 
 def supervise(settings: Settings, flags: Sequence[str]) -> int:
