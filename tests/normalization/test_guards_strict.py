@@ -319,7 +319,8 @@ def literal_rules_table() -> list[tuple[str, str, str, str]]:
     """docs/normalization.md's look-alikes that pass `strict` (sent, read as, and the rule
     and reason of their refusal with `path = true`), read from its table."""
     lines = NORMALIZATION_DOC.read_text().splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith("| sent | read as"))
+    header = next((i for i, line in enumerate(lines) if line.startswith("| sent | read as")), None)
+    assert header is not None, "docs/normalization.md lists no look-alikes that pass `strict`"
     rows: list[tuple[str, str, str, str]] = []
     for line in lines[header + 2 :]:
         if not line.startswith("|"):
