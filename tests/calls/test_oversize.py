@@ -62,6 +62,14 @@ async def test_user_properties_over_the_bounds_are_refused_and_at_them_taken() -
     assert details == {**details, "count": 1, "size_bytes": MAX_USER_PROPERTY_BYTES + 1}
 
 
+async def test_user_properties_are_counted_up_to_the_first_past_a_bound() -> None:
+    """The details say what was counted before the count stopped: at least that many."""
+    many = tuple((f"k{n}", "v") for n in range(1000))
+    details = await refusal(rig(), user_properties=many)
+    assert details == {**details, "count": MAX_USER_PROPERTIES + 1}
+    assert details["size_bytes"] == UserPropertyTally.of(many[: MAX_USER_PROPERTIES + 1]).size_bytes
+
+
 async def test_user_properties_the_transport_removed_are_refused_as_it_counted_them() -> None:
     r = rig()
     dropped = UserPropertyTally(count=60_000, size_bytes=300_000)
@@ -73,6 +81,18 @@ async def test_user_properties_the_transport_removed_are_refused_as_it_counted_t
 def publish_packet(props: bytes, payload: bytes, topic: bytes = b"tb/call/echo") -> bytearray:
     """A PUBLISH after its fixed header: topic, packet id 7, properties, payload."""
     return bytearray(struct.pack("!H", len(topic)) + topic + b"\x00\x07" + props + payload)
+
+
+def counted(count: int, value: bytes) -> UserPropertyTally:
+    """What the guard counts of `count` properties (key `k`, `value`): up to and with the
+    first past a bound."""
+    each = 5 + 1 + len(value)
+    read = 0
+    while read < count:
+        read += 1
+        if read > MAX_USER_PROPERTIES or read * each > MAX_USER_PROPERTY_BYTES:
+            break
+    return UserPropertyTally(read, read * each)
 
 
 def decoded(packet: bytearray) -> tuple[_packet.PublishPacket, dict[str, Any]]:
@@ -105,7 +125,7 @@ def test_the_transport_removes_user_properties_over_the_bounds_and_keeps_the_res
         return
     assert result is not None
     rebuilt, tally = result
-    assert tally == UserPropertyTally(count, count * (5 + 1 + len(value)))
+    assert tally == counted(count, value)
     # paho's own decoding is the oracle: everything but the user properties is kept
     (original, _), (kept, props) = decoded(packet), decoded(rebuilt)
     assert (kept.topic, kept.mid, kept.payload) == (original.topic, original.mid, b'{"x": 1}')
@@ -115,10 +135,58 @@ def test_the_transport_removes_user_properties_over_the_bounds_and_keeps_the_res
 
 
 @pytest.mark.parametrize(
+    ("count", "value"),
+    [
+        (MAX_USER_PROPERTIES + 1, b""),
+        (40_000, b""),  # 240 KB: within the worker's packet bound (320 KiB by default)
+        (2, b"v" * (MAX_USER_PROPERTY_BYTES // 2)),  # past the byte bound at the second
+        (100, b"v" * (MAX_USER_PROPERTY_BYTES // 2)),  # 800 KB, read: 2 of them
+    ],
+)
+def test_the_guard_reads_no_further_than_the_first_property_past_a_bound(
+    count: int, value: bytes
+) -> None:
+    """The guard's work, counted in user properties read, is bounded: 65 at most, however
+    many the packet holds; and what follows the first past a bound is never read, so a
+    malformed tail there is refused with the rest (paho never sees it)."""
+    packed = properties(
+        response_topic=REPLY, correlation=b"corr", user_properties=count, value=value
+    ).pack()
+    bound = counted(count, value)
+    assert bound.count <= MAX_USER_PROPERTIES + 1
+    result = strip_user_properties(QOS1, publish_packet(packed, b"{}"))
+    assert result is not None and result[1] == bound
+    props = decoded(result[0])[1]
+    assert (props["ResponseTopic"], props["CorrelationData"]) == (REPLY, b"corr")
+    # Garbage after the first property past the bound: not read, not a reason to give up.
+    cut = len(packed) - (count - bound.count) * (6 + len(value))  # the unread tail
+    tail_garbage = packed[:cut] + b"\x7f" * (len(packed) - cut)  # not property identifiers
+    result = strip_user_properties(QOS1, publish_packet(tail_garbage, b"{}"))
+    assert result is not None and result[1] == bound
+
+
+def test_properties_after_the_first_past_a_bound_are_dropped_unread() -> None:
+    """Correlation Data written after the user properties (paho writes it before): over
+    the bounds, it is dropped with them; within them, it is kept."""
+    over = properties(
+        response_topic=REPLY, correlation=b"corr", user_properties=100, correlation_last=True
+    )
+    result = strip_user_properties(QOS1, publish_packet(over.pack(), b"{}"))
+    assert result is not None and result[1] == counted(100, b"")
+    props = decoded(result[0])[1]
+    assert props["ResponseTopic"] == REPLY and "CorrelationData" not in props
+    within = properties(
+        response_topic=REPLY, correlation=b"corr", user_properties=64, correlation_last=True
+    )
+    assert strip_user_properties(QOS1, publish_packet(within.pack(), b"{}")) is None
+
+
+@pytest.mark.parametrize(
     "props",
     [
         b"\x05" + b"\x26\x00\x01k\x00\x00" * 200,  # the block says 5 bytes: far fewer than held
-        varint(1000) + b"\x26\x00\x01k\x00\x00" * 199 + b"\x26\x00\xff",  # a length past the end
+        # a length past the end, before the bounds are reached (after them: never read)
+        varint(1000) + b"\x26\x00\x01k\x00\x00" * 50 + b"\x26\xff\xff" + b"\x00" * 697,
         varint(1000) + b"\x7f" + b"\x00" * 999,  # not a property identifier
     ],
 )

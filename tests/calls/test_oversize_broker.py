@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from tests.calls.test_oversize import counted
 from tests.support.harness import Broker, measured
 from tests.support.mqtt import Caller, correlation_of
 from tests.support.packets import properties
@@ -102,12 +103,15 @@ async def test_an_oversize_request_never_reaches_the_worker_and_costs_a_victim_n
     [
         (MAX_USER_PROPERTIES + 1, b""),
         (5_000, b"v"),  # 35 KB: well within the packet bound
+        (40_000, b""),  # 240 KB: within it too; read no further than the 65th
         (1, b"v" * MAX_USER_PROPERTY_BYTES),
     ],
 )
 async def test_a_request_with_user_properties_over_the_bounds_is_refused_with_the_code(
     serve: Serve, own_broker: Broker, count: int, value: bytes
 ) -> None:
+    """`count` and `size_bytes` are what the worker read up to the first property past a
+    bound (it reads no further): the request held at least that many."""
     reply = f"toolbus/reply/props-{count}"
     async with Caller(own_broker.url) as attacker:
         await attacker.subscribe(reply)
@@ -122,10 +126,38 @@ async def test_a_request_with_user_properties_over_the_bounds_is_refused_with_th
         assert answer["error"]["code"] == "bad_request", answer
         details = answer["error"]["details"]
         assert details["reason"] == "user_properties_too_large"
-        assert details["count"] == count
-        assert details["size_bytes"] == count * (6 + len(value))
+        read = counted(count, value)
+        assert details == {
+            **details,
+            "limit_count": MAX_USER_PROPERTIES,
+            "count": read.count,
+            "limit_bytes": MAX_USER_PROPERTY_BYTES,
+            "size_bytes": read.size_bytes,
+        }
+        assert read.count <= MAX_USER_PROPERTIES + 1
         after, _ = await attacker.call(ECHO_TOPIC, echo("after"), reply_topic=reply)
         assert after["ok"], after  # the worker goes on answering the same caller
+
+
+async def test_correlation_data_after_the_first_property_past_a_bound_is_not_read(
+    serve: Serve, own_broker: Broker
+) -> None:
+    """MQTT allows Correlation Data after the user properties (paho writes it before):
+    over the bounds, the refusal comes to the Response Topic without it."""
+    reply = "toolbus/reply/props-late-correlation"
+    async with Caller(own_broker.url) as attacker:
+        await attacker.subscribe(reply)
+        props = properties(
+            response_topic=reply, correlation=b"late", user_properties=100, correlation_last=True
+        )
+        await attacker.client.publish(
+            ECHO_TOPIC, json.dumps(echo("x")).encode(), qos=1, properties=props
+        )
+        message = await attacker.next_message()
+        assert correlation_of(message) is None
+        answer = json.loads(message.payload)
+        assert answer["error"]["details"]["reason"] == "user_properties_too_large", answer
+        assert answer["error"]["details"]["count"] == MAX_USER_PROPERTIES + 1
 
 
 def memory_kib(pid: int) -> dict[str, int]:

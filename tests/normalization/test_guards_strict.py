@@ -2,15 +2,19 @@
 
 In-process through the pipeline (`Rig`) for each rule, the defaults that let ordinary
 values through, a tool's preset against the global one, keys, and the pairs with
-normalization and deduplication; one case over a real mosquitto with the audit's four
-attacks. The seed's scenario itself runs in tests/acceptance/test_seed_004_*.
+normalization and deduplication; over a real mosquitto, the audit's four attacks, and
+the look-alikes docs/normalization.md says pass (the rules are literal; a path guard
+decodes). The seed's scenario itself runs in tests/acceptance/test_seed_004_*.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
@@ -22,6 +26,7 @@ from toolbus.config import ConfigError, load_settings
 from toolbus.dedup import MemoryStore
 from toolbus.tools.local import LocalTool
 
+NORMALIZATION_DOC = Path(__file__).parents[2] / "docs" / "normalization.md"
 OPEN_OBJECT = {"type": "object", "additionalProperties": True}
 STRINGS = {"type": "array", "items": {"type": "string"}}
 SCHEMA = {
@@ -308,3 +313,57 @@ async def test_the_audits_four_attacks_never_reach_a_tool(broker: Broker, caller
         assert note.received == []
         assert (await caller.call_tool(worker.topics, "note", {"text": "7*7"}))["ok"]
     assert note.received == [{"text": "7*7"}]
+
+
+def literal_rules_table() -> list[tuple[str, str, str, str]]:
+    """docs/normalization.md's look-alikes that pass `strict` (sent, read as, and the rule
+    and reason of their refusal with `path = true`), read from its table."""
+    lines = NORMALIZATION_DOC.read_text().splitlines()
+    header = next((i for i, line in enumerate(lines) if line.startswith("| sent | read as")), None)
+    assert header is not None, "docs/normalization.md lists no look-alikes that pass `strict`"
+    rows: list[tuple[str, str, str, str]] = []
+    for line in lines[header + 2 :]:
+        if not line.startswith("|"):
+            break
+        sent, read_as, passes, refused = line.strip("|").split(" | ")
+        assert passes.strip() == "pass", line
+        [sent_value], [read_value] = (
+            re.findall(r"`([^`]*)`", sent),
+            re.findall(r"`([^`]*)`", read_as),
+        )
+        rule, reason = re.findall(r"`([^`]*)`", refused)
+        rows.append((sent_value, read_value, rule, reason))
+    return rows
+
+
+def decoded(text: str) -> str:
+    """Percent-decoding and NFKC, until stable: what a tool that undoes them reads."""
+    while (again := unicodedata.normalize("NFKC", unquote(text))) != text:
+        text = again
+    return text
+
+
+async def test_the_strict_rules_are_literal_as_documented(broker: Broker, caller: Caller) -> None:
+    """docs/normalization.md's table, over a real broker: each look-alike reads as what
+    `strict` refuses, passes its character rules as sent (the tool gets it unchanged), and
+    is refused by the path guard, which decodes, where the parameter is marked a path."""
+    rows = literal_rules_table()
+    looks_like = {read_as[0] if read_as[0] in "<{" else ".." for _, read_as, _, _ in rows}
+    assert looks_like == {"<", "{", ".."}, rows
+    note, filer = Counted(), Counted("filer")
+    settings = make_settings(
+        broker,
+        guards={"preset": "strict"},
+        tools={"filer": {"parameters": {"text": {"path": True}}}},
+    )
+    async with running_worker(settings, [note.tool, filer.tool]) as worker:
+        for sent, read_as, rule, reason in rows:
+            assert decoded(sent) == read_as and sent != read_as
+            meant = await caller.call_tool(worker.topics, "note", {"text": read_as})
+            assert not meant["ok"], read_as  # what it reads as is refused
+            passed = await caller.call_tool(worker.topics, "note", {"text": sent})
+            assert passed["ok"], (sent, passed)
+            assert note.received[-1] == {"text": sent}
+            refused = await caller.call_tool(worker.topics, "filer", {"text": sent})
+            assert ("arguments.text", rule, reason) in violations(refused), (sent, refused)
+    assert filer.received == []

@@ -44,16 +44,18 @@ def properties(
     user_properties: int = 0,
     key: bytes = b"k",
     value: bytes = b"",
+    correlation_last: bool = False,
 ) -> RawProperties:
-    """A Response Topic, Correlation Data, then `user_properties` copies of (key, value)."""
+    """A Response Topic, Correlation Data, then `user_properties` copies of (key, value),
+    in the order paho writes them; `correlation_last`: Correlation Data after the user
+    properties (MQTT allows any order; paho never writes this one)."""
     pair = bytes([USER_PROPERTY]) + _field(key) + _field(value)
-    body = (
-        bytes([RESPONSE_TOPIC])
-        + _field(response_topic.encode())
-        + pair * user_properties
-        + bytes([CORRELATION_DATA])
-        + _field(correlation)
-    )
+    correlation_data = bytes([CORRELATION_DATA]) + _field(correlation)
+    body = bytes([RESPONSE_TOPIC]) + _field(response_topic.encode())
+    if correlation_last:
+        body += pair * user_properties + correlation_data
+    else:
+        body += correlation_data + pair * user_properties
     return RawProperties(varint(len(body)) + body)
 
 

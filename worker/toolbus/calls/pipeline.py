@@ -38,6 +38,7 @@ from toolbus.dedup import Once
 from toolbus.observability.export import COLLECTOR, TraceCollector, descendants, otlp_json
 from toolbus.observability.metrics import Metrics
 from toolbus.observability.propagation import carrying_baggage, extract_context, inject_headers
+from toolbus.observability.sampling import call_context
 from toolbus.observability.spans import (
     child_span,
     default_tracer,
@@ -152,11 +153,14 @@ class Pipeline:
                 unconfirmed = await self._dispatch(message, decoded)
                 answered = True
                 return unconfirmed
+            traced = self._trace_wanted(decoded)
             with (
                 carrying_baggage(context),
                 self._tracer.start_as_current_span(
                     f"process {shown(message.topic)}",
-                    context=context,
+                    # Marked as a call's: its caller's sampled flag records for the copy
+                    # it asks for at most, never for the exporter (`sampling`).
+                    context=call_context(context, copy_wanted=traced),
                     kind=trace.SpanKind.CONSUMER,
                     attributes=messaging_attributes(
                         "process",
@@ -167,7 +171,6 @@ class Pipeline:
                     ),
                 ) as span,
             ):
-                traced = self._trace_wanted(decoded)
                 if traced:
                     self._collector.watch(span.get_span_context().trace_id)
                 if isinstance(decoded, Rejected):

@@ -3,9 +3,10 @@
 The payload is at most `max_payload_bytes`; the MQTT v5 user properties at most
 `MAX_USER_PROPERTIES` of them in `MAX_USER_PROPERTY_BYTES` (`toolbus.wire.messages`). A
 request over either is refused as `bad_request` (the user properties with `reason:
-user_properties_too_large`), which costs only its sender: the transport never parses
-user properties beyond the bounds (`transport.inbound_limits`), and the broker never
-sends a packet over the worker's Maximum Packet Size.
+user_properties_too_large`, `count` and `size_bytes` as counted up to the first property
+past a bound), which costs only its sender: the transport never reads user properties
+beyond the bounds (`transport.inbound_limits`), and the broker never sends a packet over
+the worker's Maximum Packet Size.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ def check_bounds(message: Inbound, max_payload_bytes: int) -> None:
     if tally is None and message.user_properties:
         tally = UserPropertyTally.of(message.user_properties)
     if tally is not None and tally.over:
+        # Counted up to the first past a bound (`UserPropertyTally`): at least that many.
         raise BadRequest(
-            f"{tally.count} user properties of {tally.size_bytes} bytes exceed the limit of "
-            f"{MAX_USER_PROPERTIES} in {MAX_USER_PROPERTY_BYTES} bytes",
+            f"at least {tally.count} user properties of {tally.size_bytes} bytes exceed the "
+            f"limit of {MAX_USER_PROPERTIES} in {MAX_USER_PROPERTY_BYTES} bytes",
             reason="user_properties_too_large",
             limit_count=MAX_USER_PROPERTIES,
             count=tally.count,

@@ -1,7 +1,10 @@
-"""Trace export over MQTT: a call's finished spans, kept until taken, as OTLP/JSON.
+"""Trace export: what of a span leaves the worker, to a caller and to the operator.
 
 A caller that asks for its spans (`publish_trace`) gets them on `{reply_topic}/trace`
-as an `ExportTraceServiceRequest` in OTLP/JSON (hex ids, integer enums).
+as an `ExportTraceServiceRequest` in OTLP/JSON (hex ids, integer enums), with failures
+told by their codes and a resource that names the service alone. The operator's
+exporter gets a library's span (the mcp SDK's) with its failure told by its codes too
+(`LibraryFailuresWithoutText`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
+from opentelemetry.trace import Status
 
 
 class TraceCollector(SpanProcessor):
@@ -52,15 +56,18 @@ class TraceCollector(SpanProcessor):
 
 
 # What a caller sees of an exception a span recorded (the mcp SDK's own spans record
-# every exception raised through them): its type, never its message or stack trace.
+# every exception raised through them), and the operator's exporter of a library's: its
+# type, never its message or stack trace.
 CALLERS_EXCEPTION_ATTRIBUTES = frozenset({"exception.type", "exception.escaped"})
 
 
 def otlp_json(spans: list[ReadableSpan]) -> bytes:
     """Spans as OTLP/JSON (an `ExportTraceServiceRequest`): hex ids, integer enums; as a
-    caller may see them (`_failures_without_text`)."""
+    caller may see them (`_failures_without_text`), from a resource that names the
+    service alone (`_service_only`)."""
     document = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
     for resource_spans in document.get("resourceSpans", []):
+        _service_only(resource_spans)
         for scope_spans in resource_spans.get("scopeSpans", []):
             for span in scope_spans.get("spans", []):
                 _hex_ids(span)
@@ -68,6 +75,18 @@ def otlp_json(spans: list[ReadableSpan]) -> bytes:
                     _hex_ids(link)
                 _failures_without_text(span)
     return json.dumps(document, separators=(",", ":")).encode()
+
+
+def _service_only(resource_spans: dict[str, Any]) -> None:
+    """The resource as a caller sees it: `service.name`, nothing else. The operator's
+    resource describes its own machines (`OTEL_RESOURCE_ATTRIBUTES`, the host and process
+    detectors: host names and ids, command lines, install paths, the SDK's version), which
+    are the operator's to export, not a caller's to read."""
+    resource = resource_spans.get("resource", {})
+    resource_spans["resource"] = {
+        "attributes": [a for a in resource.get("attributes", []) if a.get("key") == "service.name"]
+    }
+    resource_spans.pop("schemaUrl", None)  # the resource's schema: of attributes now gone
 
 
 def _failures_without_text(span: dict[str, Any]) -> None:
@@ -93,6 +112,85 @@ def _hex_ids(node: dict[str, Any]) -> None:
     for key in ("traceId", "spanId", "parentSpanId"):
         if key in node:
             node[key] = base64.b64decode(node[key]).hex()
+
+
+# The worker's own instrumentation scopes (`toolbus`, `toolbus.mcp`): their spans describe
+# a failure in words that quote no value (`spans.mark_refused`).
+OWN_SCOPE = "toolbus"
+
+
+class LibraryFailuresWithoutText(SpanProcessor):
+    """Hands finished spans to `inner` (the exporter's processor), a library's failure
+    told by its codes alone: a span of another instrumentation scope (the mcp SDK's) with
+    a status description or an exception event goes on as a copy without the description
+    and with each exception's type only. The mcp SDK describes a server's error response
+    with the server's text, which may quote an argument; the worker's own spans never
+    carry an error's message, and neither does the operator's exporter."""
+
+    def __init__(self, inner: SpanProcessor) -> None:
+        self._inner = inner
+
+    def on_start(self, span: Any, parent_context: Context | None = None) -> None:
+        self._inner.on_start(span, parent_context)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self._inner.on_end(_TextlessFailure(span) if _library_text(span) else span)
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+def _library_text(span: ReadableSpan) -> bool:
+    """True for a span of another scope than the worker's whose failure has words."""
+    scope = span.instrumentation_scope
+    name = scope.name if scope is not None else ""
+    if name == OWN_SCOPE or name.startswith(f"{OWN_SCOPE}."):
+        return False
+    return bool(span.status.description) or any(e.name == "exception" for e in span.events)
+
+
+class _TextlessFailure(ReadableSpan):
+    """A finished span as `_library_text` lets it go on: everything but the text."""
+
+    def __init__(self, span: ReadableSpan) -> None:
+        super().__init__(
+            name=span.name,
+            context=span.context,
+            parent=span.parent,
+            resource=span.resource,
+            attributes=span.attributes,
+            events=tuple(_event_without_text(e) for e in span.events),
+            links=span.links,
+            kind=span.kind,
+            status=Status(span.status.status_code),
+            start_time=span.start_time,
+            end_time=span.end_time,
+            instrumentation_scope=span.instrumentation_scope,
+        )
+        self._dropped = (span.dropped_attributes, span.dropped_events, span.dropped_links)
+
+    @property
+    def dropped_attributes(self) -> int:
+        return self._dropped[0]
+
+    @property
+    def dropped_events(self) -> int:
+        return self._dropped[1]
+
+    @property
+    def dropped_links(self) -> int:
+        return self._dropped[2]
+
+
+def _event_without_text(event: Event) -> Event:
+    if event.name != "exception":
+        return event
+    attributes = event.attributes or {}
+    kept = {k: v for k, v in attributes.items() if k in CALLERS_EXCEPTION_ATTRIBUTES}
+    return Event(event.name, kept, event.timestamp)
 
 
 def descendants(spans: list[ReadableSpan], root_span_id: int) -> list[ReadableSpan]:

@@ -27,7 +27,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
-from toolbus.observability.export import COLLECTOR
+from toolbus.observability.export import COLLECTOR, LibraryFailuresWithoutText
+from toolbus.observability.sampling import OperatorSampling, operator_sampler
 
 log = logging.getLogger("toolbus.telemetry")
 
@@ -100,17 +101,23 @@ def configure_tracing(
     """Install the global tracer provider the environment asks for; None when disabled.
 
     `record_for_callers` records spans even with no exporter, so that calls asking for
-    their spans back (`publish_trace`) get them.
+    their spans back (`publish_trace`) get them. The sampler is `OTEL_TRACES_SAMPLER`'s,
+    read from `environ`, with a caller's sampled flag unable to turn it on
+    (`sampling.OperatorSampling`); a library's span reaches the exporter with its failure
+    told by codes alone (`export.LibraryFailuresWithoutText`).
     """
     env = os.environ if environ is None else environ
     choice = exporter_choice(env, "TRACES")
     if choice is None or (choice == "none" and not record_for_callers):
         return None
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", service_name)})
-    provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER
+    # The operator's sampler, which a caller's sampled flag cannot turn on (`sampling`).
+    sampler = OperatorSampling(operator_sampler(env))
+    provider = TracerProvider(resource=resource, sampler=sampler)
     provider.add_span_processor(COLLECTOR)
     if choice != "none":
-        provider.add_span_processor(BatchSpanProcessor(_span_exporter(choice, env)))
+        exporting = BatchSpanProcessor(_span_exporter(choice, env))
+        provider.add_span_processor(LibraryFailuresWithoutText(exporting))
     trace.set_tracer_provider(provider)
     log.info("tracing: spans exported with %s", choice)
     return provider

@@ -12,10 +12,13 @@ Two costs one caller could otherwise put on every caller of a worker:
   copies the list of those before it. 11 000 empty user properties in 64 KiB, a size
   any packet bound lets through, cost 1.3 s of the event loop (every caller waits).
   So before paho decodes a PUBLISH, `PropertyGuard` walks its property block once, in
-  place; when the user properties exceed `MAX_USER_PROPERTIES` or
-  `MAX_USER_PROPERTY_BYTES`, it hands paho the packet without them and the message
-  says how many there were (`Inbound.dropped_user_properties`), so the pipeline refuses
-  it with its Response Topic and Correlation Data intact.
+  place, up to the first user property past `MAX_USER_PROPERTIES` or
+  `MAX_USER_PROPERTY_BYTES`: there it stops (the message is refused whatever follows),
+  hands paho the packet without its user properties and without what followed that one,
+  and the message says how many it read (`Inbound.dropped_user_properties`, at least
+  that many), so the pipeline refuses it with the Response Topic and Correlation Data
+  that came before (paho and most clients write them first). A hostile packet costs
+  the walk over 65 properties, however many it holds.
 
 paho has no hook before it decodes a PUBLISH: the guard wraps its `_handle_publish`
 and reads its `_in_packet` (paho 2.x), and fails loudly at connect if they change.
@@ -111,8 +114,14 @@ def strip_user_properties(
     command: int, packet: bytes | bytearray
 ) -> tuple[bytearray, UserPropertyTally] | None:
     """`packet` (a PUBLISH after its fixed header) without its user properties, and what
-    they were, when they exceed the bounds; None when they do not, or when the packet is
-    malformed (paho then refuses it itself)."""
+    of them was read, when they exceed the bounds; None when they do not, or when the
+    packet is malformed (paho then refuses it itself).
+
+    The walk stops at the first user property past a bound: the tally counts up to it
+    (at most `MAX_USER_PROPERTIES + 1` of them, or `MAX_USER_PROPERTY_BYTES` and the one
+    more), and every property after it is dropped unread, so a packet of 50 000 costs
+    what one of 65 does. A Response Topic or Correlation Data sent after that point is
+    dropped with them: paho, like most clients, writes them before the user properties."""
     view = memoryview(packet)
     at = 2 + int.from_bytes(view[0:2], "big") + (2 if command & 0x06 else 0)
     length, start = _varint(view, at)
@@ -120,14 +129,19 @@ def strip_user_properties(
     if length <= _NOTHING_TO_COUNT or end > len(view):
         return None
     kept = bytearray()
-    count, i = 0, start
+    count = size = 0
+    i = start
     try:
         while i < end:  # one pass, no copies: a user property costs a few operations
             ident = view[i]
             if ident == _USER_PROPERTY:
                 j = i + 3 + (view[i + 1] << 8 | view[i + 2])  # past the key
-                i = j + 2 + (view[j] << 8 | view[j + 1])  # past the value
+                j += 2 + (view[j] << 8 | view[j + 1])  # past the value
                 count += 1
+                size += j - i
+                i = j
+                if count > MAX_USER_PROPERTIES or size > MAX_USER_PROPERTY_BYTES:
+                    break  # refused whatever follows: the rest is never read
                 continue
             if ident in _FIXED:
                 j = i + 1 + _FIXED[ident]
@@ -141,9 +155,8 @@ def strip_user_properties(
             i = j
     except IndexError:  # a length past the packet's end: malformed, paho says so
         return None
-    size = length - len(kept)  # the user properties' bytes on the wire
-    if i != end or (count <= MAX_USER_PROPERTIES and size <= MAX_USER_PROPERTY_BYTES):
-        return None
+    if i > end or (count <= MAX_USER_PROPERTIES and size <= MAX_USER_PROPERTY_BYTES):
+        return None  # past the block's end (malformed, paho says so), or within the bounds
     rebuilt = bytearray(view[:at])
     rebuilt += varint(len(kept)) + kept
     rebuilt += view[end:]

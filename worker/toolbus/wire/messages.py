@@ -24,14 +24,22 @@ MAX_USER_PROPERTY_BYTES = 16 * 1024
 
 @dataclass(frozen=True, slots=True)
 class UserPropertyTally:
-    """How many user properties a message carried, and their bytes on the wire."""
+    """How many user properties a message carried, and their bytes on the wire, counted up
+    to the first one past a bound (the count stops there: a message over a bound holds at
+    least this many)."""
 
     count: int
     size_bytes: int
 
     @classmethod
     def of(cls, pairs: tuple[tuple[str, str], ...]) -> UserPropertyTally:
-        return cls(len(pairs), sum(5 + len(k.encode()) + len(v.encode()) for k, v in pairs))
+        count = size = 0
+        for key, value in pairs:
+            count += 1
+            size += 5 + len(key.encode()) + len(value.encode())
+            if count > MAX_USER_PROPERTIES or size > MAX_USER_PROPERTY_BYTES:
+                break  # as the transport counts them (`transport.inbound_limits`)
+        return cls(count, size)
 
     @property
     def over(self) -> bool:
