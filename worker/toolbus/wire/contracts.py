@@ -43,9 +43,7 @@ class ErrorCode(StrEnum):
     """The caller is over its quota (`[callers.NAME]` rate or calls in flight); nothing ran.
     `details.retry_after_ms` says when to try again, `details.limit` which quota it hit."""
     REPLY_NOT_KEPT = "reply_not_kept"
-    """A repeat of a request that ran and was answered, whose reply was too large to keep
-    for repeats (or was given up to bound the dedup store's bytes): it is not run again.
-    `details.ok` says whether that run succeeded, `details.error_code` how it failed."""
+    """A repeat of a call that ran, whose reply is no longer kept whole: not run again."""
 
 
 TraceUnavailable = Literal["not_recording", "not_sampled"]
