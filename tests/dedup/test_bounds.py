@@ -211,3 +211,26 @@ async def test_a_redis_smaller_than_the_bounds_is_warned_about() -> None:
         assert any("maxmemory" in r.getMessage() for r in seen.records)
     finally:
         small.stop()
+
+
+async def test_a_record_with_its_summary_or_shrunk_to_it_is_superseded_once(
+    opener: Opener,
+) -> None:
+    """A provider's next `call_0` takes a finished record over: also one holding a
+    summary beside its reply, and one the bounds shrank (in Redis re-encoded by its books).
+    It used to find neither equal to what it rebuilt, and ran unclaimed: its repeats ran
+    again (the review of issue 29)."""
+    async with opener(Bounds(caller_max_bytes=8_000)) as store:
+        whole = stored("kitchen", None, "call_0")
+        await finish(store, whole, "w" * REPLY_CHARS)  # a reply over 1 KiB: a summary beside
+        shrunk = stored("garage", None, "call_0")
+        _, summary = await finish(store, shrunk, "s" * REPLY_CHARS)
+        for n in range(3):  # garage past its bound: its oldest, call_0, shrinks
+            await finish(store, stored("garage", None, f"g{n}"), "g" * REPLY_CHARS)
+        assert await kept(store, shrunk) == summary
+        for k in (whole, shrunk):
+            seen = await store.claim(k, TTL_S, fingerprint="next-turn")
+            assert seen.kind == "done"
+            assert await store.supersede(k, seen, TTL_S, fingerprint="next-turn")
+            again = await store.claim(k, TTL_S, fingerprint="next-turn")
+            assert (again.kind, again.fingerprint) == ("running", "next-turn")

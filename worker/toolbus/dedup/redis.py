@@ -210,7 +210,7 @@ class RedisStore:
                 continue
             if found == 1 or _text(found) == mine:  # ours (a lost answer to our SET too)
                 return await self._fresh(key, mine, ttl_s)
-            return await self._found(parse(found))
+            return await self._found(_text(found) or "")
         raise RedisError("the dedup store changed under three claims in a row")
 
     async def _fresh(self, key: str, claimed: str, ttl_s: float) -> Claim:
@@ -221,9 +221,10 @@ class RedisStore:
             return Claim("doubtful", doubt_until=doubt_until)
         return Claim("fresh")
 
-    async def _found(self, record: Started | Done) -> Claim:
+    async def _found(self, raw: str) -> Claim:
+        record = parse(raw)
         if isinstance(record, Done):
-            return Claim("done", reply=record.reply, fingerprint=record.fingerprint)
+            return Claim("done", reply=record.reply, fingerprint=record.fingerprint, stored=raw)
         if await self._running(record):
             return Claim("running", started=record, fingerprint=record.fingerprint)
         return Claim("orphaned", started=record, fingerprint=record.fingerprint)
@@ -241,7 +242,9 @@ class RedisStore:
     async def supersede(self, key: str, previous: Claim, ttl_s: float, *, fingerprint: str) -> bool:
         if previous.reply is None:
             return False  # only a reply is superseded
-        seen = Done(previous.reply, previous.fingerprint).to_json()
+        # Compared as stored: rebuilt, a record with its summary never matched, and a
+        # provider's next `call_0` then ran unclaimed, its repeats running again.
+        seen = previous.stored or Done(previous.reply, previous.fingerprint).to_json()
         return await self._replace(key, seen, ttl_s, fingerprint)
 
     async def _replace(self, key: str, seen: str, ttl_s: float, fingerprint: str) -> bool:

@@ -128,6 +128,9 @@ class Claim:
     started: Started | None = None  # for `running` and `orphaned`
     fingerprint: str = UNKNOWN  # what the record's call asked for (not for `fresh`)
     doubt_until: float = 0.0  # for `doubtful`: Unix time
+    # The record exactly as the store holds it, where one compares it (Redis: a record
+    # with its summary, or one the store's books shrank, is no string Python rebuilds).
+    stored: str | None = None
 
     def asks(self, fingerprint: str) -> bool:
         """Does the record hold a call that asked for the same thing as `fingerprint`?"""
