@@ -20,16 +20,19 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from mcp.shared.exceptions import MCPError
 
 from tests.backends.test_mcp_faults import SERVER, ServerStates, call, misbehaving
 from tests.support.harness import Broker, free_port, make_settings, measured, running_worker
 from tests.support.mqtt import Caller
 from tests.support.processes import stop_process, wait_for_line
+from toolbus.backends.mcp.call import failure
+from toolbus.backends.mcp.session import Session
 from toolbus.worker.service import Worker
 
 IN_FLIGHT = 10  # another caller's calls held on the server when the error answer comes
@@ -189,3 +192,23 @@ async def test_over_http_an_error_answer_is_tool_error_and_a_dead_server_is_not(
                 replies = await asyncio.gather(*held)
             assert [error_of(reply) for reply in replies] == [("unavailable", None)] * IN_FLIGHT
             await states.until("degraded")
+
+
+class _Answers:
+    """A session whose server answers pings: alive, as far as the transport can tell."""
+
+    async def send_ping(self) -> None:
+        return None
+
+
+async def test_a_response_stream_the_sdk_gave_up_on_is_unknown_not_tool_error() -> None:
+    """Over HTTP the mcp SDK answers a request whose response stream it lost with its own
+    -32000 ("SSE stream ended without a response"), the session alive. The call may have
+    run: `unavailable` (`response_lost`), the session kept; not `tool_error`, which says it
+    ran and failed (the review of issue 29). A server's own -32000 stays `tool_error`."""
+    current = Session(cast(Any, _Answers()), [], AsyncExitStack(), ping_to_tell_s=1.0)
+    lost = await failure(current, MCPError(-32000, "SSE stream ended without a response"), "s")
+    own = await failure(current, MCPError(-32000, "the lamp is busy"), "s")
+    assert (lost.code.value, lost.details.get("response_lost")) == ("unavailable", True)
+    assert (own.code.value, own.details.get("mcp_code")) == ("tool_error", -32000)
+    assert not current.ended.is_set()

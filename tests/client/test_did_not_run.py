@@ -84,8 +84,9 @@ async def answers_on(spy: Caller, wanted: int, store_refusals: int = 0) -> tuple
 async def test_a_call_refused_for_a_stalled_store_is_not_run_by_a_resend_after_it(
     broker: Broker, stalling: tuple[Worker, Runs, RedisServer]
 ) -> None:
-    """Ten calls while Redis is frozen. The program does what the docs advise: on
-    `Unavailable` it sends the call again, under a new id. Counted by the tool: calls
+    """Ten calls while Redis is frozen. The program does what the audit's did: on
+    `Unavailable` it sends the call again, under a new id (the docs now advise the same id,
+    which is safe either way; a new id shows whether `Unavailable` was true). Counted by the tool: calls
     that raised `Unavailable` and then ran anyway, and calls that ran twice (10/10 and
     10/10 before; 0 and 0 now: each call ran exactly once, and the program knew)."""
     worker, runs, redis = stalling
@@ -146,8 +147,8 @@ async def test_a_claim_that_comes_back_past_the_deadline_does_not_start_the_tool
                 client.call("counted", {"n": 1}, timeout_s=1, id=ident), name="late"
             )
             # The fault: a stall past the request's 1 s deadline (its expiry, counted from
-            # the send), shorter than the claim's timeout.
-            await asyncio.sleep(max(0.0, sent_at + 1.3 - loop.time()))
+            # the send), shorter than the claim's timeout (2 s): half a second from each.
+            await asyncio.sleep(max(0.0, sent_at + 1.5 - loop.time()))
         finally:
             redis.process.send_signal(signal.SIGCONT)
         async with asyncio.timeout(SETTLED_S):

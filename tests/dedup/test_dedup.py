@@ -23,6 +23,7 @@ from tests.support.logwait import watching
 from toolbus.dedup import DedupStore, MemoryStore, Once, open_store
 from toolbus.dedup.redis import RedisStore
 from toolbus.observability.metrics import Metrics
+from toolbus.wire.contracts import Reply
 
 TTL_S = 60.0
 
@@ -391,3 +392,43 @@ async def read_command(reader: asyncio.StreamReader) -> list[bytes]:
         size = int((await reader.readline())[1:])
         command.append((await reader.readexactly(size + 2))[:-2])
     return command
+
+
+class _FailsWaiting(MemoryStore):
+    async def wait(self, key: str, timeout_s: float, *, fingerprint: str = "") -> bytes | None:
+        raise ConnectionError("the store went away")
+
+
+async def test_a_repeat_whose_wait_fails_is_never_told_it_did_not_run() -> None:
+    """The store fails while a repeat waits for its running twin: the twin runs on, so
+    the answer is `timeout` with `still_running` (the client's "may have run"), not
+    `unavailable` with `store`, which says nothing ran (the review of issue 29)."""
+    once = Once(_FailsWaiting("w1"), TTL_S, idempotent=lambda tool: False)
+    k = key()
+    assert (await once.begin(k, "ask", "light", 5.0)).key == k
+    twin = await once.begin(k, "ask", "light", 5.0)
+    assert twin.error is not None and twin.error.code.value == "timeout"
+    assert twin.error.details == {"timeout_s": 5.0, "still_running": True, "store": True}
+
+
+async def test_a_repeat_waits_on_for_a_copy_that_took_the_id_over() -> None:
+    """Three copies of one request: the first's claim is withdrawn (a claim that failed,
+    landed late), the third claims the id before the second looks again. The second waits
+    for the third's run and gets its reply; it used to answer `timeout` at once (seen
+    when Redis resumed under toolbus.Client's re-sends)."""
+    store = MemoryStore("w1")
+    once = Once(store, TTL_S, idempotent=lambda tool: False)
+    k = key()
+    first = await once.begin(k, "ask", "light", 5.0)
+    second = asyncio.create_task(once.begin(k, "ask", "light", 5.0))
+    await asyncio.sleep(0)  # it waits for the first's run
+    await once.release(first)  # withdrawn: it never ran
+    third = await once.begin(k, "ask", "light", 5.0)  # before the second looks again
+    for _ in range(3):
+        await asyncio.sleep(0)  # the second looks again meanwhile, and finds the third's run
+    assert third.key == k and not second.done()
+    reply = Reply(id="r", ok=True, tool="light", duration_ms=1.0)
+    await once.finish(third, reply)
+    async with asyncio.timeout(5):
+        waited = await second
+    assert waited.reply == reply.model_dump_json(by_alias=True).encode()

@@ -15,11 +15,15 @@ import logging
 import time
 import uuid
 
+import pytest
+from redis.exceptions import RedisError
+
 from tests.dedup.test_dedup import stored
 from tests.support.harness import RedisServer
 from tests.support.logwait import watching
 from toolbus.dedup import Once
 from toolbus.dedup.redis import RedisStore
+from toolbus.dedup.store import Done
 
 ASKS = "ask-a"
 
@@ -126,3 +130,79 @@ async def test_a_worker_starting_during_the_recovery_keeps_the_doubt(
             async with RedisStore(own_redis.url, "c", prefix=p, ttl_s=30) as c:
                 claim = await c.claim(stored("kitchen", None, "z"), 30, fingerprint=ASKS)
                 assert claim.kind == "doubtful"
+
+
+async def test_a_worker_started_on_the_emptied_store_joins_when_the_others_notice(
+    own_redis: RedisServer,
+) -> None:
+    """c starts on the emptied Redis before b notices, so c makes the new epoch and finds
+    no recovery: it joins at its next heartbeat once b records one, and b's doubt ends
+    when a's records would have (c, beating since, never extends it: it did, endlessly)."""
+    ttl_s = 30.0
+    p = prefix()
+    async with RedisStore(own_redis.url, "a", prefix=p, ttl_s=ttl_s) as a:
+        await finished(a, stored("kitchen", None, "x"), ttl_s)
+        async with RedisStore(own_redis.url, "b", prefix=p, ttl_s=ttl_s) as b:
+            await a.__aexit__(None, None, None)
+            a_gone = time.time()
+            restart_empty(own_redis)
+            async with RedisStore(own_redis.url, "c", prefix=p, ttl_s=ttl_s) as c:
+                doubted = await b.claim(stored("kitchen", None, "y"), ttl_s, fingerprint=ASKS)
+                assert doubted.kind == "doubtful"
+                assert doubted.doubt_until <= a_gone + ttl_s
+                async with asyncio.timeout(10):  # c's next heartbeat (2 s) joins
+                    while (
+                        claim := await c.claim(
+                            stored("kitchen", None, "z"), ttl_s, fingerprint=ASKS
+                        )
+                    ).kind != "doubtful":
+                        await c.release(stored("kitchen", None, "z"), fingerprint=ASKS)
+                        await asyncio.sleep(0.2)  # polling c's heartbeat
+                assert claim.doubt_until <= a_gone + ttl_s
+                again = await b.claim(stored("kitchen", None, "w"), ttl_s, fingerprint=ASKS)
+                assert again.doubt_until <= a_gone + ttl_s  # c beating does not extend it
+
+
+async def test_a_write_back_replaces_a_claim_in_doubt_made_before_it(
+    redis_server: RedisServer,
+) -> None:
+    """b claimed x in doubt (and will withdraw it) before a wrote back its run of x: a's
+    record replaces b's claim, and b's withdrawal leaves it. It used to keep b's claim,
+    which b then deleted: the next repeat of x ran again."""
+    p = prefix()
+    async with (
+        RedisStore(redis_server.url, "a", prefix=p) as a,
+        RedisStore(redis_server.url, "b", prefix=p) as b,
+    ):
+        x = stored("kitchen", None, "x")
+        assert (await b.claim(x, 60, fingerprint=ASKS)).kind == "fresh"  # stands for b's doubt
+        reply = b'{"id":"x","ok":true,"duration_ms":1}'
+        done = Done(reply, ASKS).to_json()
+        await a._write_back([(x, done, 60.0)])
+        await b.release(x, fingerprint=ASKS)
+        claim = await b.claim(x, 60, fingerprint=ASKS)
+        assert (claim.kind, claim.reply) == ("done", reply)
+
+
+async def test_a_recovery_that_failed_is_made_again_at_the_next_heartbeat(
+    own_redis: RedisServer,
+) -> None:
+    p = prefix()
+    async with RedisStore(own_redis.url, "a", prefix=p, ttl_s=60) as a:
+        await finished(a, stored("kitchen", None, "x"), 60)
+        fleet = a._fleet
+        write_back = fleet._write_back
+        failures: list[list[tuple[str, str, float]]] = []
+
+        async def fails_once(entries: list[tuple[str, str, float]]) -> None:
+            if not failures:
+                failures.append(entries)
+                raise RedisError("timed out writing back")
+            await write_back(entries)
+
+        fleet._write_back = fails_once
+        restart_empty(own_redis)
+        with pytest.raises(RedisError):  # nothing runs while a's records are not back
+            await a.claim(stored("kitchen", None, "y"), 60, fingerprint=ASKS)
+        assert (await a.claim(stored("kitchen", None, "x"), 60, fingerprint=ASKS)).kind == "done"
+        assert len(failures) == 1  # the claim made the write-back again, and it went through

@@ -120,20 +120,10 @@ class Once:
         deadline = time.monotonic() + deadline_s
         claim = await self.store.claim(key, self._ttl_s, fingerprint=asks)
         if claim.kind == "running" and claim.asks(asks):
-            remaining_s = max(0.0, deadline - time.monotonic())
-            reply = await self.store.wait(key, remaining_s, fingerprint=asks)
-            if reply is not None:
-                return Verdict(reply=reply)
-            # Released meanwhile (ours now?), or another request's by now.
-            claim = await self.store.claim(key, self._ttl_s, fingerprint=asks)
-            if claim.kind == "running" and claim.asks(asks):
-                return Verdict(
-                    error=CallTimeout(
-                        "a call with this id is still running; its reply did not come in time",
-                        timeout_s=deadline_s,
-                        still_running=True,
-                    )
-                )
+            waited = await self._twin(key, asks, deadline, deadline_s)
+            if isinstance(waited, Verdict):
+                return waited
+            claim = waited
         if claim.kind in ("fresh", "doubtful"):
             return await self._claimed(key, claim, tool, asks)
         if not claim.asks(asks):
@@ -141,6 +131,42 @@ class Once:
         if claim.kind == "done":
             return Verdict(reply=claim.reply)
         return await self._orphaned(key, claim, tool, asks)
+
+    async def _twin(
+        self, key: str, asks: str, deadline: float, deadline_s: float
+    ) -> Verdict | Claim:
+        """A repeat of a run still going: its reply, within the deadline; else what the
+        store says now (released meanwhile: ours to claim, or another request's). A run
+        that took the key over meanwhile (another copy of this request, after the first
+        run's claim was withdrawn) is waited for in turn: it is the same request."""
+        while True:
+            try:
+                reply = await self.store.wait(
+                    key, max(0.0, deadline - time.monotonic()), fingerprint=asks
+                )
+            except Exception:  # the store failed; the twin runs on: never "did not run"
+                return Verdict(
+                    error=CallTimeout(
+                        "a call with this id is running; the dedup store failed while its "
+                        "reply was awaited",
+                        timeout_s=deadline_s,
+                        still_running=True,
+                        store=True,
+                    )
+                )
+            if reply is not None:
+                return Verdict(reply=reply)
+            claim = await self.store.claim(key, self._ttl_s, fingerprint=asks)
+            if claim.kind != "running" or not claim.asks(asks):
+                return claim
+            if time.monotonic() >= deadline:
+                return Verdict(
+                    error=CallTimeout(
+                        "a call with this id is still running; its reply did not come in time",
+                        timeout_s=deadline_s,
+                        still_running=True,
+                    )
+                )
 
     async def _reused(self, key: str, claim: Claim, asks: str, *, provider_id: bool) -> Verdict:
         """Another request under a key with a record: never the record's reply."""
@@ -228,10 +254,10 @@ def open_store(
     on_emptied: Callable[[], None] = lambda: None,
 ) -> DedupStore:
     """`memory` or `redis://host:port/db` (the `toolbus[redis]` extra), either kept within
-    `bounds` (records, and bytes per caller and in all; for Redis across the fleet that
-    shares it). `on_emptied` hears each time a Redis store is found to have lost its
-    records. A reply or release Redis fails to take is kept by this worker and written
-    again, within the same bounds."""
+    `bounds` (bytes per caller and in all, for Redis across the fleet that shares it; the
+    count of records for memory, and of kept writes for Redis). `on_emptied` hears each
+    time a Redis store is found to have lost its records. A reply or release Redis fails
+    to take is kept by this worker and written again, within the same bounds."""
     bounds = bounds or Bounds()
     if url == "memory":
         return MemoryStore(worker_id, bounds=bounds)

@@ -82,9 +82,10 @@ class Journal:
 @dataclass(frozen=True, slots=True)
 class Recovery:
     """The state of one recovery (of the store's epoch `epoch`), as the store holds it:
-    the workers seen at work before (`members`: member -> when last seen, Unix time),
-    those that wrote back (`written`: member -> until when its journal was incomplete, 0
-    when whole) and those alive now (`alive`)."""
+    the workers seen at work before the loss (`members`: member -> when last seen, Unix
+    time), those beating since (`since`: they may not have noticed yet), those that wrote
+    back (`written`: member -> until when its journal was incomplete, 0 when whole) and
+    those alive now (`alive`)."""
 
     epoch: str
     began_at: float  # Unix time, when this worker noticed
@@ -92,19 +93,22 @@ class Recovery:
     written: dict[str, float]
     alive: frozenset[str]
     ttl_s: float
+    since: frozenset[str] = frozenset()
 
     def pending(self, now: float) -> bool:
         """Too early to tell (a live worker may not have beaten since), or a live worker
         has not written back yet, within the grace: wait."""
         if now < self.began_at + SETTLE_S:
             return True
+        waited_for = self.members.keys() | self.since
         return now < self.began_at + GRACE_S and any(
-            m in self.alive for m in self.members if m not in self.written
+            m in self.alive for m in waited_for if m not in self.written
         )
 
     def doubt_until(self) -> float:
         """Until when an id the store does not know may be a call that ran (Unix time;
-        in the past: no doubt left)."""
+        in the past: no doubt left). Only workers at work before the loss had records in
+        it: one that started since is waited for (`pending`), never doubted."""
         until = max(self.written.values(), default=0.0)
         for member, last_seen in self.members.items():
             if member not in self.written:

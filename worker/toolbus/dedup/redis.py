@@ -34,7 +34,7 @@ from redis.exceptions import RedisError
 from toolbus.dedup.ledger import Bounds
 from toolbus.dedup.recovery import GRACE_S, Journal
 from toolbus.dedup.redis_fleet import HEARTBEAT_S, Fleet
-from toolbus.dedup.redis_scripts import CLAIM, FINISH, RELEASE, TAKE_OVER, UNCLAIM
+from toolbus.dedup.redis_scripts import CLAIM, FINISH, RELEASE, TAKE_OVER, UNCLAIM, WRITE_RUN
 from toolbus.dedup.store import (
     UNKNOWN,
     Claim,
@@ -101,9 +101,10 @@ class RedisStore:
         self._finish = self._redis.register_script(FINISH)
         self._release = self._redis.register_script(RELEASE)
         self._unclaim = self._redis.register_script(UNCLAIM)
+        self._write_run = self._redis.register_script(WRITE_RUN)
         self._heartbeat: asyncio.Task[None] | None = None
         # What this worker wrote that still lives, to write back to an emptied store.
-        self._journal = Journal(self._bounds.max_bytes // 4)
+        self._journal = Journal(self._bounds.max_bytes // 2)  # docs/reliability.md, sizing
         self._fleet = Fleet(
             self._redis,
             prefix,
@@ -281,7 +282,9 @@ class RedisStore:
             self._gave_way["shrunk"] += int(written[1])
             self._gave_way["forgotten"] += int(written[2])
 
-    def _finish_args(self, key: str, done: Done, ttl_s: float) -> list[str | int]:
+    def _finish_args(
+        self, key: str, done: Done, ttl_s: float, *, write_back: bool = False
+    ) -> list[str | int]:
         return [
             *self._mine(done.fingerprint),
             done.to_json(),
@@ -293,21 +296,28 @@ class RedisStore:
             int(done.summary is not None),
             self._bounds.caller_max_bytes,
             self._bounds.max_bytes,
+            int(write_back),
         ]
 
     async def _write_back(self, entries: list[tuple[str, str, float]]) -> None:
-        """The journal into an emptied store: runs as claimed, calls as closed (a record
-        there meanwhile is left alone: a claim made since is another run's)."""
+        """The journal into an emptied store: runs as claimed, calls as closed, also over
+        a run claimed there since (a claim in doubt, which its worker then withdraws or
+        finds another's: the call written back came first); a reply there is left alone."""
         async with self._redis.pipeline(transaction=False) as back:
             for key, record, left_s in entries:
-                found = parse(record)
+                found, px = parse(record), max(1, int(left_s * 1000))
                 if isinstance(found, Started):
-                    back.set(self._key(key), record, nx=True, px=max(1, int(left_s * 1000)))
+                    await self._write_run(keys=[self._key(key)], args=[record, px], client=back)
                 else:
-                    args = self._finish_args(key, found, left_s)
+                    args = self._finish_args(key, found, left_s, write_back=True)
                     await self._finish(keys=[self._key(key)], args=args, client=back)
-            await back.execute()
-        log.info("wrote %d records back to the emptied dedup store", len(entries))
+            results = await back.execute()
+        kept = sum(1 for r in results if r)
+        log.info(
+            "wrote %d of %d records back to the emptied dedup store (the rest held replies)",
+            kept,
+            len(entries),
+        )
 
     async def release(self, key: str, *, fingerprint: str = UNKNOWN) -> None:
         self._journal.forget(key)

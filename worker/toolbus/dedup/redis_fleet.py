@@ -68,6 +68,8 @@ class Fleet:
         self._members: dict[str, float] = {}  # seen at work within the TTL: member -> when
         self._recovery: Recovery | None = None
         self._followed_at = 0.0  # monotonic: when the recovery's state was last read
+        self._owed: str | None = None  # an epoch whose recovery failed: tried again each beat
+        self._joined: str | None = None  # the epoch whose recovery this worker took part in
         self._lock = asyncio.Lock()  # one adoption of a new epoch at a time
 
     def alive_key(self, worker_id: str) -> str:
@@ -89,13 +91,25 @@ class Fleet:
             beat.pexpire(workers, int(self._ttl_s * 1000))
             beat.get(self.epoch_key())
             beat.get(f"{self._prefix}:dedup-bytes")
-            *_, seen, _, epoch, held = await beat.execute()
+            beat.exists(self._recovery_key(self.epoch or ""))
+            *_, seen, _, epoch, held, recovering = await beat.execute()
         self.held_bytes = int(held or 0)
         if self.epoch is None or _text(epoch) != self.epoch:
             await self.emptied(_text(epoch))  # before `seen`: it is the emptied store's
+        elif self._owed is not None:
+            async with self._lock:  # it failed last time: what we know still counts
+                if self._owed is not None:
+                    await self._recover(self._owed)
+        elif recovering and self._joined != self.epoch:
+            # Recorded under the epoch we made ourselves: we started on the emptied store
+            # before an older worker noticed. Nothing of ours was lost; their doubt is ours.
+            await self._join(self.epoch)
         self._members = {_text(m) or "": float(score) for m, score in seen}
         if self._recovery is not None:
             await self._follow()
+
+    def _recovery_key(self, epoch: str) -> str:
+        return f"{self._prefix}:recovery:{epoch}"
 
     async def emptied(self, found: str | None) -> None:
         """The store holds `found`, not our epoch: adopt the store's (made now if it has
@@ -103,11 +117,17 @@ class Fleet:
         async with self._lock:
             if self.epoch is not None and found == self.epoch:
                 return  # adopted meanwhile (a claim and a heartbeat both noticed)
-            current = await self._adopt()
+            current, made = await self._adopt()
             if self.epoch is not None and current == self.epoch:
                 return
             known, self.epoch = self.epoch, current
             if known is None:
+                if made:  # nobody used this store before, or it was emptied with no worker on
+                    log.warning(
+                        "the dedup store has no epoch: this is its first use, or it lost its "
+                        "records while no worker ran (then repeats of earlier calls may run "
+                        "again; the store needs appendonly yes)"
+                    )
                 await self._join(current)  # opening: join a recovery under way, if any
                 return
             log.error(
@@ -117,14 +137,16 @@ class Fleet:
                 extra={"epoch_was": known, "epoch_found": found, "epoch_now": current},
             )
             self._on_emptied()
+            self._owed = current  # until written back: a failure is tried again next beat
             await self._recover(current)
 
-    async def _adopt(self) -> str:
+    async def _adopt(self) -> tuple[str, bool]:
+        """The store's epoch, made now if it had none (and whether we made it)."""
         async with self._redis.pipeline(transaction=True) as adopt:
             adopt.set(self.epoch_key(), uuid.uuid4().hex, nx=True)
             adopt.get(self.epoch_key())
-            _, current = await adopt.execute()
-        return _text(current) or ""
+            made, current = await adopt.execute()
+        return _text(current) or "", bool(made)
 
     async def _recover(self, epoch: str) -> None:
         """Say we live again, write back the journal, then record who we saw and that we
@@ -142,15 +164,19 @@ class Fleet:
             record.hset(f"{self._prefix}:written:{epoch}", self._me, self._journal.incomplete_until)
             record.pexpire(f"{self._prefix}:written:{epoch}", px)
             await record.execute()
+        self._owed, self._joined = None, epoch
         self._recovery = Recovery(epoch, time.time(), {}, {}, frozenset(), self._ttl_s)
         await self._follow()
 
     async def _join(self, epoch: str) -> None:
-        if await self._redis.exists(f"{self._prefix}:recovery:{epoch}"):
-            # Nothing of ours was lost: written back, whole, so nobody waits for us.
-            await self._redis.hset(f"{self._prefix}:written:{epoch}", self._me, 0.0)
-            self._recovery = Recovery(epoch, time.time(), {}, {}, frozenset(), self._ttl_s)
-            await self._follow()
+        """A recovery under way that this worker had no records in: it says it wrote back
+        (nothing, whole: nobody waits for it) and follows the others' doubt."""
+        if not await self._redis.exists(self._recovery_key(epoch)):
+            return
+        await self._redis.hset(f"{self._prefix}:written:{epoch}", self._me, 0.0)
+        self._joined = epoch
+        self._recovery = Recovery(epoch, time.time(), {}, {}, frozenset(), self._ttl_s)
+        await self._follow()
 
     async def _follow(self) -> None:
         """Read the recovery's state again; forget it once no doubt is left."""
@@ -162,18 +188,20 @@ class Fleet:
             read.hgetall(f"{self._prefix}:recovery:{recovery.epoch}")
             read.hgetall(f"{self._prefix}:written:{recovery.epoch}")
             read.zrange(f"{self._prefix}:workers", 0, -1, withscores=True)
-            before, written, since = await read.execute()
-        # Those seen before the loss, and those beating since (who may not have noticed).
-        members = {**_floats(dict(since)), **_floats(before)}
-        workers = {name.partition("\x1f")[0] for name in members}
+            before, written, beating = await read.execute()
+        # Those seen before the loss (doubted), and those beating since (waited for).
+        members = _floats(before)
+        since = frozenset(_floats(dict(beating)))
+        workers = {name.partition("\x1f")[0] for name in members.keys() | since}
         alive = await self._alive(workers)
         self._recovery = Recovery(
             recovery.epoch,
             recovery.began_at,
             members,
             _floats(written),
-            frozenset(name for name in members if alive.get(name.partition("\x1f")[0]) == name),
+            frozenset(m for m in members.keys() | since if alive.get(m.partition("\x1f")[0]) == m),
             self._ttl_s,
+            since,
         )
         now = time.time()
         if not self._recovery.pending(now) and self._recovery.doubt_until() <= now:
@@ -190,7 +218,13 @@ class Fleet:
 
     async def settled(self, bound_s: float) -> None:
         """Before a claim in a recovery: until every live worker has written back (or
-        `bound_s`), so no claim takes an id a worker is about to write back."""
+        `bound_s`), so no claim takes an id a worker is about to write back. Ours first: a
+        write-back that failed is made again here, or the claim fails with it (`unavailable`:
+        nothing runs while what this worker knows is not in the store)."""
+        if self._owed is not None:
+            async with self._lock:
+                if self._owed is not None:
+                    await self._recover(self._owed)
         if self._recovery is None:
             return
         if not self._recovery.pending(time.time()) and time.monotonic() - self._followed_at < 1:

@@ -27,6 +27,10 @@ local function ours(raw)
     and record.worker_id == ARGV[1] and record.incarnation == ARGV[2]
     and (record.fingerprint or '') == ARGV[3]
 end
+local function started(raw)
+  local ok, record = pcall(cjson.decode, raw)
+  return ok and type(record) == 'table' and record.state == 'started'
+end
 """
 
 # The books, for a store whose keys start with `P` (set by the script using them).
@@ -159,8 +163,9 @@ return 0
 # (expired, or a store that lost its records: the reply is still the truth); wake waiters
 # on ARGV[6]; then keep the books (ARGV[7]: prefix, [8]: store key, [9]: overhead, [10]:
 # whether a summary can stand in, [11]: caller_max_bytes, [12]: max_bytes), answering
-# {1, shrunk, forgotten}. The same record already there is a write that went through
-# although its answer was lost (a retry): done.
+# {1, shrunk, forgotten}. This call's reply already there (a write that went through
+# although its answer was lost, shrunk since) is done. ARGV[13] '1': a write-back into an
+# emptied store, which also replaces a run claimed there since: the call ran before it.
 FINISH = (
     _OURS
     + "local P = ARGV[7]\n"
@@ -168,7 +173,11 @@ FINISH = (
     + """
 local raw = redis.call('GET', KEYS[1])
 if raw == ARGV[4] then return 1 end
-if raw and not ours(raw) then return 0 end
+if raw then
+  local was = finished(raw)
+  if was and (was.fingerprint or '') == ARGV[3] then return 1 end
+  if not ours(raw) and not (ARGV[13] == '1' and started(raw)) then return 0 end
+end
 redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
 redis.call('PUBLISH', ARGV[6], 'done')
 local now, k, overhead = now_ms(), ARGV[8], tonumber(ARGV[9])
@@ -176,6 +185,18 @@ settle_expired(now)
 account(k, overhead + string.len(k) + string.len(ARGV[4]), ARGV[10] == '1', now + tonumber(ARGV[5]))
 bound(owner_of(k), overhead, tonumber(ARGV[11]), tonumber(ARGV[12]))
 return {1, gave_way[1], gave_way[2]}
+"""
+)
+
+# Write back a run (ARGV[1], for ARGV[2] ms) into an emptied store, over nothing or over
+# a run claimed there since (a claim in doubt: the run written back came first).
+WRITE_RUN = (
+    _OURS
+    + """
+local raw = redis.call('GET', KEYS[1])
+if raw and not started(raw) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
 """
 )
 

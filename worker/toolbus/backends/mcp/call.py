@@ -116,7 +116,26 @@ async def failure(current: Session, exc: MCPError, server: str) -> ToolbusError:
     if exc.code == CONNECTION_CLOSED and await lost(current):
         current.end("the connection closed")
         return Unavailable(f"MCP server {server} closed the connection", server=server)
+    if exc.code == CONNECTION_CLOSED and _response_lost(current, exc):
+        # The session lives, but this call's answer will never come: it may have run.
+        # Not `tool_error` (which says it ran and failed), and nothing restarts.
+        return Unavailable(
+            f"MCP server {server}: the response to this call was lost ({exc.error.message})",
+            server=server,
+            response_lost=True,
+        )
     return call_error(exc, server)
+
+
+# What the mcp SDK's streamable HTTP transport says when it gives up on one request's
+# response stream (`_resolve_abandoned_request`, mcp 2.x), with CONNECTION_CLOSED. Only its
+# text tells it from a server's own -32000: a server's text that starts so gets the
+# cautious answer (outcome unknown), never a lost session.
+_SDK_LOST_RESPONSE = "SSE stream "
+
+
+def _response_lost(current: Session, exc: MCPError) -> bool:
+    return current.ping_to_tell_s is not None and exc.error.message.startswith(_SDK_LOST_RESPONSE)
 
 
 async def lost(current: Session) -> bool:
