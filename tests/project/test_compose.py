@@ -64,7 +64,7 @@ def workers(env: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
 def test_the_profile_keeps_the_default_stack_minimal() -> None:
     every = services(TRACING_ON)
     profiled = {name for name, s in every.items() if s.get("profiles")}
-    assert profiled == {"otel-collector", "jaeger", "prometheus"}
+    assert profiled == {"otel-collector", "jaeger", "prometheus", "grafana"}
     assert all(every[name]["profiles"] == [PROFILE] for name in profiled)
     default = set(every) - profiled
     assert default == {"mosquitto", "redis", "demo-mcp", *workers()}
