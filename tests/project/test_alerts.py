@@ -6,18 +6,29 @@ configuration that loads them, and compose/prometheus/alerts.test.yml: series th
 each alert, and series that must not. Then a real `toolbus serve` with an HTTP listener,
 given a call and a dead letter over a real mosquitto, is scraped as Prometheus would: every
 metric the rules and the dashboard ask for, with the labels and the outcome and code values
-they match, is one the worker serves. (The dashboard's schema: test_dashboard.py.)
+they match, is one the worker serves. Last, Prometheus itself (Debian's, 2.42; compose runs
+3.5) with the compose job, labels and rules scrapes a real worker every second: every rule
+evaluates, every panel's query is answered, the first dead letter fires its alert, and a
+killed worker's ToolbusWorkerDown turns pending. (The dashboard's schema: test_dashboard.py.)
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -44,8 +55,8 @@ PROMQL_WORDS = {
 }  # fmt: skip
 
 
-def promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    """promtool, in the repository root (paths in its output are relative to it)."""
+def ensure_prometheus() -> None:
+    """promtool and prometheus (Debian's package has both); `make test` installed them."""
     installed = subprocess.run(
         [str(ROOT / "scripts" / "ensure-promtool")],
         capture_output=True,
@@ -54,6 +65,11 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
         check=False,
     )
     assert installed.returncode == 0, installed.stderr
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    """promtool, in the repository root (paths in its output are relative to it)."""
+    ensure_prometheus()
     binary = shutil.which("promtool") or "/usr/bin/promtool"
     return subprocess.run(
         [binary, *args], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
@@ -65,9 +81,14 @@ def rules() -> list[dict[str, Any]]:
     return [rule for group in groups for rule in group["rules"]]
 
 
-def dashboard_queries() -> list[str]:
+def dashboard_targets() -> list[tuple[str, str]]:
+    """Every panel's queries, each with the panel's title."""
     panels = json.loads(DASHBOARD.read_text())["panels"]
-    return [target["expr"] for panel in panels for target in panel.get("targets", [])]
+    return [(p["title"], t["expr"]) for p in panels for t in p.get("targets", [])]
+
+
+def dashboard_queries() -> list[str]:
+    return [expr for _, expr in dashboard_targets()]
 
 
 def test_promtool_finds_the_rules_valid() -> None:
@@ -205,3 +226,133 @@ def test_dashboard_rates_span_its_scrape_interval() -> None:
     for query in dashboard_queries():
         for window in re.findall(r"\[([^\]]*)\]", query):
             assert window == "$__rate_interval", query
+
+
+# -- a real Prometheus over a real worker -------------------------------------------------
+
+PROMETHEUS_BOUND_S = 30.0
+
+
+async def until(check: Callable[[], Awaitable[Any]], what: str) -> Any:
+    """`check()`'s first truthy answer, asked at a scrape's pace, within a bound."""
+    try:
+        async with asyncio.timeout(PROMETHEUS_BOUND_S):
+            while not (found := await check()):
+                await asyncio.sleep(0.25)  # Prometheus' pace (1 s scrapes): no event to wait on
+    except TimeoutError:
+        pytest.fail(f"not within {PROMETHEUS_BOUND_S} s: {what}")
+    return found
+
+
+@asynccontextmanager
+async def prometheus(config: dict[str, Any], directory: Path) -> AsyncIterator[str]:
+    """Debian's Prometheus with `config`, on a free loopback port: its base URL."""
+    ensure_prometheus()
+    binary = shutil.which("prometheus") or "/usr/bin/prometheus"
+    path = directory / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    address = f"127.0.0.1:{free_port()}"
+    process = await asyncio.create_subprocess_exec(
+        binary,
+        f"--config.file={path}",
+        f"--storage.tsdb.path={directory / 'data'}",
+        f"--web.listen-address={address}",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as http:
+
+            async def ready() -> bool:
+                try:
+                    return (await http.get(f"http://{address}/-/ready")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            await until(ready, "Prometheus ready")
+        yield f"http://{address}"
+    finally:
+        process.kill()
+        async with asyncio.timeout(PROMETHEUS_BOUND_S):
+            await process.wait()
+
+
+async def test_a_real_prometheus_runs_the_rules_and_the_dashboard_on_a_real_worker(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """The compose prometheus.yml's job, labels and rules, scraping a real worker every
+    second: every rule evaluates without error, every panel's query is answered (with
+    series where the worker has them), the first dead letter fires its alert at once,
+    and a killed worker puts ToolbusWorkerDown in `pending` (its 2 minutes left out)."""
+    prefix, port = "e2e", free_port()
+    env = cli_env(prefix)
+    env["TOOLBUS_HTTP_PORT"] = str(port)
+    topics = Topics(prefix, "toolbus", (f"{prefix}/reply/",))
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    config["rule_files"] = [str(PROMETHEUS_CONFIG.parent / name) for name in config["rule_files"]]
+    [job] = [j for j in config["scrape_configs"] if j["job_name"] == JOB]
+    job["static_configs"] = [{"targets": [f"127.0.0.1:{port}"], "labels": {"worker_id": "w-1"}}]
+    async with (
+        Serve(env, "--broker", broker.url) as serve,
+        Caller(broker.url) as caller,
+        prometheus(config, tmp_path) as base,
+        httpx.AsyncClient(timeout=10.0, trust_env=False) as http,
+    ):
+        await serve.wait_for("subscribed to")
+
+        async def query(expr: str) -> list[dict[str, Any]]:
+            answer = (await http.get(f"{base}/api/v1/query", params={"query": expr})).json()
+            assert answer["status"] == "success" and not answer.get("warnings"), (expr, answer)
+            result: list[dict[str, Any]] = answer["data"]["result"]
+            return result
+
+        async def alerts() -> dict[str, list[dict[str, Any]]]:
+            found = (await http.get(f"{base}/api/v1/alerts")).json()["data"]["alerts"]
+            named: dict[str, list[dict[str, Any]]] = {}
+            for alert in found:
+                named.setdefault(alert["labels"]["alertname"], []).append(alert)
+            return named
+
+        await until(lambda: query(f'up{{job="{JOB}"}} == 1'), "the worker scraped")
+        await until(lambda: query("toolbus_mcp_server_up == 1"), "its MCP server ready")
+        assert (await caller.call_tool(topics, "echo", {"text": "hi"}))["ok"]
+        await caller.subscribe(topics.dead)
+        await caller.publish(call_topic(topics, "echo"), b"not json")
+        await caller.next_message()  # the dead letter
+        await until(lambda: query("toolbus_dead_letters_total"), "the dead letter scraped")
+
+        async def every_rule_evaluated() -> list[dict[str, Any]]:
+            groups = (await http.get(f"{base}/api/v1/rules")).json()["data"]["groups"]
+            evaluated = [r for g in groups for r in g["rules"] if r["evaluationTime"] > 0]
+            return evaluated if len(evaluated) == len(rules()) else []
+
+        for rule in await until(every_rule_evaluated, "every rule evaluated"):
+            assert rule["health"] == "ok", rule
+
+        async def dead_letters() -> list[dict[str, Any]]:
+            return (await alerts()).get("ToolbusDeadLetters", [])
+
+        [dead] = await until(dead_letters, "ToolbusDeadLetters")
+        assert dead["state"] == "firing"  # at once: the rule has no `for`
+        assert dead["labels"] == {
+            "alertname": "ToolbusDeadLetters", "severity": "warning",
+            "worker_id": "w-1", "code": ErrorCode.BAD_REQUEST.value,
+        }  # fmt: skip
+        assert set(await alerts()) == {"ToolbusDeadLetters"}, await alerts()  # nothing else
+
+        for title, expr in dashboard_targets():
+            promql = expr.replace("$__rate_interval", "1m")  # as Grafana fills it in
+            await query(promql)  # accepted, even where the worker has nothing yet
+            if title != "in_doubt answers":  # the one thing this worker has not done
+                # With series once two scrapes are in the range.
+                await until(functools.partial(query, promql), f"{title}: {expr}")
+
+        os.kill(serve.pid, signal.SIGKILL)
+
+        async def down() -> list[dict[str, Any]]:
+            return (await alerts()).get("ToolbusWorkerDown", [])
+
+        [worker_down] = await until(down, "ToolbusWorkerDown pending")
+        assert worker_down["state"] == "pending"  # firing after its 2 minutes
+        assert worker_down["labels"]["worker_id"] == "w-1"
