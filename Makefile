@@ -37,8 +37,9 @@ mosquitto-clients:
 redis-binary:
 	@scripts/ensure-redis
 
-# promtool (Debian's `prometheus` package), which tests/project/test_alerts.py runs over
-# compose/prometheus: the configuration, the alert rules and their unit tests.
+# promtool and prometheus (Debian's `prometheus` package), which tests/project/test_alerts.py
+# runs over compose/prometheus: the configuration, the alert rules and their unit tests,
+# and the rules and the dashboard's queries over a real worker.
 promtool:
 	@scripts/ensure-promtool
 
