@@ -386,12 +386,10 @@ async def test_a_puback_read_as_its_wait_runs_out_still_acknowledges() -> None:
 
 
 async def first_message(connection: MqttConnection) -> Inbound:
-    messages = connection.messages()
-    try:
-        async with asyncio.timeout(10):
-            return await anext(messages)
-    finally:
-        await messages.aclose()
+    async with asyncio.timeout(10):
+        async for message in connection.messages():
+            return message
+    raise AssertionError("the connection ended without a message")
 
 
 async def test_a_broker_redelivery_is_marked_redelivered(broker: Broker) -> None:
