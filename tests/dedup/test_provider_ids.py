@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.calls.test_pipeline import REPLY, Rig, standard_rig
 from tests.support.harness import RedisServer
@@ -140,3 +142,47 @@ async def test_our_own_ids_keep_their_rules(rig: Rig) -> None:
     other = await sent(rig, {**body, "arguments": {"n": 7}})
     assert other["error"]["details"] == {"reason": "id_reused"}
     assert rig.probe.calls == 1
+
+
+# What each message asks: a tool and its arguments (the busy tool counts its runs).
+ASKS = [("busy", {"n": 1}), ("busy", {"n": 2}), ("echo", {"text": "x"})]
+
+turns = st.lists(
+    st.tuples(
+        st.sampled_from(["call_0", "call_1"]),  # few ids, so that they collide
+        st.sampled_from(range(len(ASKS))),
+        st.sampled_from([None, None, b"c1", b"c2"]),  # correlation data: most send none
+    ),
+    min_size=1,
+    max_size=10,
+)
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequence=turns)
+async def test_only_an_id_of_ours_ever_replays(
+    kind: str, redis_server: RedisServer, sequence: list[tuple[str, int, bytes | None]]
+) -> None:
+    """Random turns of one caller against the rule: a message replays only when it
+    carries correlation data and its id's record asked what it asks with that same
+    correlation data; every other message runs and gets its own result."""
+    url = "memory" if kind == "memory" else redis_server.url
+    rig = standard_rig(store=open_store(url, "w1", prefix=f"t{uuid.uuid4().hex[:8]}"))
+    records: dict[str, tuple[int, bytes | None]] = {}
+    runs = 0
+    async with rig.pipeline:
+        for ident, ask, correlation in sequence:
+            tool, arguments = ASKS[ask]
+            body = chat_completion((ident, tool, json.dumps(arguments)))
+            await rig.request(None, body | {"toolbus": OWN_REPLY}, correlation=correlation)
+            reply = rig.reply()
+            asked = (ask, correlation)
+            replays = correlation is not None and records.get(ident) == asked
+            assert reply["ok"] and reply["replayed"] is replays, (reply, asked)
+            assert reply["result"]["structured"] == (
+                arguments if tool == "busy" else {"text": "x", "data": None}
+            )
+            records[ident] = asked
+            runs += tool == "busy" and not replays
+    assert rig.probe.calls == runs
