@@ -7,7 +7,8 @@ run twice. The broker marks that copy (MQTT's DUP flag), and the worker replays 
 
 Real processes: a mosquitto this test freezes (SIGSTOP) while the reply waits for its
 PUBACK, so the request is left unacknowledged with its run recorded in a real Redis;
-`toolbus serve`, SIGKILLed then and restarted on its session; a 3.1.1 caller.
+`toolbus serve`, SIGKILLed then and restarted on its session; a 3.1.1 caller, and a v5
+one that sends no Correlation Data.
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ async def replies_until_replayed(caller: Caller, topic: str) -> list[dict[str, A
     return seen
 
 
+@pytest.mark.parametrize("v5", [False, True], ids=["3.1.1", "v5-no-correlation"])
 async def test_the_broker_s_copy_after_a_restart_is_replayed_not_run_again(
-    own_broker: Broker, redis_server: RedisServer, tmp_path: Path
+    own_broker: Broker, redis_server: RedisServer, tmp_path: Path, v5: bool
 ) -> None:
     prefix = f"dup{uuid.uuid4().hex[:8]}"
     executions = Executions(tmp_path / "executions")
@@ -84,13 +86,16 @@ async def test_the_broker_s_copy_after_a_restart_is_replayed_not_run_again(
     reply_topic = f"{prefix}/reply/dup"
     key = f"k-{uuid.uuid4().hex[:6]}"
     body = chat_completion(("call_0", "record", json.dumps({"key": key, "hold_s": 0.5})))
-    body["toolbus"] = {"reply_format": "toolbus", "reply_to": reply_topic}
-    async with Caller(own_broker.url, v5=False) as caller:
+    body["toolbus"] = {"reply_format": "toolbus"} | ({} if v5 else {"reply_to": reply_topic})
+    async with Caller(own_broker.url, v5=v5) as caller:
         first = await start_worker(own_broker, env)
         try:
             await wait_ready(caller, prefix)
             await caller.subscribe(reply_topic)
-            await caller.publish(f"{prefix}/call", json.dumps(body))
+            # v5: a Response Topic and no Correlation Data; 3.1.1: `reply_to` in the body.
+            await caller.publish(
+                f"{prefix}/call", json.dumps(body), response_topic=reply_topic if v5 else None
+            )
             await first.wait_event("record started")
             freeze(own_broker, signal.SIGSTOP)  # the reply will wait for its PUBACK
             try:
