@@ -24,7 +24,7 @@ A provider's id is an idempotency key only beside one of ours (v5 correlation da
 caller, a v5 one without correlation data) asking what a *finished* record asked is a
 new question (the model asks its next turn only once it has this one's answer): it runs
 again, over the record, unless the broker says it is a copy of a message it delivered
-before (MQTT's DUP flag, `redelivered`: a worker restarted before acknowledging it),
+before (MQTT's DUP flag, `redelivered`: its worker went before acknowledging it),
 which is replayed, except for a tool safe to repeat, which runs. A copy that finds the
 run still going is the same question sent again, and waits for its reply as any does.
 

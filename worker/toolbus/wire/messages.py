@@ -72,7 +72,8 @@ class Inbound:
     # session (MQTT 5 section 4.4), and not reused while the request is unacknowledged.
     packet_id: int | None = None
     # MQTT's DUP flag: the broker says it delivered this very message before (to this
-    # session, which restarted before acknowledging it); a new publish never carries it.
+    # session, which reconnected or restarted before acknowledging it); a new publish
+    # never carries it.
     redelivered: bool = False
 
 
