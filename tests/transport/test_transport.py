@@ -383,3 +383,33 @@ async def test_a_puback_read_as_its_wait_runs_out_still_acknowledges() -> None:
     except Unacknowledged as exc:
         async with asyncio.timeout(5):
             await exc.late
+
+
+async def first_message(connection: MqttConnection) -> Inbound:
+    async with asyncio.timeout(10):
+        async for message in connection.messages():
+            return message
+    raise AssertionError("the connection ended without a message")
+
+
+async def test_a_broker_redelivery_is_marked_redelivered(broker: Broker) -> None:
+    """MQTT's DUP flag, which aiomqtt's `Message` drops, reaches the `Inbound`: a message
+    left unacknowledged is delivered again on the resumed session, marked; the first
+    delivery is not (issue 30.1: a provider's id replays only for the broker's copy)."""
+    url, client_id = BrokerUrl.from_url(broker.url), f"dup-{uuid.uuid4().hex[:8]}"
+    topic = f"dup/{uuid.uuid4().hex[:8]}"
+
+    def connection() -> MqttConnection:
+        return MqttConnection(url, client_id=client_id, manual_ack=True, session_expiry_s=60)
+
+    async with connection() as conn:
+        await conn.subscribe([topic])
+        async with Caller(broker.url) as sender:
+            await sender.publish(topic, b"once")
+        first = await first_message(conn)  # never acknowledged
+    async with connection() as conn:
+        again = await first_message(conn)
+        assert conn.ack(again)
+    assert (first.payload, first.redelivered) == (b"once", False)
+    assert (again.payload, again.redelivered) == (b"once", True)
+    assert again.packet_id == first.packet_id

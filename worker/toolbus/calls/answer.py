@@ -189,13 +189,25 @@ class Answerer:
         key = Once.key(call.caller, call.reply_topic, call.id)
         if key is None:  # no caller, no reply topic: no client owns the id
             return RUN_UNCLAIMED
+        # Beside a provider's id (reused turn after turn) only our ids make it a key: the
+        # correlation data and `toolbus.id` a retry sends again and a new turn anew.
+        provider = call.provider_id
+        ours = bool(call.correlation) or call.message_id is not None
+        asks = fingerprint(
+            tool,
+            arguments,
+            call.correlation if provider else None,
+            call.message_id if provider else None,
+        )
         try:
             verdict = await self._once.begin(
                 key,
-                fingerprint(tool, arguments, call.correlation if call.provider_id else None),
+                asks,
                 tool,
                 deadline_s,
-                provider_id=call.provider_id,
+                provider_id=provider,
+                provider_only=provider and not ours,
+                redelivered=call.redelivered,
             )
         except Exception as exc:  # the store is unreachable: say so, run nothing
             log.warning("dedup store failed for %s: %s", call.id, exc)

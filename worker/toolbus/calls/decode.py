@@ -71,9 +71,11 @@ class Call:
     # anonymous caller's request ids are its reply topic's, as far as dedup goes.
     reply_topic: str | None = None
     provider_id: bool = False  # the id is a provider's tool-call id (`toolu_…`, `call_0`)
-    # The message's v5 correlation data: a provider's id (reused turn after turn) repeats
-    # only in a message sent again with it, as a retry is; a new turn comes with its own.
+    # The message's ids of ours (v5 correlation data, `toolbus.id`), which a retry sends
+    # again and a new turn anew: beside a provider's id (reused), they tell them apart.
     correlation: bytes | None = None
+    message_id: str | None = None
+    redelivered: bool = False  # the broker's DUP flag: a copy of a message it sent before
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +192,8 @@ def _provided(
         )
     options = envelope.options(shape.options)
     if may_hold_surrogates(message.payload):
-        _refuse_surrogates({"options": shape.options, "calls": [_walked(w) for w in shape.calls]})
+        walked = [[w.id, w.name, w.arguments] for w in shape.calls]
+        _refuse_surrogates({"options": shape.options, "calls": walked})
     ids = [wanted.id for wanted in shape.calls if wanted.id is not None]
     if len(set(ids)) < len(ids):
         raise BadRequest("two tool calls share one id", reason="duplicate_call_id")
@@ -247,10 +250,6 @@ def _one(template: Call, route: Route, wanted: Wanted, derived: str | None) -> C
         reply=None,
         problem=trouble,
     )
-
-
-def _walked(wanted: Wanted) -> object:
-    return [wanted.id, wanted.name, wanted.arguments]
 
 
 def _tool_of(route: Route, named: str) -> str:
@@ -352,6 +351,8 @@ def _template(
         tools_format=request.format or ToolsFormat.TOOLBUS,
         reply_topic=None if reply is None else reply.topic,
         correlation=None if reply is None else reply.correlation_data,
+        message_id=request.id,  # (an envelope's call: its own id, not a provider's)
+        redelivered=message.redelivered,
     )
 
 

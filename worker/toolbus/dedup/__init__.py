@@ -19,6 +19,15 @@ the record's reply: under the caller's own id it is refused (`bad_request`, reas
 compatible servers number each response's calls `call_0`, ...), it runs: over a
 finished record, which it replaces (its own repeats are then known), else unclaimed.
 
+A provider's id is an idempotency key only beside one of ours (v5 correlation data or
+`toolbus.id`, in the fingerprint). A request with nothing else (`provider_only`: a 3.1.1
+caller, a v5 one without correlation data) asking what a *finished* record asked is a
+new question (the model asks its next turn only once it has this one's answer): it runs
+again, over the record, unless the broker says it is a copy of a message it delivered
+before (MQTT's DUP flag, `redelivered`: its worker went before acknowledging it),
+which is replayed, except for a tool safe to repeat, which runs. A copy that finds the
+run still going is the same question sent again, and waits for its reply as any does.
+
 A reply is kept whole up to `max_reply_bytes`; a larger one, or one given up to keep the
 store within its bytes (`ledger.py`), is kept as its summary (`summary.py`): its repeats
 get `reply_not_kept` and the call still does not run again.
@@ -112,11 +121,21 @@ class Once:
         return None
 
     async def begin(
-        self, key: str, asks: str, tool: str, deadline_s: float, *, provider_id: bool = False
+        self,
+        key: str,
+        asks: str,
+        tool: str,
+        deadline_s: float,
+        *,
+        provider_id: bool = False,
+        provider_only: bool = False,
+        redelivered: bool = False,
     ) -> Verdict:
         """The verdict on a call under `key` that asks for `asks` (its fingerprint) of
         `tool` (canonical: is it safe to run twice?); `provider_id`: the key's id is a
-        provider's tool-call id, which may name another call than the record's."""
+        provider's tool-call id, which may name another call than the record's;
+        `provider_only`: with no id of ours beside it, so a finished record asking the
+        same is an earlier question's, unless the broker `redelivered` this message."""
         deadline = time.monotonic() + deadline_s
         claim = await self.store.claim(key, self._ttl_s, fingerprint=asks)
         if claim.kind == "running" and claim.asks(asks):
@@ -129,6 +148,9 @@ class Once:
         if not claim.asks(asks):
             return await self._reused(key, claim, asks, provider_id=provider_id)
         if claim.kind == "done":
+            if provider_only and (not redelivered or self._idempotent(tool)):
+                log.debug("%s asks again after its answer: a new question", described(key))
+                return await self._runs_over(key, claim, asks)
             return Verdict(reply=claim.reply)
         return await self._orphaned(key, claim, tool, asks)
 
@@ -178,9 +200,14 @@ class Once:
                     reason="id_reused",
                 )
             )
-        # A provider's id named another call before: this one runs. Over a finished
-        # record it takes the key (its own repeats are then known); a run still going
-        # or cut short keeps it (its repeats must find it), and this one runs unclaimed.
+        # A provider's id named another call before: this one runs.
+        return await self._runs_over(key, claim, asks)
+
+    async def _runs_over(self, key: str, claim: Claim, asks: str) -> Verdict:
+        """Another request than the record's under a provider's id: it runs. Over a
+        finished record it takes the key (its own repeats are then known); a run still
+        going or cut short keeps it (its repeats must find it), and this one runs
+        unclaimed."""
         if claim.kind == "done" and await self.store.supersede(
             key, claim, self._ttl_s, fingerprint=asks
         ):

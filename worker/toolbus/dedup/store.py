@@ -24,18 +24,25 @@ from toolbus.wire.untrusted import shown
 UNKNOWN = ""
 
 
-def fingerprint(tool: str, arguments: dict[str, Any], sent_with: bytes | None = None) -> str:
+def fingerprint(
+    tool: str,
+    arguments: dict[str, Any],
+    sent_with: bytes | None = None,
+    message_id: str | None = None,
+) -> str:
     """What a call asks for, as one stable value: sha256 over canonical JSON (sorted keys,
     no spaces) of the canonical tool name and the normalized arguments. Stable across
     processes and versions of Python, so replicas sharing a store agree on it.
 
-    `sent_with`: the correlation data a provider's call id came with. Providers reuse
-    their ids (`call_0` every turn), and a later turn may ask exactly what an earlier one
-    did (switch the light on again): only the same message sent again (a retry, a
-    redelivery: the same correlation) is a repeat of it."""
+    `sent_with` and `message_id`: the correlation data and the `toolbus.id` a provider's
+    call id came with. Providers reuse their ids (`call_0` every turn), and a later turn
+    may ask exactly what an earlier one did (switch the light on again): only the same
+    message sent again (a retry, a redelivery: the same ids of ours) is a repeat of it."""
     asked: dict[str, Any] = {"tool": tool, "arguments": arguments}
     if sent_with is not None:
         asked["sent_with"] = sent_with.hex()
+    if message_id is not None:
+        asked["message_id"] = message_id
     canonical = json.dumps(
         asked,
         sort_keys=True,

@@ -31,7 +31,12 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from toolbus.transport.errors import TransportError
-from toolbus.transport.inbound_limits import DROPPED_ATTRIBUTE, PropertyGuard, connect_properties
+from toolbus.transport.inbound_limits import (
+    DROPPED_ATTRIBUTE,
+    DUP_ATTRIBUTE,
+    PropertyGuard,
+    connect_properties,
+)
 from toolbus.transport.paho_log import PAHO_LOG
 from toolbus.transport.properties import packet_bytes, publish_properties
 from toolbus.transport.pubacks import Pubacks
@@ -80,6 +85,7 @@ def _inbound(message: aiomqtt.Message, connection: MqttConnection) -> Inbound:
         dropped_user_properties=props.get(DROPPED_ATTRIBUTE),
         delivery=_Delivery(connection, message.mid, message.qos),
         packet_id=message.mid if message.qos > 0 else None,
+        redelivered=bool(props.get(DUP_ATTRIBUTE)),
     )
 
 

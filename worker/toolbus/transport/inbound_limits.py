@@ -21,7 +21,9 @@ Two costs one caller could otherwise put on every caller of a worker:
   the walk over 65 properties, however many it holds.
 
 paho has no hook before it decodes a PUBLISH: the guard wraps its `_handle_publish`
-and reads its `_in_packet` (paho 2.x), and fails loudly at connect if they change.
+and reads its `_in_packet` (paho 2.x), and fails loudly at connect if they change. Its
+`on_message` is also the one place that sees paho's message whole: it carries the DUP
+flag, which aiomqtt's `Message` drops, to `_inbound` beside the tally.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from toolbus.wire.messages import MAX_USER_PROPERTIES, MAX_USER_PROPERTY_BYTES, 
 PACKET_HEADROOM_BYTES = 64 * 1024
 # Attribute of a paho `Properties` that carries a `UserPropertyTally` to `_inbound`.
 DROPPED_ATTRIBUTE = "_toolbus_dropped_user_properties"
+# Attribute of a paho `Properties` set (True) on a message the broker delivered again.
+DUP_ATTRIBUTE = "_toolbus_dup"
 _MQTT_MAX_PACKET_BYTES = 268_435_455  # a four-byte variable byte integer (MQTT v5 1.5.5)
 _USER_PROPERTY = 0x26
 # Value sizes of the PUBLISH-relevant fixed-size property types (MQTT v5 table 2-4).
@@ -107,6 +111,10 @@ class PropertyGuard:
     def _on_message(self, client: paho.Client, userdata: object, message: paho.MQTTMessage) -> None:
         if self._dropped is not None and message.properties is not None:
             object.__setattr__(message.properties, DROPPED_ATTRIBUTE, self._dropped)
+        # A v5 connection always has properties; without them a redelivery reads as a
+        # new delivery (a provider's id runs again rather than replay another's answer).
+        if message.dup and message.properties is not None:
+            object.__setattr__(message.properties, DUP_ATTRIBUTE, True)
         self._received(client, userdata, message)
 
 

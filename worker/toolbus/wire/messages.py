@@ -71,6 +71,10 @@ class Inbound:
     # The broker's Packet Identifier of a QoS 1 delivery: kept by a redelivery on the same
     # session (MQTT 5 section 4.4), and not reused while the request is unacknowledged.
     packet_id: int | None = None
+    # MQTT's DUP flag: the broker says it delivered this very message before (to this
+    # session, which reconnected or restarted before acknowledging it); a new publish
+    # never carries it.
+    redelivered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
