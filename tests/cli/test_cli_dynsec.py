@@ -118,9 +118,7 @@ async def test_call_logs_in_with_the_login_as_client_id_by_default(
     assert json.loads(out)["result"]["structured"]["text"] == "hi"
 
 
-async def test_client_id_from_the_environment_and_the_flag(
-    dynsec: Broker, worker: Serve
-) -> None:
+async def test_client_id_from_the_environment_and_the_flag(dynsec: Broker, worker: Serve) -> None:
     """TOOLBUS_CLIENT_ID is used (a wrong one is refused), and the flag wins over it."""
     code, _, err = await call_as_kitchen(dynsec, TOOLBUS_CLIENT_ID="not-kitchen")
     assert code == EXIT_BROKER, err

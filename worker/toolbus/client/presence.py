@@ -33,7 +33,7 @@ from toolbus.wire.errors import NoWorker
 from toolbus.wire.messages import Inbound
 from toolbus.wire.topics import Topics
 
-GRACE_S = 0.5  # after the retained statuses are in: a worker connecting right now
+GRACE_S = 0.3  # after the retained statuses are in: a worker connecting right now
 
 
 class Presence:
