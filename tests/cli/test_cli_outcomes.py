@@ -32,7 +32,10 @@ from tests.cli.test_cli import cli_env, run_cli
 from tests.support.harness import Broker
 from tests.support.mqtt import Caller
 from tests.support.processes import RUN_BOUND_S, Serve
+from toolbus.cli.ask import one_line
 from toolbus.client.client import Client
+from toolbus.wire.contracts import ErrorBody, ErrorCode, Reply
+from toolbus.wire.errors import NoReply, NoWorker
 from toolbus.worker.exit_codes import EXIT_ERROR, EXIT_NO_WORKER, EXIT_OK, EXIT_PIPE
 
 # The CLI's own start (Python, imports) is most of it; the statuses take well under 1 s.
@@ -198,3 +201,31 @@ async def test_call_with_a_string_for_the_arguments_says_what_to_pass(
             await client.call("echo", "hi")  # type: ignore[arg-type]  # the mistake tested
         reply = await client.call("echo", {"text": "hi"})
     assert reply.ok
+
+
+async def test_the_library_fails_fast_only_when_asked(broker: Broker, served: str) -> None:
+    """`Client(require_worker=True)`: `NoWorker` (a `NoReply`) on a prefix no worker has,
+    within the bound; on the served one, the call goes. Off by default."""
+    nobody = f"nw{uuid.uuid4().hex[:8]}"
+    async with Client(broker.url, prefix=nobody, require_worker=True) as client:
+        started = time.monotonic()
+        with pytest.raises(NoWorker) as raised:
+            await client.call("echo", {"text": "hi"})
+        assert time.monotonic() - started < NO_WORKER_BOUND_S
+    assert isinstance(raised.value, NoReply)
+    assert raised.value.details == {"workers": 0}
+    async with Client(broker.url, prefix=served, require_worker=True) as client:
+        assert (await client.call("echo", {"text": "hi"})).ok
+
+
+def test_one_line_says_when_to_send_again() -> None:
+    limited = Reply(
+        id="r1",
+        ok=False,
+        duration_ms=1.0,
+        error=ErrorBody(
+            code=ErrorCode.RATE_LIMITED, message="over quota", details={"retry_after_ms": 1500}
+        ),
+    )
+    line = one_line(limited, "--json-reply")
+    assert line == "rate_limited: over quota (retry after 1.5 s; --json-reply for the whole reply)"
