@@ -1,7 +1,12 @@
 """Asking a running worker from the command line: `toolbus call` and `toolbus tools`.
 
-Both go through `toolbus.Client`; what cannot reach anyone becomes an exit code
-(`toolbus.worker.exit_codes`'s): 3 no reply in time, 4 the broker unreachable within `--timeout`.
+Both go through `toolbus.Client`, as the client id `client_id` chooses (`--client-id`,
+`TOOLBUS_CLIENT_ID`; by default the login where the caller is the topic's), checking the
+workers' retained statuses first (`--no-worker-check` sends regardless). What cannot
+reach anyone becomes an exit code (`toolbus.worker.exit_codes`'s): 3 no reply in time, 4
+the broker unreachable within `--timeout` or refusing the login, 5 no worker online (not
+sent). An error reply is one line on a terminal (`code: message`, and when to retry);
+piped, or with `--json-reply`, the whole reply as JSON, as ever.
 """
 
 from __future__ import annotations
@@ -17,13 +22,19 @@ from rich.table import Table
 from rich.text import Text
 
 from toolbus.cli import values as cli_values
-from toolbus.cli.settings import _settings
+from toolbus.cli.settings import _settings, client_id
 from toolbus.client.client import Client, Retry
-from toolbus.transport import TransportError
-from toolbus.wire.contracts import ToolsFormat
-from toolbus.wire.errors import NoReply, ToolbusError
+from toolbus.transport import BrokerRefused, TransportError
+from toolbus.wire.contracts import Reply, ToolsFormat
+from toolbus.wire.errors import NoReply, NoWorker, ToolbusError
 from toolbus.wire.untrusted import printable
-from toolbus.worker.exit_codes import EXIT_BROKER, EXIT_ERROR, EXIT_NO_REPLY, EXIT_OK
+from toolbus.worker.exit_codes import (
+    EXIT_BROKER,
+    EXIT_ERROR,
+    EXIT_NO_REPLY,
+    EXIT_NO_WORKER,
+    EXIT_OK,
+)
 
 
 def _client(args: argparse.Namespace, settings: Any) -> Client:
@@ -40,6 +51,8 @@ def _client(args: argparse.Namespace, settings: Any) -> Client:
         on_resend=_tell_resend,
         caller=args.caller,
         caller_identity=settings.caller_identity,
+        client_id=client_id(args, settings),
+        require_worker=not args.no_worker_check,
     )
 
 
@@ -48,19 +61,54 @@ def _tell_resend(send: int, sends: int) -> None:
     print(f"toolbus: no reply yet, sending again ({send}/{sends})", file=sys.stderr, flush=True)
 
 
-def _talk(settings: Any, talk: Any) -> Any:
+def _talk(settings: Any, client: Client, talk: Any) -> Any:
     """Run `talk` (a coroutine), its failures to reach anyone as exit codes."""
     try:
         return asyncio.run(talk)
+    except NoWorker as exc:  # before NoReply, its base: nothing was sent
+        print(f"toolbus: {printable(str(exc))}; not sent", file=sys.stderr)
+        return EXIT_NO_WORKER
     except NoReply as exc:
         # A copy was answered (that it did not run): a worker is there; the outcome is unknown.
         hint = "" if exc.answer is not None else " (is a worker running?)"
         print(f"toolbus: {printable(str(exc))}{hint}", file=sys.stderr)
         return EXIT_NO_REPLY
+    except BrokerRefused as exc:
+        print(f"toolbus: {printable(refused(settings, client.client_id, exc))}", file=sys.stderr)
+        return EXIT_BROKER
     except TransportError as exc:
         unreached = f"cannot reach the broker at {settings.broker}: {exc}"
         print(f"toolbus: {printable(unreached)}", file=sys.stderr)
         return EXIT_BROKER
+
+
+def refused(settings: Any, client_id: str, exc: BrokerRefused) -> str:
+    """A refused login, with the client id it came with: a broker that binds logins to
+    client ids refuses the right password on another id, and says only "not authorized"."""
+    said = f"the broker at {settings.broker} refused us: {exc}"
+    if exc.reason_code is None:
+        return said  # a certificate or a TLS file: the client id has nothing to do with it
+    login = settings.broker.username or "(none)"
+    return (
+        f"{said} (login {login}, client id {client_id}; --client-id or TOOLBUS_CLIENT_ID "
+        "sets the client id)"
+    )
+
+
+def one_line(reply: Reply, whole: str | None = None) -> str:
+    """An error reply as one line for a person: `code: message`, when to send it again,
+    and the flag (`whole`) that prints all of it."""
+    error = reply.error
+    if error is None:
+        return "failed without an error"
+    hints = []
+    retry_after_ms = error.details.get("retry_after_ms")
+    if isinstance(retry_after_ms, int | float):
+        hints.append(f"retry after {retry_after_ms / 1000:g} s")
+    if whole is not None:
+        hints.append(f"{whole} for the whole reply")
+    told = f" ({'; '.join(hints)})" if hints else ""
+    return f"{error.code.value}: {error.message}{told}"
 
 
 def _json(text: str) -> str:
@@ -84,9 +132,13 @@ def call(args: argparse.Namespace) -> int:
                     raise
                 return error.reply  # the worker's own answer, printed as it came
 
-    reply = _talk(settings, talk())
+    reply = _talk(settings, client, talk())
     if isinstance(reply, int):
         return reply
+    if not reply.ok and not args.json_reply and sys.stdout.isatty():
+        # A person reads it: one line, not the ~80 of the whole reply.
+        print(f"toolbus: {printable(one_line(reply, '--json-reply'))}", file=sys.stderr)
+        return EXIT_ERROR
     print(_json(reply.model_dump_json(by_alias=True, exclude_none=True, indent=2)))
     return EXIT_OK if reply.ok else EXIT_ERROR
 
@@ -103,10 +155,13 @@ def tools(args: argparse.Namespace) -> int:
             except ToolbusError as error:
                 if error.reply is None:
                     raise
-                print(_json(error.reply.model_dump_json(indent=2)), file=sys.stderr)
+                if sys.stderr.isatty():
+                    print(f"toolbus: {printable(one_line(error.reply))}", file=sys.stderr)
+                else:
+                    print(_json(error.reply.model_dump_json(indent=2)), file=sys.stderr)
                 return EXIT_ERROR
 
-    listed = _talk(settings, talk())
+    listed = _talk(settings, client, talk())
     if isinstance(listed, int):
         return listed
     definitions: list[dict[str, Any]] = listed

@@ -3,7 +3,9 @@ demo-server.
 
 This is the entry point: the only place that reads the environment and files.
 Exit codes of `call`/`tools`: 0 ok, 1 the tool or worker answered with an error,
-2 usage or configuration error, 3 no reply in time, 4 broker unreachable. `serve`
+2 usage or configuration error, 3 no reply in time, 4 broker unreachable or refusing the
+login, 5 no worker online (the retained statuses say so; nothing sent). Any command whose
+stdout is closed early (`| head`) exits 141, quietly, as one that SIGPIPE ends. `serve`
 exits 2 on a configuration error and 4 when the broker refuses it at the first connect
 (its certificate fails verification, or it rejects the credentials) or its shared dedup
 store cannot be reached at start-up. A configuration
@@ -25,12 +27,11 @@ from typing import TYPE_CHECKING, NoReturn
 from pydantic import ValidationError
 
 from toolbus import __version__
+from toolbus.cli.asking import asking_arguments, client_id_argument
 from toolbus.cli.settings import _settings, config_errors
-from toolbus.cli.values import json_object, pair
 from toolbus.config.problems import ConfigError
-from toolbus.wire.contracts import ToolsFormat
 from toolbus.wire.untrusted import printable
-from toolbus.worker.exit_codes import EXIT_BROKER, EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from toolbus.worker.exit_codes import EXIT_BROKER, EXIT_ERROR, EXIT_OK, EXIT_PIPE, EXIT_USAGE
 
 if TYPE_CHECKING:
     from toolbus.config import Settings
@@ -74,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok; 1 the tool or worker answered with an error (health: "
         "unhealthy; mappings: unknown tool or a server down); 2 usage or configuration "
         "error; 3 no reply in time (status --once: no worker online); 4 broker "
-        "unreachable or refusing (serve: or the dedup store out of reach at start-up). "
+        "unreachable or refusing (serve: or the dedup store out of reach at start-up); "
+        "5 call, tools: no worker online, not sent; 141 stdout closed early (| head). "
         "`toolbus COMMAND --help` for each command.",
     )
     parser.add_argument("--version", action="version", version=f"toolbus {__version__}")
@@ -102,70 +104,9 @@ def _parser() -> argparse.ArgumentParser:
 
     call = sub.add_parser("call", help="call a tool through a running worker")
     config_flags(call)
-    call.add_argument("tool", help="the tool's name, or any alias or spelling that resolves")
-    call.add_argument(
-        "pairs",
-        nargs="*",
-        default=[],  # none is fine: argparse would call a `*` without a default required
-        type=pair,
-        metavar="key=value|key:=JSON",
-        help='arguments: key=value sends the text value (n=5 sends "5"); key:=JSON sends '
-        "the JSON value (n:=5, on:=true); options may stand between them",
-    )
-    call.add_argument(
-        "--json",
-        dest="json_args",
-        type=json_object,
-        metavar="OBJECT",
-        help="arguments as a JSON object (pairs given too win over its keys)",
-    )
-    call.add_argument(
-        "--timeout",
-        type=float,
-        help="the call's deadline in seconds (default: default_timeout_s, as the worker has "
-        "it); connecting to the broker is bounded by it too, 10 s at most",
-    )
-    call.add_argument(
-        "--attempts",
-        type=int,
-        default=3,
-        help="sends in all, the same id each time, while no reply comes (1: no re-send); "
-        "each re-send is told on stderr",
-    )
-    call.add_argument(
-        "--retry-interval",
-        type=float,
-        default=5.0,
-        metavar="S",
-        help="send again after S seconds without a reply (default 5)",
-    )
-
     tools = sub.add_parser("tools", help="list the tools of a running worker")
     config_flags(tools)
-    for asking in (call, tools):
-        asking.add_argument(
-            "--caller",
-            metavar="NAME",
-            help="who is asking (the workers' caller profiles and quotas): named in the "
-            "request, or by the topic when the configuration's caller_identity is `topic` "
-            "(then it is the broker login the ACL ties to it)",
-        )
-    tools.add_argument(
-        "--timeout",
-        type=float,
-        default=5.0,
-        help="seconds to wait for a worker, and for the broker connection (10 s at most)",
-    )
-    tools.add_argument(
-        "--json", action="store_true", help="print our definitions as JSON, not as a table"
-    )
-    tools.add_argument(
-        "--format",
-        choices=[f.value for f in ToolsFormat],
-        default=ToolsFormat.TOOLBUS.value,
-        help="the definitions' shape: ours (default; a table unless --json), or what a "
-        "provider's SDK takes, printed as that JSON",
-    )
+    asking_arguments(call, tools)
 
     from toolbus.cli.health import add_arguments as health_arguments
 
@@ -205,6 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show the workers and MCP servers, live or once")
     config_flags(status)
     status_arguments(status)
+    client_id_argument(call, tools, status)
 
     demo = sub.add_parser("demo-server", help="run the demo MCP device server on stdio")
     demo.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP on /mcp instead")
@@ -226,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         code: int = handlers[args.command](args)
+        sys.stdout.flush()  # a reader gone (`| head`) shows here, not at exit
+    except BrokenPipeError:
+        return _pipe_closed()
     except ConfigError as exc:
         for problem in exc.problems:  # one line each (printable): a log line, a grep hit
             print(f"toolbus: bad configuration: {problem}", file=sys.stderr)
@@ -237,6 +182,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"toolbus: {printable(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     return code
+
+
+def _pipe_closed() -> int:
+    """stdout's reader is gone: quiet, 141 as a shell reports a command SIGPIPE ended.
+    stdout is pointed at /dev/null, or Python's own flush at exit fails again, loudly."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return EXIT_PIPE
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -33,3 +33,16 @@ def _settings(args: argparse.Namespace) -> Any:
     for problem in environment_problems(os.environ):  # the fatal ones refused above
         print(f"toolbus: warning: {problem}", file=sys.stderr)
     return settings
+
+
+def client_id(args: argparse.Namespace, settings: Any) -> str | None:
+    """The MQTT client id of `call`, `tools` and `status`: `--client-id`, else the
+    `client_id` setting (`TOOLBUS_CLIENT_ID`), else the login where the caller is the
+    topic's (a broker binding logins to client ids, as the shipped dynamic security
+    does, binds a caller's login to its own name), else None (random)."""
+    given = getattr(args, "client_id", None) or settings.client_id
+    if given:
+        return str(given)
+    if settings.caller_identity == "topic" and settings.broker.username:
+        return str(settings.broker.username)
+    return None

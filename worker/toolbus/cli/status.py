@@ -6,7 +6,7 @@ snapshot and exits; `--json` prints it as JSON for scripts (implies `--once`); o
 a live view until Ctrl-C (see `status_view`). Exit codes: 0 shown, 2 a usage or
 configuration error (cli.py), 3 (`--once`, `--json`) shown but no worker is online:
 nobody would answer a call, as `toolbus call`'s 3 says, 4 the broker cannot be reached
-within `--timeout`.
+within `--timeout` or refuses the login. `--client-id` (`TOOLBUS_CLIENT_ID`) as for `call`.
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ def add_arguments(status: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from toolbus.cli.settings import client_id
     from toolbus.cli.status_view import live, once
     from toolbus.config import load_settings
-    from toolbus.transport import TransportError
+    from toolbus.transport import BrokerRefused, TransportError
     from toolbus.wire.topics import Topics
     from toolbus.wire.untrusted import printable
 
@@ -52,11 +53,20 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, None, broker_url=args.broker)
     # Only the prefix matters here (wiring.topics_for would import the whole worker).
     topics = Topics(settings.topic_prefix, settings.shared_group, settings.allowed_reply_prefixes)
+    ident = client_id(args, settings)
     try:
         if not (args.once or args.json):
-            asyncio.run(live(settings.broker, topics, args.timeout))  # until Ctrl-C
+            asyncio.run(live(settings.broker, topics, args.timeout, ident))  # until Ctrl-C
             return EXIT_OK
-        pool = asyncio.run(once(settings.broker, topics, args.timeout, as_json=args.json))
+        shown = once(settings.broker, topics, args.timeout, as_json=args.json, client_id=ident)
+        pool = asyncio.run(shown)
+    except BrokerRefused as exc:
+        shown_id = ident or "random"
+        refused = f"the broker at {settings.broker} refused us: {exc}"
+        if exc.reason_code is not None:
+            refused += f" (client id {shown_id}; --client-id or TOOLBUS_CLIENT_ID sets it)"
+        print(f"toolbus: {printable(refused)}", file=sys.stderr)
+        return EXIT_BROKER
     except (TransportError, TimeoutError) as exc:
         why = str(exc) or f"no connection within {args.timeout} s"
         unreached = f"cannot reach the broker at {settings.broker}: {why}"

@@ -30,9 +30,16 @@ REFRESH_S = 1.0  # the live view's redraw without news: ages advance, expired ro
 RECONNECT_MAX_DELAY_S = 10.0
 
 
-async def once(broker: BrokerUrl, topics: Topics, timeout_s: float, *, as_json: bool) -> Pool:
+async def once(
+    broker: BrokerUrl,
+    topics: Topics,
+    timeout_s: float,
+    *,
+    as_json: bool,
+    client_id: str | None = None,
+) -> Pool:
     """Print what is retained now, as tables or (`as_json`) JSON; the pool shown."""
-    pool = await snapshot(broker, topics, timeout_s=timeout_s)
+    pool = await snapshot(broker, topics, timeout_s=timeout_s, client_id=client_id)
     if as_json:
         print(json.dumps(pool.to_json(), indent=2))
     else:
@@ -41,7 +48,9 @@ async def once(broker: BrokerUrl, topics: Topics, timeout_s: float, *, as_json: 
     return pool
 
 
-async def live(broker: BrokerUrl, topics: Topics, timeout_s: float) -> None:
+async def live(
+    broker: BrokerUrl, topics: Topics, timeout_s: float, client_id: str | None = None
+) -> None:
     """Until cancelled (Ctrl-C). The first connection must come within `timeout_s`
     (else `TransportError` or `TimeoutError`); a later loss is shown and reconnected."""
     pool = Pool(topics)
@@ -50,7 +59,7 @@ async def live(broker: BrokerUrl, topics: Topics, timeout_s: float) -> None:
         while True:
             try:
                 async with asyncio.timeout(None if connected_once else timeout_s):
-                    conn = status_connection(broker, timeout_s)
+                    conn = status_connection(broker, timeout_s, client_id)
                     await conn.__aenter__()
                 connected_once, delay_s = True, REFRESH_S
                 try:

@@ -23,12 +23,13 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+from toolbus.client.presence import Presence
 from toolbus.client.requester import Requester, Retry, Said
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.contracts import CallsReply, ErrorBody, ErrorCode, Reply, ReplyFormat, ToolsFormat
 from toolbus.wire.errors import NoReply, ToolbusError
 from toolbus.wire.formats.incoming import holder
-from toolbus.wire.topics import ANONYMOUS_CALLER, CallerIdentity
+from toolbus.wire.topics import ANONYMOUS_CALLER, CallerIdentity, Topics
 
 __all__ = [
     "Client",
@@ -61,13 +62,19 @@ class Client:
             each request) or `topic` (named by the topic, `{prefix}/call/{caller}/{tool}`,
             which the broker's ACL ties to this client's login).
         retry: when, and how often, an unanswered request is sent again (the same id).
-        client_id: the MQTT client identifier (random by default).
+        client_id: the MQTT client identifier (random by default). A broker that binds
+            logins to client ids (mosquitto's dynamic security, docs/security.md) needs
+            the one bound to the login: the caller's login itself, as `add-caller` makes it.
         connect_timeout_s: bound on connecting (and each acknowledgement).
         timeout_s: each request's deadline unless the call gives one. It travels as
             the request's MQTT expiry: the worker stops the call then and answers
             `timeout` (`CallTimeout`); with no answer at all, `NoReply`.
         on_resend: called before each repeat of an unanswered request with that send's
             number and the sends allowed (`2, 3`): `toolbus call` tells its user.
+        require_worker: read the workers' retained statuses on the same connection,
+            and raise `NoWorker` (a `NoReply`) within about a second, the request unsent,
+            when they show no worker online (see `toolbus.client.presence`); off by
+            default: a library rides out a worker restart on its retries.
     """
 
     def __init__(
@@ -83,6 +90,7 @@ class Client:
         connect_timeout_s: float = 10.0,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         on_resend: Callable[[int, int], None] | None = None,
+        require_worker: bool = False,
     ) -> None:
         if caller_identity not in ("claim", "topic"):
             raise ValueError("caller_identity is `claim` or `topic`, as the workers have it")
@@ -97,6 +105,8 @@ class Client:
         # for a client that names none); elsewhere the level is only tidy.
         level = caller or (ANONYMOUS_CALLER if self._in_topic else None)
         replies = reply_prefix if reply_prefix is not None else f"{prefix}/reply/"
+        topics = Topics(prefix, "", (replies,))
+        self._presence = Presence(topics) if require_worker else None
         self._requester = Requester(
             broker if isinstance(broker, BrokerUrl) else BrokerUrl.from_url(broker),
             reply_topic=f"{replies}{level}/{client_id}" if level else f"{replies}{client_id}",
@@ -104,6 +114,8 @@ class Client:
             retry=retry,
             connect_timeout_s=connect_timeout_s,
             on_resend=on_resend,
+            watch=self._presence.subscribe if self._presence else None,
+            heard=self._presence.take if self._presence else None,
         )
 
     async def __aenter__(self) -> Self:
@@ -158,8 +170,14 @@ class Client:
 
         `id` (random by default) is what a repeat is known by: the same id sent again,
         by this client's retries or by you later, is answered from the first run.
-        Arguments with no JSON form (NaN, infinities) raise `ValueError`, unsent.
+        Arguments with no JSON form (NaN, infinities) raise `ValueError`, unsent;
+        arguments that are not a mapping (`call("echo", "hi")`), `TypeError`.
         """
+        if arguments is not None and not isinstance(arguments, Mapping):
+            raise TypeError(
+                f"arguments are a mapping of parameter names to values, e.g. "
+                f'call({tool!r}, {{"text": "hi"}}), not a {type(arguments).__name__}'
+            )
         ident = id or uuid.uuid4().hex
         body: dict[str, Any] = {"id": ident, "arguments": dict(arguments or {})}
         if self._in_topic and self.caller:
@@ -282,6 +300,8 @@ class Client:
         deadline_s = timeout_s if timeout_s is not None else self._timeout_s
         if deadline_s <= 0:
             raise ValueError("timeout_s must be positive")
+        if self._presence is not None:
+            await self._presence.check()  # NoWorker: unsent, so it cannot run later
         return await self._requester.request(
             topic,
             # Never NaN or Infinity on the wire: Python writes them, JSON has no such thing.

@@ -96,10 +96,15 @@ class Pool:
         }
 
 
-def status_connection(broker: BrokerUrl, timeout_s: float) -> MqttConnection:
-    """A clean session of its own: a status viewer holds nothing across connects."""
+def status_connection(
+    broker: BrokerUrl, timeout_s: float, client_id: str | None = None
+) -> MqttConnection:
+    """A clean session of its own: a status viewer holds nothing across connects.
+    `client_id`: the one the broker binds the login to, if it does; else random."""
     return MqttConnection(
-        broker, client_id=f"toolbus-status-{uuid.uuid4().hex[:12]}", timeout_s=timeout_s
+        broker,
+        client_id=client_id or f"toolbus-status-{uuid.uuid4().hex[:12]}",
+        timeout_s=timeout_s,
     )
 
 
@@ -123,13 +128,15 @@ async def follow(
             changed()
 
 
-async def snapshot(broker: BrokerUrl, topics: Topics, *, timeout_s: float) -> Pool:
+async def snapshot(
+    broker: BrokerUrl, topics: Topics, *, timeout_s: float, client_id: str | None = None
+) -> Pool:
     """The statuses retained now; `TransportError` or `TimeoutError` when the broker
     cannot be reached within `timeout_s`, which also bounds the whole wait."""
     pool = Pool(topics)
     deadline = asyncio.get_running_loop().time() + timeout_s
     async with asyncio.timeout_at(deadline):
-        conn = status_connection(broker, timeout_s)
+        conn = status_connection(broker, timeout_s, client_id)
         await conn.__aenter__()
     try:
         async with asyncio.timeout_at(deadline):

@@ -29,7 +29,7 @@ import contextlib
 import hashlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from types import TracebackType
@@ -38,7 +38,7 @@ from typing import Any, Self, TypeVar
 from toolbus.transport import MqttConnection, TransportError
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.errors import NoReply
-from toolbus.wire.messages import Outbound
+from toolbus.wire.messages import Inbound, Outbound
 from toolbus.wire.tasks import cancel_and_wait
 
 log = logging.getLogger("toolbus.client")
@@ -127,6 +127,8 @@ class Requester:
         connect_timeout_s: bound on the first connection (and each acknowledgement).
         on_resend: called before each repeat with its send's number and the sends
             allowed (2, 3 for the second of three), e.g. to tell a waiting user.
+        watch: more subscriptions on each connection, made after the reply topic's
+            (`presence.Presence.subscribe`); `heard` gets what they bring.
     """
 
     def __init__(
@@ -138,8 +140,11 @@ class Requester:
         retry: Retry,
         connect_timeout_s: float,
         on_resend: Callable[[int, int], None] | None = None,
+        watch: Callable[[MqttConnection], Awaitable[None]] | None = None,
+        heard: Callable[[Inbound], None] | None = None,
     ) -> None:
         self._broker = broker
+        self._watch, self._heard = watch, heard
         self._on_resend = on_resend
         self._retry = retry
         self.client_id = client_id
@@ -310,6 +315,8 @@ class Requester:
         await connection.__aenter__()
         try:
             await connection.subscribe([self.reply_topic])
+            if self._watch is not None:
+                await self._watch(connection)
         except BaseException:
             with contextlib.suppress(TransportError):
                 await connection.__aexit__(None, None, None)
@@ -329,7 +336,10 @@ class Requester:
         while True:
             try:
                 async for message in connection.messages():
-                    self._deliver(message.correlation_data, message.payload)
+                    if message.topic != self.reply_topic and self._heard is not None:
+                        self._heard(message)
+                    else:
+                        self._deliver(message.correlation_data, message.payload)
             except TransportError as exc:
                 log.warning("broker connection lost (%s): connecting again", exc)
             self._lost(connection)

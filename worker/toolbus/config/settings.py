@@ -88,6 +88,13 @@ class Settings(BaseSettings):
         "when client_id_secret is unset, before the broker password. Refused when others "
         "may write it or it holds under 16 bytes; a warning when others may read it.",
     )
+    client_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=65535,
+        description="The MQTT client id of `toolbus call`, `tools` and `status` (not the "
+        "worker's): unset, the login when caller_identity is `topic`, else random.",
+    )
     dedup_store: str = Field(
         default="memory",
         description="Where request ids are deduplicated: `memory` (this worker) or "

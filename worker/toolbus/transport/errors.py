@@ -19,8 +19,14 @@ class BrokerRefused(TransportError):
     verification, the broker rejects the credentials, or the TLS files cannot be used.
 
     Trying again cannot help until the configuration changes: a worker refused at its
-    first connect stops with this error (see `service.Worker`).
+    first connect stops with this error (see `service.Worker`). `reason_code`: the
+    CONNACK's, when the broker refused the login (135 or 5: not authorized, which may
+    mean a login bound to another client id); None for a certificate or TLS file.
     """
+
+    def __init__(self, message: str, *, reason_code: int | None = None) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
 
 
 class Unacknowledged(TransportError):

@@ -22,6 +22,9 @@ from toolbus.transport.errors import BrokerRefused, TransportError
 SESSION_TAKEN_OVER = 0x8E
 # CONNACK reason codes that refuse the credentials: MQTT v5, then 3.1.1.
 _CREDENTIALS_REFUSED = frozenset({134, 135, 4, 5})  # bad user name or password, not authorized
+# "Not authorized" (v5 0x87, 3.1.1 5): what mosquitto's dynamic security answers for a bad
+# password and for a login bound to another client id alike, so both are named.
+NOT_AUTHORIZED = frozenset({135, 5})
 
 
 def disconnect_reason(*args: Any) -> int | None:
@@ -48,6 +51,12 @@ def connect_error(exc: aiomqtt.MqttError) -> TransportError:
         )
     if isinstance(exc, aiomqtt.MqttCodeError):
         code = exc.rc.value if isinstance(exc.rc, ReasonCode) else exc.rc
+        if code in NOT_AUTHORIZED:
+            return BrokerRefused(
+                f"it refused the login ({exc}): wrong login or password, or this login is "
+                "bound to another client id",
+                reason_code=code,
+            )
         if code in _CREDENTIALS_REFUSED:
-            return BrokerRefused(f"it refused the credentials ({exc})")
+            return BrokerRefused(f"it refused the credentials ({exc})", reason_code=code)
     return TransportError(str(exc))

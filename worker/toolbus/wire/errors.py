@@ -23,6 +23,7 @@ caller writes `except UnknownTool` and reads `.code`, `.details` and `.reply`.
 
     TimeoutError                 (Python's own)
     └── NoReply                  the client heard nothing: no worker answered in time
+        └── NoWorker             not sent: the workers' statuses say none is online
 
 `NoReply` is not a `ToolbusError`: no worker said anything, so there is no wire code
 and no body to render. It is the requester's own deadline passing, which is what
@@ -146,6 +147,13 @@ class NoReply(TimeoutError):
         self.id = id
         self.answer = answer
         self.details: dict[str, Any] = json_details(details)
+
+
+class NoWorker(NoReply):
+    """Not sent: the workers' retained statuses say none is online (a client made with
+    `require_worker=True`, as `toolbus call` is). Nothing was published, so nothing can
+    run later; `details.workers`: how many worker statuses were heard (0: none at all).
+    A `NoReply`, so code that handles "nobody answered" handles it too."""
 
 
 def json_details(details: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,12 @@
 """Exit codes: what every `toolbus` command and each `toolbus serve` child exits with.
 
 0 ok, 1 an error reply, 2 a usage error, 3 no reply, 4 no broker (`serve`: or no dedup store at
-start-up). Here, below both, so the command line and the supervisor (which reads its children's)
-take them from one place.
+start-up), 5 no worker online (`call`, `tools`: the statuses say so; nothing sent), 141 stdout
+closed early (`toolbus call ... | head`: quiet, as a command SIGPIPE ends reports in a
+shell). Here, below both, so the command line and the supervisor (which reads its
+children's) take them from one place.
 """
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_REPLY, EXIT_BROKER = 0, 1, 2, 3, 4
+EXIT_NO_WORKER = 5
+EXIT_PIPE = 141  # 128 + SIGPIPE
