@@ -7,22 +7,48 @@ PYTHON := $(shell scripts/find-python 2>/dev/null)
 endif
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# Two installs into the one .venv: `make run` needs only the worker (`pip install -e .`),
+# `make test` and the other targets the development tools too (`.[dev]`). The dev stamp
+# keeps its old name, so a .venv made before stays valid; installing it marks the run one.
+STAMP     := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
+VENV_PY   := $(BIN)/python
 BROKER_PORT ?= 1883
 # $(CURDIR), not $(abspath): abspath splits a path that holds a space, and a clone may live anywhere.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: FORCE python-info bench-tracing bench-logging bench-normalize bench-flood bench-flood-victim bench-mcp-output bench-client compose-check check-tree asyncapi-parser mcp-everything bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary
+.PHONY: FORCE python-info python-check bench-tracing bench-logging bench-normalize bench-flood bench-flood-victim bench-mcp-output bench-client compose-check check-tree asyncapi-parser mcp-everything bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary
 
 # An ordinary editable install: the source root worker/ holds the package toolbus/ (a src
-# layout), which mypy, pytest and editors read as the files they are.
-$(STAMP): pyproject.toml
+# layout), which mypy, pytest and editors read as the files they are. pip is not quiet on
+# the long steps: a first install takes a while, and its lines show it moving.
+$(VENV_PY):
 	@scripts/ensure-python $(PYTHON)
+	@echo "toolbus: making $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
-	@touch $(STAMP)
+
+# The worker alone, unless the dev install (a superset) is already there and up to date.
+$(RUN_STAMP): pyproject.toml | $(VENV_PY)
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then :; else \
+	  echo "toolbus: installing the worker and its dependencies into $(VENV)" \
+	    "(about 110 MB; under a minute on a first run)"; \
+	  echo "$(BIN)/pip install -e ."; \
+	  $(BIN)/pip install -e . || exit 1; \
+	fi
+	@touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml | $(VENV_PY)
+	@echo "toolbus: installing the worker and the development tools (pytest, ruff, mypy," \
+	  "the providers' SDKs) into $(VENV) (about 310 MB; a minute or two on a first run)"
+	$(BIN)/pip install -e '.[dev]'
+	@touch $(STAMP) $(RUN_STAMP)
+
+# A PYTHON named on the command line (or in the environment) must exist, whether or not
+# .venv does: one line saying so, not a shell's "not found" from deep in a recipe.
+python-check:
+	@$(if $(filter command line environment,$(origin PYTHON)),scripts/find-python --check '$(PYTHON)',:)
 
 FORCE:
 
@@ -56,11 +82,11 @@ stop-broker:
 
 # Its first line says which Python the worker runs on. The worker talks to the broker on
 # $(BROKER_PORT), unless TOOLBUS_BROKER_URL names another.
-run: python-info $(STAMP) broker
+run: python-info $(RUN_STAMP) broker
 	TOOLBUS_BROKER_URL="$${TOOLBUS_BROKER_URL:-mqtt://localhost:$(BROKER_PORT)}" $(BIN)/toolbus serve --config config/toolbus.toml
 
 # The virtualenv's Python once it exists, else the one it will be made with.
-python-info:
+python-info: python-check
 	@scripts/find-python --say $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 
 # A tracing backend for the end-to-end tracing test, in a venv of its own (its pins are its own).
