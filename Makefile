@@ -18,7 +18,7 @@ BROKER_PORT ?= 1883
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: FORCE python-info python-check bench-tracing bench-logging bench-normalize bench-flood bench-flood-victim bench-mcp-output bench-client compose-check check-tree asyncapi-parser mcp-everything bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary
+.PHONY: FORCE lock dist python-info python-check bench-tracing bench-logging bench-normalize bench-flood bench-flood-victim bench-mcp-output bench-client compose-check check-tree asyncapi-parser mcp-everything bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary
 
 # An ordinary editable install: the source root worker/ holds the package toolbus/ (a src
 # layout), which mypy, pytest and editors read as the files they are. pip is not quiet on
@@ -141,10 +141,22 @@ schemas: $(STAMP)
 compose-check:
 	scripts/check-compose
 
+# compose/requirements.lock, the image's pinned and hashed Python packages, renewed from
+# pyproject.toml with pip-tools in a throwaway venv (scripts/lock-requirements says how):
+# `make lock` keeps the pins that still fit, `make lock LOCK_ARGS=--upgrade` takes the newest.
+LOCK_ARGS ?=
+lock:
+	scripts/lock-requirements $(LOCK_ARGS)
+
+# The release's sdist and wheel in dist/ (docs/deployment.md: `pipx install` from the wheel).
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist
+
 check: check-tree lint typecheck test compose-check
 
 clean:
-	rm -rf $(VENV) $(PHOENIX_VENV) $(NODE_RED_DIR) build worker/toolbus.egg-info .pytest_cache .mypy_cache .ruff_cache .run .tools
+	rm -rf $(VENV) $(PHOENIX_VENV) $(NODE_RED_DIR) build dist worker/toolbus.egg-info .pytest_cache .mypy_cache .ruff_cache .run .tools
 
 bench: $(STAMP) mosquitto-binary
 	$(BIN)/toolbus bench
