@@ -33,7 +33,7 @@ $(VENV_PY):
 $(RUN_STAMP): pyproject.toml | $(VENV_PY)
 	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then :; else \
 	  echo "toolbus: installing the worker and its dependencies into $(VENV)" \
-	    "(about 110 MB; under a minute on a first run)"; \
+	    "(about 110 MB; about a minute on a first run)"; \
 	  echo "$(BIN)/pip install -e ."; \
 	  $(BIN)/pip install -e . || exit 1; \
 	fi
