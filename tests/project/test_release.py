@@ -250,26 +250,32 @@ def test_the_lock_pins_every_package_the_wheel_pulls_in(installed: Path) -> None
 
 
 @pytest.mark.slow
-async def test_the_installed_wheel_serves_a_real_call(installed: Path, broker: Broker) -> None:
+async def test_the_installed_wheel_serves_a_real_call(
+    installed: Path, broker: Broker, tmp_path: Path
+) -> None:
     prefix, worker_id = unique_prefix(), "released-w"
     env = fresh_env(installed, topic_prefix=prefix, worker_id=worker_id, broker_url=broker.url)
-    serve = await asyncio.create_subprocess_exec(
-        str(installed / "toolbus"),
-        "serve",
-        "--config",
-        str(BUNDLED_CONFIG),
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    log = tmp_path / "serve.log"
+    with log.open("wb") as sink:
+        serve = await asyncio.create_subprocess_exec(
+            str(installed / "toolbus"),
+            "serve",
+            "--config",
+            str(BUNDLED_CONFIG),
+            env=env,
+            stdout=sink,
+            stderr=sink,
+        )
     try:
         async with Caller(broker.url) as watcher:
             await watcher.subscribe(f"{prefix}/status/workers/{worker_id}")
-            async with asyncio.timeout(CLI_BOUND_S):
-                while True:
-                    status = json.loads((await watcher.next_message()).payload or b"{}")
-                    if status.get("state") == "online":
-                        break
+            status: dict[str, object] = {}
+            try:
+                async with asyncio.timeout(CLI_BOUND_S):
+                    while status.get("state") != "online":
+                        status = json.loads((await watcher.next_message()).payload or b"{}")
+            except TimeoutError:
+                pytest.fail(f"no `online` status; the worker said: {log.read_text()[-3000:]}")
         assert status["version"] == VERSION, status
         code, out, err = await run_bounded(
             str(installed / "toolbus"),
@@ -281,7 +287,7 @@ async def test_the_installed_wheel_serves_a_real_call(installed: Path, broker: B
             env=env,
             bound_s=CLI_BOUND_S,
         )
-        assert code == 0, (out, err)
+        assert code == 0, (out, err, log.read_text()[-3000:])
         reply = json.loads(out)
         assert reply["ok"] is True and reply["result"]["structured"]["text"] == "released"
     finally:
