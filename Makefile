@@ -7,22 +7,48 @@ PYTHON := $(shell scripts/find-python 2>/dev/null)
 endif
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# Two installs into the one .venv: `make run` needs only the worker (`pip install -e .`),
+# `make test` and the other targets the development tools too (`.[dev]`). The dev stamp
+# keeps its old name, so a .venv made before stays valid; installing it marks the run one.
+STAMP     := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
+VENV_PY   := $(BIN)/python
 BROKER_PORT ?= 1883
 # $(CURDIR), not $(abspath): abspath splits a path that holds a space, and a clone may live anywhere.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: FORCE python-info bench-tracing bench-logging bench-normalize bench-flood bench-flood-victim bench-mcp-output bench-client compose-check check-tree asyncapi-parser mcp-everything bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary promtool grafana-sdk
+.PHONY: FORCE lock dist python-info python-check bench-tracing bench-logging bench-normalize bench-flood bench-flood-victim bench-mcp-output bench-client compose-check check-tree asyncapi-parser mcp-everything bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary promtool grafana-sdk
 
 # An ordinary editable install: the source root worker/ holds the package toolbus/ (a src
-# layout), which mypy, pytest and editors read as the files they are.
-$(STAMP): pyproject.toml
+# layout), which mypy, pytest and editors read as the files they are. pip is not quiet on
+# the long steps: a first install takes a while, and its lines show it moving.
+$(VENV_PY):
 	@scripts/ensure-python $(PYTHON)
+	@echo "toolbus: making $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
-	@touch $(STAMP)
+
+# The worker alone, unless the dev install (a superset) is already there and up to date.
+$(RUN_STAMP): pyproject.toml | $(VENV_PY)
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then :; else \
+	  echo "toolbus: installing the worker and its dependencies into $(VENV)" \
+	    "(about 110 MB; about a minute on a first run)"; \
+	  echo "$(BIN)/pip install -e ."; \
+	  $(BIN)/pip install -e . || exit 1; \
+	fi
+	@touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml | $(VENV_PY)
+	@echo "toolbus: installing the worker and the development tools (pytest, ruff, mypy," \
+	  "the providers' SDKs) into $(VENV) (about 310 MB; a minute or two on a first run)"
+	$(BIN)/pip install -e '.[dev]'
+	@touch $(STAMP) $(RUN_STAMP)
+
+# A PYTHON named on the command line (or in the environment) must exist, whether or not
+# .venv does: one line saying so, not a shell's "not found" from deep in a recipe.
+python-check:
+	@$(if $(filter command line environment,$(origin PYTHON)),scripts/find-python --check '$(PYTHON)',:)
 
 FORCE:
 
@@ -68,11 +94,11 @@ stop-broker:
 
 # Its first line says which Python the worker runs on. The worker talks to the broker on
 # $(BROKER_PORT), unless TOOLBUS_BROKER_URL names another.
-run: python-info $(STAMP) broker
+run: python-info $(RUN_STAMP) broker
 	TOOLBUS_BROKER_URL="$${TOOLBUS_BROKER_URL:-mqtt://localhost:$(BROKER_PORT)}" $(BIN)/toolbus serve --config config/toolbus.toml
 
 # The virtualenv's Python once it exists, else the one it will be made with.
-python-info:
+python-info: python-check
 	@scripts/find-python --say $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 
 # A tracing backend for the end-to-end tracing test, in a venv of its own (its pins are its own).
@@ -127,10 +153,22 @@ schemas: $(STAMP)
 compose-check:
 	scripts/check-compose
 
+# compose/requirements.lock, the image's pinned and hashed Python packages, renewed from
+# pyproject.toml with pip-tools in a throwaway venv (scripts/lock-requirements says how):
+# `make lock` keeps the pins that still fit, `make lock LOCK_ARGS=--upgrade` takes the newest.
+LOCK_ARGS ?=
+lock:
+	scripts/lock-requirements $(LOCK_ARGS)
+
+# The release's sdist and wheel in dist/ (docs/deployment.md: `pipx install` from the wheel).
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist
+
 check: check-tree lint typecheck test compose-check
 
 clean:
-	rm -rf $(VENV) $(PHOENIX_VENV) $(NODE_RED_DIR) build worker/toolbus.egg-info .pytest_cache .mypy_cache .ruff_cache .run .tools
+	rm -rf $(VENV) $(PHOENIX_VENV) $(NODE_RED_DIR) build dist worker/toolbus.egg-info .pytest_cache .mypy_cache .ruff_cache .run .tools
 
 bench: $(STAMP) mosquitto-binary
 	$(BIN)/toolbus bench

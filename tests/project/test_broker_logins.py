@@ -5,7 +5,8 @@ compose/mosquitto/mosquitto-dynsec.conf runs here as written (its port, paths an
 plugin's Debian path swapped in), with the dynamic-security plugin mosquitto ships; its
 logins are made by the shipped `dynsec-setup` and `add-caller` through `mosquitto_ctrl`.
 A caller's login is bound to its own client id, so it cannot connect with a worker's
-(public or secret) and kick it off. `add-caller` refuses names with `/`, wildcards, a
+(public or secret) and kick it off; the compose broker's healthcheck logs in as `health`
+on its bound id (issue 30.3). `add-caller` refuses names with `/`, wildcards, a
 leading `-`, over 200 characters, `anonymous` and dynsec-setup's logins, for dynsec and
 for the ACL file alike; with dynsec, a login or role the broker already has is refused
 and left as it was (the worker's login once got a caller's role that way).
@@ -25,6 +26,7 @@ import pytest
 import pytest_asyncio
 from paho.mqtt.reasoncodes import ReasonCode
 
+from tests.support.compose_stack import load_compose, mosquitto_port
 from tests.support.harness import Broker, make_settings, running_worker
 from tests.support.mqtt import Caller
 from toolbus.config import BrokerUrl
@@ -185,6 +187,28 @@ async def test_a_caller_login_cannot_take_the_workers_client_id(
         assert (await echo(kitchen, "kitchen", "toolbus/reply/kitchen/r2"))["ok"] is True
     assert dynsec_worker._conn is before
     assert before.connected
+
+
+def compose_healthcheck(port: int) -> list[str]:
+    """The broker's healthcheck as compose/docker-compose.yml writes it, run as compose
+    runs `CMD-SHELL` (`/bin/sh -c`), its port the test broker's."""
+    test = load_compose()["services"]["mosquitto"]["healthcheck"]["test"]
+    assert test[0] == "CMD-SHELL" and len(test) == 2, test
+    listen = f"-p {mosquitto_port()}"
+    assert test[1].count(listen) == 1, test[1]
+    return ["/bin/sh", "-c", test[1].replace(listen, f"-p {port}")]
+
+
+def test_the_compose_healthcheck_passes_under_dynamic_security(dynsec_broker: Broker) -> None:
+    """dynsec-setup binds `health` to the client id `health`: the healthcheck must use it
+    (before, mosquitto_sub's random id was refused, and the broker never turned healthy)."""
+    password = {"MOSQUITTO_HEALTH_PASSWORD": PASSWORDS["health"]}
+    checked = run(*compose_healthcheck(dynsec_broker.port), env=password)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.endswith(" seconds\n"), checked.stdout  # the uptime
+    # The broker does check: a wrong password fails the same command.
+    wrong = run(*compose_healthcheck(dynsec_broker.port), env={"MOSQUITTO_HEALTH_PASSWORD": "x"})
+    assert wrong.returncode != 0, wrong.stdout + wrong.stderr
 
 
 @pytest.mark.parametrize("name", REFUSED_NAMES)

@@ -18,6 +18,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,8 @@ async def test_status_once_json_then_a_killed_worker_is_offline_by_its_will(
         [worker] = [WorkerStatus.model_validate(w) for w in shown["workers"]]
         assert (worker.worker_id, worker.state, worker.in_flight) == (worker_id, "online", 0)
         assert worker.servers["devices"].state == "ready"
+        # The release it runs, from its package metadata (issue 30.10): as the raw status says.
+        assert worker.version == statuses.worker(worker_id)["version"] == version("toolbus")
         assert worker.since is not None
         assert datetime.now(UTC) - worker.since < timedelta(seconds=BOUND_S)
         [server] = [ServerStatus.model_validate(s) for s in shown["servers"]]
@@ -163,6 +166,7 @@ async def test_status_once_json_then_a_killed_worker_is_offline_by_its_will(
         assert gone.state == "offline"
         assert gone.since is None  # the will's: when it went is unknown
         assert gone.servers == {}
+        assert gone.version == version("toolbus")  # the will says it too
 
         # Shown, but no worker is online: a script's check fails (3, as no reply would).
         code, out, err = await run_cli(

@@ -353,6 +353,9 @@ class WorkerStatus(_Wire):
         default_factory=dict,
         description="Each MCP server's state; empty on the last will (unknown at a crash).",
     )
+    version: str | None = Field(
+        default=None, description="The toolbus release the worker runs (`toolbus --version`)."
+    )
 
 
 WIRE_MODELS: dict[str, type[BaseModel]] = {
@@ -391,9 +394,5 @@ def write_schemas(directory: Path) -> list[Path]:
 
 def check_schemas(directory: Path) -> list[str]:
     """Names of schema files that are missing or differ from the code."""
-    drifted = []
-    for file_name, text in render_schemas().items():
-        path = directory / file_name
-        if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            drifted.append(file_name)
-    return drifted
+    files = {name: (directory / name, text) for name, text in render_schemas().items()}
+    return [n for n, (p, text) in files.items() if not p.is_file() or p.read_text("utf-8") != text]

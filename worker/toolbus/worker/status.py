@@ -81,6 +81,8 @@ class StatusReporter:
         interval_s: the heartbeat: every status is published again this often.
         offline_expiry_s: how long the broker keeps the last will (`offline`) of a
             worker that crashed: statuses of workers that never return expire.
+        version: the toolbus release the worker runs, in every worker status (the will's
+            too), so an operator sees which replicas a rolling upgrade has reached.
         clock: the time a state began (UTC).
     """
 
@@ -93,9 +95,11 @@ class StatusReporter:
         *,
         interval_s: float,
         offline_expiry_s: int = 3600,
+        version: str | None = None,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self._topics, self._worker_id, self._publisher = topics, worker_id, publisher
+        self._version = version
         self._interval_s, self._offline_expiry_s, self._clock = interval_s, offline_expiry_s, clock
         self.expiry_s = max(1, math.ceil(EXPIRY_INTERVALS * interval_s))
         self._servers = {name: _Server(since=clock()) for name in servers}
@@ -110,7 +114,10 @@ class StatusReporter:
     def will(self) -> Outbound:
         """The last will for the next connection: `offline`, since unknown."""
         status = WorkerStatus(
-            state="offline", worker_id=self._worker_id, handled=self._handled_before
+            state="offline",
+            worker_id=self._worker_id,
+            handled=self._handled_before,
+            version=self._version,
         )
         return self._worker_message(status, self._offline_expiry_s)
 
@@ -202,6 +209,7 @@ class StatusReporter:
                 name: ServerSummary(state=s.state, last_error=s.last_error)
                 for name, s in self._servers.items()
             },
+            version=self._version,
         )
 
     def _worker_message(self, status: WorkerStatus, expiry_s: int) -> Outbound:

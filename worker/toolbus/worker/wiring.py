@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from opentelemetry import trace
 from opentelemetry.metrics import Meter
 
+from toolbus import __version__
 from toolbus.calls.execute import Executor, Startup
 from toolbus.calls.inflight import Slots
 from toolbus.calls.pipeline import Pipeline
@@ -140,6 +141,7 @@ def build_worker(
         servers,
         interval_s=settings.status_interval_s,
         offline_expiry_s=settings.session_expiry_s or 3600,
+        version=__version__,
     )
     mcp = McpBackend(
         servers,
