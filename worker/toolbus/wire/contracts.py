@@ -16,11 +16,11 @@ from pydantic import BaseModel, Field, JsonValue
 
 from toolbus.wire.model import McpServerState
 from toolbus.wire.model import WireModel as _Wire
-from toolbus.wire.tool_list import (  # noqa: F401 -- re-exported: imported from here as ever
-    PendingServer,
-    ToolDefinition,
-    ToolList,
-)
+
+# The tool list's models, imported from here as they always were (re-exported).
+from toolbus.wire.tool_list import PendingServer as PendingServer  # noqa: PLC0414 -- see above
+from toolbus.wire.tool_list import ToolDefinition as ToolDefinition  # noqa: PLC0414 -- see above
+from toolbus.wire.tool_list import ToolList as ToolList  # noqa: PLC0414 -- see above
 
 SCHEMA_VERSION = 1
 
