@@ -26,6 +26,7 @@ from openai.types.chat import ChatCompletionFunctionToolParam
 from pydantic import TypeAdapter
 
 from tests.backends.test_mcp_faults import misbehaving
+from tests.cli.test_cli import cli_env, run_cli
 from tests.support.harness import Broker
 from tests.support.mqtt import Caller, reply_topic_for
 from tests.support.processes import RUN_BOUND_S, Serve, serve_env
@@ -41,6 +42,7 @@ class Gated:
     serve: Serve
     caller: Caller
     topics: Topics
+    broker_url: str
     gate: int  # the FIFO, held open: a byte written lets the server start
 
     def open_gate(self) -> None:
@@ -79,7 +81,7 @@ async def gated_worker(broker: Broker, tmp_path: Path) -> AsyncIterator[Gated]:
                         states = {name: s["state"] for name, s in status["servers"].items()}
                         assert states == {"gated": "connecting"}, status
                         break
-            yield Gated(serve, caller, topics, gate)
+            yield Gated(serve, caller, topics, broker.url, gate)
     finally:
         os.close(gate)
 
@@ -126,3 +128,15 @@ async def test_a_list_whose_deadline_comes_first_names_the_pending_server(
     )
     assert later["result"]["structured"]["pending"] == []
     assert "work" in {t["name"] for t in later["result"]["structured"]["tools"]}
+
+
+async def test_toolbus_tools_says_which_servers_are_not_ready(
+    broker: Broker, tmp_path: Path
+) -> None:
+    async with gated_worker(broker, tmp_path) as worker:
+        env = cli_env(worker.topics.prefix)
+        asked = ("tools", "--broker", worker.broker_url, "--timeout", "1", "--json")
+        code, out, err = await run_cli(*asked, env=env)
+    assert code == 0, err
+    assert "echo" in {t["name"] for t in json.loads(out)}  # stdout: the definitions alone
+    assert "MCP servers not ready, their tools may be missing: gated (connecting)" in err

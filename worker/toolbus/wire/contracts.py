@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
-from toolbus.wire.model import McpServerState
+from toolbus.wire.model import McpServerState as McpServerState  # noqa: PLC0414 -- re-exported
 from toolbus.wire.model import WireModel as _Wire
 
 # The tool list's models, imported from here as they always were (re-exported).
