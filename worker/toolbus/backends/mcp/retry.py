@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from tenacity import (
     AsyncRetrying,
@@ -33,6 +33,7 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
+from toolbus.backends.mcp.hints import SEED_HINT
 from toolbus.config import McpPolicy
 from toolbus.tools.registry import Registry
 
@@ -140,15 +141,19 @@ def log_exhausted(
     server: str,
     attempts: int,
     reason: str,
-    stderr: tuple[list[str], list[str]],
+    stderr_tail: Iterable[str],
     registry: Registry,
     *,
-    hint: str,
+    shown: Iterable[str] | None = None,
+    hint: str | None = None,
 ) -> None:
-    """Start-up attempts exhausted: why, the server's stderr (each attempt's lines once:
-    `stderr.by_attempt`'s lines, and as the text shows them), what to check (`hint`) and
-    what the worker still serves ("local tools only" only when that is true)."""
-    tail, shown = stderr
+    """Start-up attempts exhausted: why, the server's stderr (each attempt's lines once,
+    `stderr.by_attempt`: the lines, and `shown`, as the text shows them), what to check
+    (`hint`, from what failed: `hints`) and what the worker still serves ("local tools
+    only" only when that is true)."""
+    tail = list(stderr_tail)
+    text = tail if shown is None else list(shown)
+    hint = hint or SEED_HINT.format(server=server)
     have = registry.names()
     mcp_left = any(tool.server is not None for tool in registry.tools())
     log.error(
@@ -158,7 +163,7 @@ def log_exhausted(
         "attempt" if attempts == 1 else "attempts",
         server,
         reason,
-        " | ".join(shown) or "(empty)",
+        " | ".join(text) or "(empty)",
         "local tools and other MCP servers" if mcp_left else "local tools only",
         ", ".join(have) or "no tools",
         hint,

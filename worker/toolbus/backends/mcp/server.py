@@ -255,8 +255,10 @@ class McpServer:
         reason = describe(exc)
         self._set_state("down", reason)
         hint = startup_hint(self.name, self.config, exc, self._child_env)
-        tail = by_attempt(self.stderr_tail, self._marks)
-        log_exhausted(self.name, self.attempts, reason, tail, self._registry, hint=hint)
+        tail, shown = by_attempt(self.stderr_tail, self._marks)
+        log_exhausted(
+            self.name, self.attempts, reason, tail, self._registry, shown=shown, hint=hint
+        )
 
     def _session_ended(self, why: str) -> None:
         """Told the moment a ready session ends, whoever ends it: from then on the state

@@ -48,9 +48,9 @@ def by_attempt(tail: StderrTail, marks: Sequence[int]) -> tuple[list[str], list[
     Returns the lines, and the same with a note where attempts were alike, for the text."""
     lines: list[str] = []
     noted: list[str] = []
-    first = tail.appended - len(tail)  # the count of the oldest line still kept
+    kept, first = list(tail), tail.appended - len(tail)  # `first`: the oldest kept's count
     blocks = [
-        list(tail)[max(start, first) - first : max(end, first) - first]
+        kept[max(start, first) - first : max(end, first) - first]
         for start, end in zip(marks, [*marks[1:], tail.appended], strict=True)
     ]
     number = 0
