@@ -90,3 +90,28 @@ async def test_a_server_that_exits_3_is_told_with_its_code_and_its_stderr_once(
         "check the MQTT broker and MCP server configuration (mcpServers.exiter)"
         in (vars(last)["hint"])
     )
+
+
+def test_each_attempts_stderr_is_shown_once_even_past_the_tails_bound() -> None:
+    """`by_attempt` alone: alike attempts collapse, different ones stay in order, lines of
+    an earlier session (before the first attempt) and lines past the bound are left out."""
+    from toolbus.backends.mcp.stderr import StderrTail, by_attempt  # loads the mcp SDK
+
+    tail = StderrTail(5)
+    tail.append("an earlier session's line")
+    marks = []
+    for lines in (["a", "b"], ["a", "b"], ["c"], ["d", "e"]):
+        marks.append(tail.appended)
+        for line in lines:
+            tail.append(line)
+    # Kept: attempt 2's a and b, c, d, e; the earlier line and attempt 1's, past the bound.
+    assert by_attempt(tail, marks) == (["a", "b", "c", "d", "e"], ["a", "b", "c", "d", "e"])
+    alike = StderrTail(50)
+    marks = []
+    for _ in range(3):
+        marks.append(alike.appended)
+        alike.append("Traceback")
+        alike.append("ModuleNotFoundError: x")
+    lines, shown = by_attempt(alike, marks)
+    assert lines == ["Traceback", "ModuleNotFoundError: x"]
+    assert shown == [*lines, "(the same at attempts 1 to 3)"]
