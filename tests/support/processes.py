@@ -148,13 +148,14 @@ class Serve:
                 self.stderr.append(line.decode(errors="replace"))
                 self._seen.notify_all()
 
-    async def wait_for(self, marker: str) -> None:
-        """Until a stderr line holds `marker` (bounded; fails if the process ends first)."""
+    async def wait_for(self, marker: str, times: int = 1) -> None:
+        """Until `times` stderr lines hold `marker` (bounded; fails if the process ends
+        first)."""
         reader = self._reader
         assert reader is not None
 
         def seen() -> bool:
-            return any(marker in line for line in self.stderr)
+            return sum(marker in line for line in self.stderr) >= times
 
         async with asyncio.timeout(RUN_BOUND_S), self._seen:
             await self._seen.wait_for(lambda: seen() or reader.done())

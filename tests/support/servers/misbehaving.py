@@ -2,6 +2,7 @@
 
 Modes, from the environment:
   TB_SLOW_START_S    sleep this long before serving (a slow start)
+  TB_START_GATE      a FIFO: wait for a byte on it before serving (a start the test ends)
   TB_FAIL_STARTS     fail this many starts first (counted in TB_STATE_DIR), then serve
   TB_CRASH_ON_CALL   exit abruptly on the Nth call to `work`
   TB_GARBAGE         print non-JSON lines to stdout before serving
@@ -355,6 +356,10 @@ def main() -> None:
         print(f"failing start {starts} on purpose", file=sys.stderr)
         sys.exit(2)
     time.sleep(float(os.environ.get("TB_SLOW_START_S", "0")))
+    gate = os.environ.get("TB_START_GATE")
+    if gate:  # the test holds the FIFO open and writes when this start may go on
+        with open(gate, "rb", buffering=0) as opened:
+            opened.read(1)
     if os.environ.get("TB_GARBAGE"):
         garbage("Welcome to the misbehaving server v0.0 (a banner on stdout)")
     port = os.environ.get("TB_HTTP_PORT")

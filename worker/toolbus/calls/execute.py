@@ -13,14 +13,17 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from functools import partial
+from typing import Any
 
 from opentelemetry import trace
 
 from toolbus.calls.call_log import log_call
 from toolbus.calls.decode import Call
 from toolbus.calls.preparation import Outcome, Prepared, Steps, explain
+from toolbus.calls.startup import Startup, pending_servers, startup_settled
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
 from toolbus.observability.metrics import Metrics
@@ -36,7 +39,7 @@ from toolbus.observability.spans import (
 from toolbus.tools.access import Access
 from toolbus.tools.definitions import listing
 from toolbus.tools.registry import Registry, Resolved, Tool
-from toolbus.wire.contracts import ToolResult, ToolsFormat
+from toolbus.wire.contracts import PendingServer, ToolResult, ToolsFormat
 from toolbus.wire.errors import (
     BadRequest,
     CallTimeout,
@@ -53,16 +56,6 @@ from toolbus.wire.topics import ANONYMOUS_CALLER
 __all__ = ["Executor", "Outcome", "Startup"]
 
 log = logging.getLogger("toolbus.execute")
-
-
-class Startup(Protocol):
-    """Backends that may still be registering tools (the MCP servers at start-up)."""
-
-    def unsettled(self) -> list[str]: ...
-
-    def states(self) -> dict[str, str]: ...
-
-    async def wait_settled(self) -> None: ...
 
 
 class Executor:
@@ -127,18 +120,33 @@ class Executor:
             return False
 
     def list_tools(
-        self, caller: str | None, tools_format: ToolsFormat = ToolsFormat.TOOLBUS
+        self,
+        caller: str | None,
+        tools_format: ToolsFormat = ToolsFormat.TOOLBUS,
+        pending: Sequence[PendingServer] = (),
     ) -> Outcome:
-        """The tools `caller` may use, as definitions in `tools_format`, their names as text."""
-        listed = listing(self.registry, tools_format, lambda t: self.access.allows(caller, t))
+        """The tools `caller` may use, as definitions in `tools_format`, their names as text;
+        `pending`: the MCP servers whose tools the list may lack."""
+        listed = listing(self.registry, tools_format, partial(self.access.allows, caller), pending)
         return Outcome(
             result=ToolResult(text=", ".join(listed.names), structured=listed.structured())
         )
 
+    async def tool_list(self, call: Call) -> Outcome:
+        """A request on `{prefix}/tools`. MCP servers still connecting are waited for within
+        its deadline, as for a call to their tool; a list still without a server's tools
+        names it in `pending`, never passing for complete."""
+        if (startup := self._startup) is None:
+            return self.list_tools(call.caller, call.tools_format)
+        if not _expired(call) and (starting := startup.unsettled()):
+            log.info("tool list waits for MCP servers starting", extra={"servers": starting})
+            await startup_settled(startup, self.request_deadline_s(call))
+        return self.list_tools(call.caller, call.tools_format, pending_servers(startup))
+
     async def execute(self, call: Call) -> Outcome:
         """One call, start to end: prepared (`ready`), run and concluded (`run`)."""
         if call.list_tools:
-            return self.list_tools(call.caller, call.tools_format)
+            return await self.tool_list(call)
         prepared = self.start(call)
         try:
             await self.ready(prepared)
@@ -266,14 +274,8 @@ class Executor:
             pending = startup.unsettled()
         else:
             return
-        deadline_s = self.request_deadline_s(call)
-        try:
-            async with asyncio.timeout(deadline_s):
-                await startup.wait_settled()
-        except TimeoutError:
-            raise Unavailable(
-                f"MCP servers still starting: {', '.join(pending)}", servers=pending
-            ) from None
+        if not await startup_settled(startup, self.request_deadline_s(call)):
+            raise Unavailable(f"MCP servers still starting: {', '.join(pending)}", servers=pending)
         try:
             self._resolve(call)
         except UnknownTool:

@@ -151,7 +151,7 @@ def tools(args: argparse.Namespace) -> int:
     async def talk() -> Any:
         async with client:
             try:
-                return await client.tools(args.format)
+                return await client.tool_list(args.format)
             except ToolbusError as error:
                 if error.reply is None:
                     raise
@@ -164,7 +164,11 @@ def tools(args: argparse.Namespace) -> int:
     listed = _talk(settings, client, talk())
     if isinstance(listed, int):
         return listed
-    definitions: list[dict[str, Any]] = listed
+    definitions, pending = listed
+    if pending:  # the list is as complete as the worker could make it in time: say so
+        servers = ", ".join(f"{p.get('server')} ({p.get('state')})" for p in pending)
+        note = f"MCP servers not ready, their tools may be missing: {servers}"
+        print(f"toolbus: {printable(note)}", file=sys.stderr)
     ours = args.format == ToolsFormat.TOOLBUS
     # A provider's format is asked for to be pasted into its SDK's `tools=`: JSON.
     if args.json or not ours:

@@ -194,7 +194,16 @@ class Client:
     ) -> list[dict[str, Any]]:
         """The definitions of the tools this client may call, in `format`: `toolbus`,
         `mcp`, or the shape a provider's `tools=` takes (`anthropic`, `openai`,
-        `openai-responses`, `ollama`)."""
+        `openai-responses`, `ollama`). `tool_list` also says what they may lack."""
+        definitions, _ = await self.tool_list(format, timeout_s=timeout_s)
+        return definitions
+
+    async def tool_list(
+        self, format: ToolsFormat | str = ToolsFormat.TOOLBUS, *, timeout_s: float | None = None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """`tools`, and the MCP servers that were not ready (`{server, state}`): the
+        worker waits for servers still connecting within the deadline; a server named
+        here may have tools the list lacks (ask again later)."""
         body = self._claimed({"format": ToolsFormat(format).value})
         topic = f"{self.prefix}/tools"
         if self._in_topic and self.caller:
@@ -209,7 +218,13 @@ class Client:
                 ErrorBody(code=ErrorCode.INTERNAL, message="the tool list came without tools"),
                 reply=reply,
             )
-        return [item for item in listed if isinstance(item, dict)]
+        pending = structured.get("pending") if structured is not None else None
+        return (
+            [item for item in listed if isinstance(item, dict)],
+            [item for item in pending if isinstance(item, dict)]
+            if isinstance(pending, list)
+            else [],  # a worker from before issue 30 sends none
+        )
 
     async def run_tool_calls(
         self,

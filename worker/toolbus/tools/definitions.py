@@ -11,6 +11,9 @@ to the provider as it is, so each definition holds the provider's fields and no 
 - `mcp`: an MCP `Tool`: `{name, title, description, inputSchema, annotations}`;
 - `toolbus`: our own `ToolList` entries (canonical names, origin, original name).
 
+Beside `tools`, every format's list says which MCP servers were not ready when it was
+made (`pending`, our `PendingServer`s): the definitions themselves stay the provider's.
+
 Every format but ours lists a tool under its provider name (`toolbus.wire.formats.names`),
 which the registry resolves back to the same tool. Every schema but ours is an object
 schema with `properties`: Anthropic requires `type: "object"`, OpenAI refuses an object
@@ -20,12 +23,12 @@ says, so neither addition changes what the tool accepts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, assert_never
 
 from toolbus.tools.registry import Registry, Tool
-from toolbus.wire.contracts import ToolList, ToolsFormat
+from toolbus.wire.contracts import PendingServer, ToolList, ToolsFormat
 
 Definition = dict[str, Any]
 
@@ -37,28 +40,31 @@ class Listing:
     format: ToolsFormat
     names: list[str]
     definitions: list[Definition]
+    pending: list[PendingServer] = field(default_factory=list)
 
     def structured(self) -> dict[str, Any]:
-        """The `result.structured` of a `{prefix}/tools` reply."""
-        return {"tools": self.definitions}
+        """The `result.structured` of a `{prefix}/tools` reply: the definitions, and the
+        servers whose tools they may lack (`ToolList.pending`)."""
+        return {"tools": self.definitions, "pending": [p.model_dump() for p in self.pending]}
 
 
 def listing(
     registry: Registry,
     tools_format: ToolsFormat,
     allowed: Callable[[Tool], bool] | None = None,
+    pending: Sequence[PendingServer] = (),
 ) -> Listing:
-    """The `allowed` tools a model may be offered, in `tools_format`."""
+    """The `allowed` tools a model may be offered, in `tools_format`; `pending`: the MCP
+    servers not ready meanwhile."""
     if tools_format is ToolsFormat.TOOLBUS:
         ours = ToolList(tools=registry.definitions(allowed))
         names = [t.name for t in ours.tools]
-        return Listing(tools_format, names, ours.model_dump(by_alias=True)["tools"])
+        return Listing(tools_format, names, ours.model_dump(by_alias=True)["tools"], [*pending])
     shape = _shape(tools_format)
     tools = registry.listed(allowed)
     names = [registry.provider_name(tool) for tool in tools]
-    return Listing(
-        tools_format, names, [shape(name, tool) for name, tool in zip(names, tools, strict=True)]
-    )
+    definitions = [shape(name, tool) for name, tool in zip(names, tools, strict=True)]
+    return Listing(tools_format, names, definitions, [*pending])
 
 
 def object_schema(schema: dict[str, Any]) -> dict[str, Any]:

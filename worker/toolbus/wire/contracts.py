@@ -12,7 +12,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, Field, JsonValue
+
+from toolbus.wire.model import McpServerState as McpServerState  # noqa: PLC0414 -- re-exported
+from toolbus.wire.model import WireModel as _Wire
+
+# The tool list's models, imported from here as they always were (re-exported).
+from toolbus.wire.tool_list import PendingServer as PendingServer  # noqa: PLC0414 -- see above
+from toolbus.wire.tool_list import ToolDefinition as ToolDefinition  # noqa: PLC0414 -- see above
+from toolbus.wire.tool_list import ToolList as ToolList  # noqa: PLC0414 -- see above
 
 SCHEMA_VERSION = 1
 
@@ -74,10 +82,6 @@ class ToolsFormat(StrEnum):
     OPENAI = "openai"
     OPENAI_RESPONSES = "openai-responses"
     OLLAMA = "ollama"
-
-
-class _Wire(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
 
 
 class Options(_Wire):
@@ -267,24 +271,6 @@ class CallsReply(_Wire):
     )
 
 
-class ToolDefinition(_Wire):
-    name: str
-    description: str = ""
-    input_schema: dict[str, JsonValue] = Field(alias="inputSchema")
-    origin: str = Field(description="`local` or `mcp:{server}`.")
-    original_name: str | None = Field(
-        default=None,
-        alias="originalName",
-        description="The name the MCP server announced, when it had to be sanitized.",
-    )
-
-
-class ToolList(_Wire):
-    """The `structured` result of a request on `{prefix}/tools`."""
-
-    tools: list[ToolDefinition]
-
-
 class DeadLetter(_Wire):
     """A message that could not be answered, published on `{prefix}/dead`."""
 
@@ -298,9 +284,6 @@ class DeadLetter(_Wire):
     encoding: Literal["utf-8", "base64"] = "utf-8"
     payload_bytes: int = Field(description="The whole original payload's size.")
     truncated: bool = Field(default=False, description="Not all of the payload is kept.")
-
-
-McpServerState = Literal["connecting", "ready", "degraded", "down", "stopped"]
 
 
 class ServerStatus(_Wire):

@@ -11,6 +11,9 @@ and backoff (the server may be installed while it runs). A one-shot run that onl
 The start-up attempts' log lines say what happened in their text, in the words of the
 seed operators know ("MCP connection succeeded on attempt 2", "MCP connection failed
 after 3 attempts", "degraded mode (local tools only)"), and carry the same data in fields.
+The background's attempts after a failed start-up number on from its last (4, 5, ...,
+`background` in their fields); a lost session's reconnects count from 1. The final line
+shows each attempt's stderr once and a hint from what failed (`hints`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
+from toolbus.backends.mcp.hints import SEED_HINT
 from toolbus.config import McpPolicy
 from toolbus.tools.registry import Registry
 
@@ -111,17 +115,22 @@ def log_connected(server: str, attempt: int) -> None:
     )
 
 
-def log_failed_attempt(server: str, attempt: int, error: str | None, delay_s: float) -> None:
-    """An attempt failed; the next one comes after `delay_s`."""
+def log_failed_attempt(
+    server: str, attempt: int, error: str | None, delay_s: float, *, background: bool = False
+) -> None:
+    """An attempt failed; the next one comes after `delay_s`. `background`: one of the
+    retries after the start-up attempts were spent (numbered on from them)."""
     log.warning(
-        "MCP connection attempt %d failed (server %s): %s; retrying in %.1f s",
+        "MCP connection attempt %d failed (server %s%s): %s; retrying in %.1f s",
         attempt,
         server,
+        ", in the background" if background else "",
         error,
         delay_s,
         extra={
             "server": server,
             "attempt": attempt,
+            "background": background,
             "error": error,
             "retry_in_s": round(delay_s, 3),
         },
@@ -129,14 +138,24 @@ def log_failed_attempt(server: str, attempt: int, error: str | None, delay_s: fl
 
 
 def log_exhausted(
-    server: str, attempts: int, reason: str, stderr_tail: Iterable[str], registry: Registry
+    server: str,
+    attempts: int,
+    reason: str,
+    stderr_tail: Iterable[str],
+    registry: Registry,
+    *,
+    shown: Iterable[str] | None = None,
+    hint: str | None = None,
 ) -> None:
-    """Start-up attempts exhausted: why, the server's last stderr lines, what to check and
-    what the worker still serves ("local tools only" only when that is true)."""
+    """Start-up attempts exhausted: why, the server's stderr (each attempt's lines once,
+    `stderr.by_attempt`: the lines, and `shown`, as the text shows them), what to check
+    (`hint`, from what failed: `hints`) and what the worker still serves ("local tools
+    only" only when that is true)."""
     tail = list(stderr_tail)
+    text = tail if shown is None else list(shown)
+    hint = hint or SEED_HINT.format(server=server)
     have = registry.names()
     mcp_left = any(tool.server is not None for tool in registry.tools())
-    hint = f"check the MQTT broker and MCP server configuration (mcpServers.{server})"
     log.error(
         "MCP connection failed after %d %s (server %s): %s. MCP server stderr: %s. "
         "Continuing in degraded mode (%s): %s; retried in the background. Hint: %s",
@@ -144,7 +163,7 @@ def log_exhausted(
         "attempt" if attempts == 1 else "attempts",
         server,
         reason,
-        " | ".join(tail) or "(empty)",
+        " | ".join(text) or "(empty)",
         "local tools and other MCP servers" if mcp_left else "local tools only",
         ", ".join(have) or "no tools",
         hint,

@@ -18,7 +18,6 @@ import asyncio
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from typing import Any, Literal
@@ -32,6 +31,7 @@ from tenacity import RetryCallState
 
 from toolbus.backends.mcp.call import TRANSPORT_ERRORS, CallPlan, send
 from toolbus.backends.mcp.convert import bad_line, checked_result, describe
+from toolbus.backends.mcp.hints import startup_hint
 from toolbus.backends.mcp.http import open_http
 from toolbus.backends.mcp.listing import ToolListing
 from toolbus.backends.mcp.retry import (
@@ -41,7 +41,8 @@ from toolbus.backends.mcp.retry import (
     log_exhausted,
     log_failed_attempt,
 )
-from toolbus.backends.mcp.session import Ending, Session, list_tools
+from toolbus.backends.mcp.session import Ending, Session, first_of, list_tools
+from toolbus.backends.mcp.stderr import StderrTail, by_attempt
 from toolbus.backends.mcp.stdio import CLOSE_DEADLINE_S, open_stdio
 from toolbus.config import McpPolicy, McpServerConfig, ToolSettings
 from toolbus.observability.spans import server_attributes
@@ -84,11 +85,13 @@ class McpServer:
         self.rank = rank  # configuration order: the first listed owns a shared bare name
         self.state: ServerState = "connecting"
         self.last_error: str | None = None
-        self.stderr_tail: deque[str] = deque(maxlen=STDERR_LINES_KEPT)
+        self.stderr_tail = StderrTail(STDERR_LINES_KEPT)
+        self._marks: list[int] = []  # where each attempt's stderr lines begin (`by_attempt`)
+        self._after = 0  # attempts made before this (re)connect's: numbered on from there
         self.bad_stdout_lines = 0
         self.partial_stdout_lines = 0  # dropped unfinished (`stdio.PARTIAL_LINE_S`)
         self.connects = 0
-        self.attempts = 0  # of the current (re)connect: what a report of `down` counts
+        self.attempts = 0  # of the current (re)connect: start-up's go on in the background
         self._current: Session | None = None
         self._on_state = on_state
         self._settled = asyncio.Event()
@@ -143,20 +146,20 @@ class McpServer:
 
     async def serve(self) -> None:
         """Connect, hold, reconnect: the server's task, until `stop()`."""
-        startup = True
+        startup, after = True, 0
         try:
             while not self._stop.is_set():
                 try:
-                    lifetime = await self._connect(startup)
+                    lifetime = await self._connect(startup, after)
                 except Stopping:
                     break
                 except Exception as exc:  # start-up exhausted: degrade, keep trying
                     if self._stop.is_set():
                         break  # the retries ended because the worker stops: nothing failed
                     self._report_startup_failure(exc)
-                    startup = False
+                    startup, after = False, self.attempts  # the background's number on
                     continue
-                startup = False
+                startup, after = False, 0  # a lost session's reconnects count afresh
                 why = await self._until_over(lifetime)
                 if not self._stop.is_set():
                     log.warning("mcp server lost", extra={"server": self.name, "error": why})
@@ -164,7 +167,7 @@ class McpServer:
         finally:
             self._set_state("stopped", self.last_error)
 
-    async def _connect(self, startup: bool) -> asyncio.Task[str]:
+    async def _connect(self, startup: bool, after: int) -> asyncio.Task[str]:
         retrying = connect_attempts(
             self.policy,
             startup=startup,
@@ -172,11 +175,13 @@ class McpServer:
             before_sleep=self._log_retry,
             retry_missing_command=self._retry_missing_command,
         )
+        self._after, self._marks = after, []
         async for attempt in retrying:
             with attempt:
                 if self._stop.is_set():
                     raise Stopping
-                self.attempts = number = attempt.retry_state.attempt_number
+                self.attempts = number = after + attempt.retry_state.attempt_number
+                self._marks.append(self.stderr_tail.appended)
                 lifetime = await self._open_in_own_task()
                 if number > 1:
                     log_connected(self.name, number)
@@ -243,12 +248,17 @@ class McpServer:
         error = state.outcome.exception() if state.outcome else None
         delay = state.next_action.sleep if state.next_action else 0.0
         self.last_error = describe(error) if error else None
-        log_failed_attempt(self.name, state.attempt_number, self.last_error, delay)
+        number = self._after + state.attempt_number
+        log_failed_attempt(self.name, number, self.last_error, delay, background=self._after > 0)
 
     def _report_startup_failure(self, exc: BaseException) -> None:
         reason = describe(exc)
         self._set_state("down", reason)
-        log_exhausted(self.name, self.attempts, reason, self.stderr_tail, self._registry)
+        hint = startup_hint(self.name, self.config, exc, self._child_env)
+        tail, shown = by_attempt(self.stderr_tail, self._marks)
+        log_exhausted(
+            self.name, self.attempts, reason, tail, self._registry, shown=shown, hint=hint
+        )
 
     def _session_ended(self, why: str) -> None:
         """Told the moment a ready session ends, whoever ends it: from then on the state
@@ -313,7 +323,7 @@ class McpServer:
             waits = [self._stop.wait(), current.ended.wait()]
             if relist_in is None:  # one is already asked for: it waits its turn, not the event
                 waits.append(self._tools.asked.wait())
-            await _first_of(waits, None if wake_in == math.inf else max(0.0, wake_in))
+            await first_of(waits, None if wake_in == math.inf else max(0.0, wake_in))
             if self._stop.is_set() or current.ended.is_set():
                 break
             if self._tools.due_in() == 0.0:
@@ -384,13 +394,3 @@ class McpServer:
             )
         elif isinstance(message, ToolListChangedNotification):
             self._tools.ask()  # re-listed by the server's task, paced, not in the dispatcher
-
-
-async def _first_of(waits: list[Any], timeout_s: float | None) -> None:
-    """Until the first of `waits` (coroutines) is done, or `timeout_s` passes."""
-    futures = {asyncio.ensure_future(w) for w in waits}
-    try:
-        await asyncio.wait(futures, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for future in futures:
-            future.cancel()

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from typing import Any
 
 from mcp import ClientSession
 from mcp_types import PaginatedRequestParams
@@ -97,3 +98,13 @@ async def list_tools(session: ClientSession) -> list[ListedTool]:
         cursor = page.next_cursor
         if not cursor:
             return tools
+
+
+async def first_of(waits: list[Any], timeout_s: float | None) -> None:
+    """Until the first of `waits` (coroutines) is done, or `timeout_s` passes."""
+    futures = {asyncio.ensure_future(w) for w in waits}
+    try:
+        await asyncio.wait(futures, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for future in futures:
+            future.cancel()

@@ -5,7 +5,8 @@ line per call, and a task reading through an anyio stream cost each call a futur
 task step and a buffer copy besides the line itself. The lines are split by
 `LineSplitter`, so a line of any length holds at most `STDERR_LINE_BYTES` in memory
 (a longer one is logged cut, never fatal). The holder's `tail`, a bounded deque, keeps
-the last lines, each cut to `STDERR_LINE_CHARS`, for error reports.
+the last lines, each cut to `STDERR_LINE_CHARS`, for error reports; a `StderrTail` also
+counts them, so that a report can show each attempt's lines once (`by_attempt`).
 
 The pipe is made, and read, before the server's process starts, so that starting the
 process is the last await before the transport's task group: no cancellation between
@@ -18,12 +19,51 @@ import asyncio
 import logging
 import os
 from collections import deque
+from collections.abc import Sequence
 from io import FileIO
 
 from toolbus.backends.mcp.lines import LineSplitter, Oversized
 
 STDERR_LINE_BYTES = 8 * 1024  # a stderr line longer than this is logged cut
 STDERR_LINE_CHARS = 500  # of each stderr line kept in the tail for error reports
+
+
+class StderrTail(deque[str]):
+    """The last lines of a server's stderr, over all its starts, and how many there were:
+    `appended` before an attempt marks where that attempt's lines begin."""
+
+    def __init__(self, maxlen: int) -> None:
+        super().__init__(maxlen=maxlen)
+        self.appended = 0
+
+    def append(self, line: str) -> None:
+        super().append(line)
+        self.appended += 1
+
+
+def by_attempt(tail: StderrTail, marks: Sequence[int]) -> tuple[list[str], list[str]]:
+    """The lines of the attempts that began at `marks` (`appended` then), each attempt's
+    once: an attempt that wrote what the one before it wrote is not shown again (a server
+    failing the same way at each start would repeat its traceback at each attempt).
+    Returns the lines, and the same with a note where attempts were alike, for the text."""
+    lines: list[str] = []
+    noted: list[str] = []
+    kept, first = list(tail), tail.appended - len(tail)  # `first`: the oldest kept's count
+    blocks = [
+        kept[max(start, first) - first : max(end, first) - first]
+        for start, end in zip(marks, [*marks[1:], tail.appended], strict=True)
+    ]
+    number = 0
+    while number < len(blocks):
+        alike = number
+        while alike + 1 < len(blocks) and blocks[alike + 1] == blocks[number]:
+            alike += 1
+        lines += blocks[number]
+        noted += blocks[number]
+        if alike > number and blocks[number]:
+            noted.append(f"(the same at attempts {number + 1} to {alike + 1})")
+        number = alike + 1
+    return lines, noted
 
 
 class StderrLines(asyncio.Protocol):

@@ -189,7 +189,9 @@ def reply_messages() -> dict[str, Message]:
         "toolsReply": _reply(
             "tools reply",
             "The answer to a tools request: a `Reply` whose `result.structured` is "
-            '`{"tools": [...]}` in the asked `format` (`result.text`: the names).',
+            '`{"tools": [...], "pending": [...]}`: the definitions in the asked `format` '
+            "(`result.text`: the names), and the MCP servers not ready when it was made "
+            "(a list asked while they connect waits for them within its deadline).",
             {"allOf": [wire_ref("reply"), _listing()]},
         ),
         "callsReply": _reply(
@@ -225,7 +227,13 @@ def _listing() -> dict[str, Any]:
     """`result.structured` of a tools reply: our `ToolList`, or a provider's definitions."""
     provided = sorted({name for name, _ in DEFINITIONS.values()})
     tools = {"type": "array", "items": {"oneOf": [_ref(name) for name in provided]}}
-    theirs = {"type": "object", "required": ["tools"], "properties": {"tools": tools}}
+    # Beside a provider's definitions, our word on what the list may lack (`ToolList`'s).
+    pending = {"type": "array", "items": _ref("PendingServer")}
+    theirs = {
+        "type": "object",
+        "required": ["tools"],
+        "properties": {"tools": tools, "pending": pending},
+    }
     # anyOf: our definitions are MCP's and more, so ours also pass as MCP's.
     structured = {"anyOf": [wire_ref("tool-list"), theirs]}
     return {"properties": {"result": {"properties": {"structured": structured}}}}
