@@ -9,21 +9,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from tests.support.harness import mosquitto_binary
 from toolbus.cli.bench import cpu
 from toolbus.cli.bench.loadgen import LoadFigures, figures, percentile
 from toolbus.cli.bench.phases import RESPONDERS, CpuPerCall, Phase
-from toolbus.cli.bench.report import targets, to_json
+from toolbus.cli.bench.report import render, targets, to_json
 from toolbus.cli.bench.run import BenchOptions, BenchRun
 
 ROOT = Path(__file__).parents[2]
 BIN = Path(sys.executable).parent
+# Our issue numbers mean nothing to a user: the tables say what is measured instead.
+ISSUE_NUMBER = re.compile(r"\bissues?\b\W*\d|#\d", re.IGNORECASE)
 
 
 def run(*command: str) -> subprocess.CompletedProcess[str]:
@@ -52,6 +56,8 @@ def test_toolbus_bench_measures_every_phase(tmp_path: Path) -> None:
         "--json", str(figures),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "targets" in result.stdout  # the second table was printed ...
+    assert not ISSUE_NUMBER.search(result.stdout), result.stdout  # ... in words a user knows
     report = json.loads(figures.read_text())
     phases = {(p["responder"], p["in_flight"]): p for p in report["phases"]}
     assert set(phases) == {(name, n) for name in RESPONDERS for n in (1, 4)}
@@ -256,3 +262,18 @@ def test_ratios_and_targets_divide_by_the_same_level_of_the_baseline() -> None:
         "local_cpu_us": True,
         "mcp_sequential_p50_above_ms": False,
     }
+
+
+def test_the_tables_say_what_is_measured_not_an_issue_number() -> None:
+    phases = [
+        _phase(name, n, 1000, 1.0, 300)
+        for name in ("aiomqtt-echo", "toolbus-echo", "toolbus-mcp", "raw-mcp")
+        for n in (1, 64)
+    ]
+    names = ("aiomqtt-echo", "toolbus-echo", "toolbus-mcp", "raw-mcp")
+    run_ = BenchRun(BenchOptions(responders=names, in_flight=(1, 64)), phases)
+    console = Console(record=True, width=200)
+    render(run_, console)
+    printed = console.export_text()
+    assert targets(run_) and "targets" in printed
+    assert not ISSUE_NUMBER.search(printed), printed

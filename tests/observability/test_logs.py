@@ -24,7 +24,7 @@ from tests.support.normalize_cases import mcp_tool
 from tests.support.tools import Probe, probe_tools
 from toolbus.calls.call_log import LOGGED_NAME_CHARS, LOGGED_NAMES, log_call
 from toolbus.calls.decode import Call
-from toolbus.observability.logs import json_formatter, log_handler
+from toolbus.observability.logs import json_formatter, log_handler, logfmt_value
 from toolbus.tools import BUILTIN_TOOLS
 from toolbus.tools.registry import Registry
 
@@ -155,7 +155,7 @@ async def test_the_terminal_line_is_time_level_event_tool_outcome_duration_then_
     match = re.match(shape, line)
     assert match is not None, line
     assert match[2] == reply["id"]
-    assert "argument_bytes={'text': 4}" in line and f"trace_id={reply['trace_id']}" in line
+    assert 'argument_bytes={"text":4}' in line and f"trace_id={reply['trace_id']}" in line
 
 
 @pytest.mark.parametrize(("slow_call_ms", "slow"), [(1, True), (60_000, False)])
@@ -256,7 +256,9 @@ async def test_argument_values_are_logged_with_log_arguments(fmt: str) -> None:
         [failure] = [line for line in lines if line["logger"] == "toolbus.local"]
         assert SECRET in failure["exception"]
     else:
-        assert f'arguments={{"text":"{SECRET}"}}' in logged
+        # The arguments' JSON holds spaces: one logfmt value, quoted with JSON's escapes.
+        text = json.dumps({"text": SECRET}, separators=(",", ":"))
+        assert f"arguments={json.dumps(text)}" in logged
 
 
 # -- a caller's hostile keys and values -----------------------------------------------------
@@ -367,3 +369,37 @@ def test_the_mcp_start_up_failure_says_it_in_its_text_and_its_fields(other_serve
     assert ("degraded mode (local tools only)" in line["event"]) is not other_server
     assert "Hint: check the MQTT broker and MCP server configuration" in line["event"]
     assert (line["server"], line["attempts"], line["stderr_tail"]) == ("zwave", 3, ["no broker"])
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("kitchen", "kitchen"),
+        ("two words", '"two words"'),
+        ("", '""'),
+        ("k=v", '"k=v"'),
+        ('say "hi"', '"say \\"hi\\""'),
+        (None, "null"),
+        (True, "true"),
+        (3, "3"),
+        (2.5, "2.5"),
+        ({"text": 4}, '{"text":4}'),
+        (["a", "b"], '["a","b"]'),
+        ({"a": "b c"}, '"{\\"a\\":\\"b c\\"}"'),
+        (logging.INFO, "20"),
+    ],
+)
+def test_a_terminal_field_is_logfmt_never_a_repr(value: object, shown: str) -> None:
+    assert logfmt_value(value) == shown
+
+
+def test_the_terminal_line_quotes_only_what_needs_it() -> None:
+    with written("text") as out:
+        logging.getLogger("toolbus.t").info(
+            "stopping",
+            extra={"reason": "session taken over", "servers": {"a": "ready"}, "ok": False},
+        )
+    line = out.getvalue()
+    assert line.rstrip("\n").endswith(
+        ' stopping reason="session taken over" servers={"a":"ready"} ok=false'
+    ), line

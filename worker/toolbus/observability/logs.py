@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -101,7 +102,7 @@ def _drop_own_logger(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
     return event
 
 
-def _dumps(event: EventDict, **_: Any) -> str:
+def _dumps(event: object, **_: Any) -> str:
     """orjson, else the standard library for what orjson refuses (a lone surrogate, an
     integer beyond 64 bits), ASCII-escaped so the line stays valid UTF-8.
 
@@ -114,6 +115,32 @@ def _dumps(event: EventDict, **_: Any) -> str:
     except TypeError:
         return json.dumps(event, default=str, separators=(",", ":"))
     return line if line.isascii() and "\x7f" not in line else printable(line)
+
+
+def logfmt_value(value: object) -> str:
+    """A field's value on the terminal line, logfmt-style: a string as it is, in double
+    quotes (with JSON's escapes) where it is empty or holds white space, `=` or `"`; a
+    number as it is; `true`, `false`, `null`; a dict or list as compact JSON
+    (`{"text":4}`), quoted only where it holds white space. Python's reprs
+    (`{'text': 4}`, `None`) meant nothing to an operator, and a bare value with a space
+    read as two fields. (Machines read the JSON lines: they keep every value's type.)"""
+    kind = type(value)
+    if isinstance(value, str) and kind is str:  # made printable before (`_printable_values`)
+        text = value
+        return text if text and _PLAIN.fullmatch(text) else json.dumps(text, ensure_ascii=False)
+    if kind is int or kind is float:
+        return repr(value)  # never quoted: the common case, kept cheap
+    if value is None or kind is bool or isinstance(value, dict | list | tuple):
+        text = _dumps(value)
+        return text if _NO_SPACE.fullmatch(text) else json.dumps(text, ensure_ascii=False)
+    text = str(value)  # an enum, a path, an exception: what it says of itself
+    return logfmt_value(text if text.isprintable() else printable(text))
+
+
+# Values that need no quotes: a string without white space, `=` or `"`; JSON without
+# white space (its own quotes and brackets delimit it).
+_PLAIN = re.compile(r'[^\s="]+')
+_NO_SPACE = re.compile(r"\S+")
 
 
 # What every record goes through first: the fields a line is made of.
@@ -157,8 +184,7 @@ def console_formatter(*, colors: bool) -> logging.Formatter:
         return f"{levels.get(name, '')}{_SHORT_LEVELS.get(name, name.upper()):<5}{reset}"
 
     def field(key: str, value: object) -> str:
-        text = value if type(value) is str else repr(value)
-        return f"{styles.kv_key}{key}{reset}={styles.kv_value}{text}{reset}"
+        return f"{styles.kv_key}{key}{reset}={styles.kv_value}{logfmt_value(value)}{reset}"
 
     renderer = ConsoleRenderer(
         columns=[

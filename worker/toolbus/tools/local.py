@@ -130,7 +130,9 @@ def tool(
 
 
 def schema_from_hints(func: Callable[..., Any]) -> dict[str, Any]:
-    hints = get_type_hints(func)
+    # With the extras: `Annotated[str, Field(description=...)]` keeps its description
+    # and bounds (without, the hints came back bare and the schema lost both).
+    hints = get_type_hints(func, include_extras=True)
     fields: dict[str, Any] = {}
     for param in inspect.signature(func).parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):

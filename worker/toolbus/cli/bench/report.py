@@ -1,4 +1,4 @@
-"""A bench run's figures: ratios to each baseline, issue 13's targets, the table and JSON.
+"""A bench run's figures: ratios to each baseline, the overhead targets, the table and JSON.
 
 Every toolbus responder has a baseline measured in the same run (`Responder.baseline`):
 toolbus `echo` against the bare aiomqtt echo, the toolbus MCP call against the raw SDK
@@ -65,7 +65,8 @@ def ratios(run: BenchRun, phase: Phase) -> Ratios | None:
 
 
 def targets(run: BenchRun) -> list[Target]:
-    """Issue 13's targets, each one only if this run measured what it needs."""
+    """The overhead targets (toolbus against its bare baselines), each one only if this
+    run measured what it needs."""
     top = max(run.options.in_flight)
     at = {(p.responder, p.in_flight): p for p in run.phases}
     found: list[Target] = []
@@ -161,7 +162,11 @@ def render(run: BenchRun, console: Console) -> None:
         )
     console.print(table)
     if found := targets(run):
-        goals = Table(box=box.SIMPLE_HEAD, title="issue 13's targets")
+        goals = Table(
+            box=box.SIMPLE_HEAD,
+            title="targets: what toolbus adds to its bare baselines",
+            caption="x: toolbus / its baseline, as in the table above",
+        )
         for column in ("target", "measured", "goal", "met"):
             goals.add_column(column, justify="left" if column == "target" else "right")
         for t in found:
