@@ -208,3 +208,24 @@ async def test_a_cancellation_from_outside_is_not_a_timeout() -> None:
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
         await running
+
+
+async def test_a_second_tool_of_a_name_replaces_the_first_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An installed package's `echo` shadows the built-in: the later one answers, and the
+    start-up log names both, so an operator is never surprised by whose tool ran."""
+
+    @tool(name="echo")
+    async def shadow(text: str) -> str:
+        """Not the built-in echo."""
+        return f"shadow:{text}"
+
+    settings = Settings()
+    with caplog.at_level("WARNING", logger="toolbus.service"):
+        registry = build_registry([*BUILTIN_TOOLS, shadow], settings)
+    executor = build_executor(settings, registry)
+    outcome = await executor.execute(Call(id="a", tool="echo", arguments={"text": "hi"}, topic="t"))
+    assert outcome.result is not None and outcome.result.text == "shadow:hi"
+    warned = [r for r in caplog.records if "defined twice" in r.getMessage()]
+    assert len(warned) == 1 and "shadow" in warned[0].getMessage()

@@ -42,15 +42,33 @@ if TYPE_CHECKING:
 
 
 def build_registry(local_tools: Iterable[LocalTool], settings: Settings) -> Registry:
-    """The local tools, each with its resolved `[tools.NAME]` settings; aliases applied."""
+    """The local tools, each with its resolved `[tools.NAME]` settings; aliases applied.
+    A later tool of the same name (an installed package's `echo`) replaces the earlier one:
+    said once at start-up, since the caller would otherwise meet another tool unawares."""
     registry = Registry(settings.aliases)
+    chosen: dict[str, LocalTool] = {}
+    for local in local_tools:
+        earlier = chosen.get(local.name)
+        if earlier is not None:
+            log.warning(
+                "local tool %s defined twice (%s, then %s): the later one is used",
+                local.name,
+                _where(earlier),
+                _where(local),
+            )
+        chosen[local.name] = local
     registry.register_all(
         local.to_tool(
             tool_settings(settings.tools, local.name), log_arguments=settings.log_arguments
         )
-        for local in local_tools
+        for local in chosen.values()
     )
     return registry
+
+
+def _where(local: LocalTool) -> str:
+    function = local.fn
+    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', '?')}"
 
 
 def build_executor(
