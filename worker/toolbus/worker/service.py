@@ -37,6 +37,7 @@ from toolbus.transport import BrokerRefused, MqttConnection, TransportError
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.tasks import cancel_and_wait
 from toolbus.wire.topics import Topics
+from toolbus.worker.fleet import Fleet
 from toolbus.worker.handover import Handover
 from toolbus.worker.links import RECONNECT_FIRST_DELAY_S, Links, Takeovers
 from toolbus.worker.publisher import ConnectionPublisher
@@ -68,6 +69,8 @@ class Worker:
         links: its two connections as each connect opens them: the secret client ids
             (see `client_ids`), the session's expiry (0: clean sessions), keepalive and
             Maximum Packet Size.
+        fleet: the other workers' statuses, watched on the reply connection while
+            connected (the status page's); None: not watched.
     """
 
     def __init__(
@@ -86,7 +89,9 @@ class Worker:
         publish_timeout_s: float,
         reconnect_max_delay_s: float,
         links: Links,
+        fleet: Fleet | None = None,
     ) -> None:
+        self.fleet = fleet
         self.broker, self.worker_id, self.topics = broker, worker_id, topics
         self.pipeline, self.mcp, self.metrics = pipeline, mcp, metrics
         self._publisher, self._status = publisher, status
@@ -99,6 +104,7 @@ class Worker:
             pipeline.handle, publisher, slots.count, links.session_expiry_s
         )
         self.in_flight = InFlight(self.redeliveries.answer, slots, metrics)
+        self.concurrency = slots.count
         self._conn: MqttConnection | None = None
         self._handover = Handover(status, topics, worker_id, links, publish_timeout_s)
         self._stop = asyncio.Event()
@@ -200,8 +206,10 @@ class Worker:
                     log.info("subscribed to %s", ", ".join(topics), extra={"topics": topics})
                     if not self.draining.is_set():  # online: every status, then the heartbeat
                         self._status.resume(self.in_flight)
+                        if self.fleet is not None:
+                            self.fleet.watch(out)
                     delay_s = RECONNECT_FIRST_DELAY_S
-                    if await _consume_until(consumer, out, stop):
+                    if await _consume_until(consumer, out, stop, self.fleet):
                         await self._drain(conn, out)
                         return
             except TransportError as exc:
@@ -210,6 +218,8 @@ class Worker:
                 delay_s = takeovers.said(exc, links, delay_s)
             finally:
                 await self._status.pause()
+                if self.fleet is not None:
+                    await self.fleet.unwatch()
                 self._conn = None
                 self._publisher.detach()
                 self.subscribed.clear()
@@ -264,6 +274,8 @@ class Worker:
         self.pipeline.stopping()  # calls cancelled from here on answer `unavailable`
         self._publisher.last_connection()  # no reconnect now: a lost one is lost for good
         await self._status.pause()  # no heartbeat while draining: `stop` says the last word
+        if self.fleet is not None:  # `handover` reads the reply connection next
+            await self.fleet.unwatch()
 
     async def _finish_handlers(self, deadline: float | None = None) -> None:
         """Let running calls finish until the deadline; answer the rest `unavailable`."""
@@ -295,10 +307,12 @@ async def _take_slot(in_flight: InFlight, conn: MqttConnection) -> None:
 
 
 async def _consume_until(
-    consumer: asyncio.Task[None], out: MqttConnection, stop: asyncio.Event
+    consumer: asyncio.Task[None], out: MqttConnection, stop: asyncio.Event, fleet: Fleet | None
 ) -> bool:
-    """Consume until stop (True) or until either connection fails (raises)."""
-    replies_lost = asyncio.create_task(out.lost(), name="replies-watch")
+    """Consume until stop (True) or until either connection fails (raises). What comes on
+    the reply connection (statuses, when the fleet is watched) goes to `fleet`."""
+    received = fleet.received if fleet is not None else None
+    replies_lost = asyncio.create_task(out.lost(received), name="replies-watch")
     stopper = asyncio.create_task(stop.wait(), name="stop-wait")
     done, _ = await asyncio.wait(
         {consumer, replies_lost, stopper}, return_when=asyncio.FIRST_COMPLETED
