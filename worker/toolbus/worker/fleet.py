@@ -20,15 +20,17 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from toolbus.transport import MqttConnection, TransportError
 from toolbus.wire.contracts import WorkerStatus
 from toolbus.wire.messages import Inbound
 from toolbus.wire.tasks import cancel_and_wait
 from toolbus.wire.topics import Topics
+
+if TYPE_CHECKING:  # the transport imports aiomqtt: not for `toolbus mappings` (wiring)
+    from toolbus.transport import MqttConnection
 
 log = logging.getLogger("toolbus.service")
 
@@ -68,6 +70,8 @@ class Fleet:
             self._task = None
 
     async def _subscribe(self, conn: MqttConnection) -> None:
+        from toolbus.transport import TransportError  # noqa: PLC0415 -- see TYPE_CHECKING
+
         try:
             await conn.subscribe([self._topics.status("+")], qos=0)
         except TransportError as exc:

@@ -69,8 +69,6 @@ class Worker:
         links: its two connections as each connect opens them: the secret client ids
             (see `client_ids`), the session's expiry (0: clean sessions), keepalive and
             Maximum Packet Size.
-        fleet: the other workers' statuses, watched on the reply connection while
-            connected (the status page's); None: not watched.
     """
 
     def __init__(
@@ -89,11 +87,9 @@ class Worker:
         publish_timeout_s: float,
         reconnect_max_delay_s: float,
         links: Links,
-        fleet: Fleet | None = None,
     ) -> None:
-        self.fleet = fleet
         self.broker, self.worker_id, self.topics = broker, worker_id, topics
-        self.pipeline, self.mcp, self.metrics = pipeline, mcp, metrics
+        self.pipeline, self.mcp, self.metrics, self.fleet = pipeline, mcp, metrics, status.fleet
         self._publisher, self._status = publisher, status
         self._grace_s, self._publish_timeout_s = shutdown_grace_s, publish_timeout_s
         self._reconnect_max_delay_s = reconnect_max_delay_s
@@ -104,7 +100,6 @@ class Worker:
             pipeline.handle, publisher, slots.count, links.session_expiry_s
         )
         self.in_flight = InFlight(self.redeliveries.answer, slots, metrics)
-        self.concurrency = slots.count
         self._conn: MqttConnection | None = None
         self._handover = Handover(status, topics, worker_id, links, publish_timeout_s)
         self._stop = asyncio.Event()
@@ -205,9 +200,7 @@ class Worker:
                     self.subscribed.set()
                     log.info("subscribed to %s", ", ".join(topics), extra={"topics": topics})
                     if not self.draining.is_set():  # online: every status, then the heartbeat
-                        self._status.resume(self.in_flight)
-                        if self.fleet is not None:
-                            self.fleet.watch(out)
+                        self._status.resume(self.in_flight, out)  # and the fleet's watch
                     delay_s = RECONNECT_FIRST_DELAY_S
                     if await _consume_until(consumer, out, stop, self.fleet):
                         await self._drain(conn, out)
@@ -218,8 +211,6 @@ class Worker:
                 delay_s = takeovers.said(exc, links, delay_s)
             finally:
                 await self._status.pause()
-                if self.fleet is not None:
-                    await self.fleet.unwatch()
                 self._conn = None
                 self._publisher.detach()
                 self.subscribed.clear()
@@ -273,9 +264,7 @@ class Worker:
         self.draining.set()
         self.pipeline.stopping()  # calls cancelled from here on answer `unavailable`
         self._publisher.last_connection()  # no reconnect now: a lost one is lost for good
-        await self._status.pause()  # no heartbeat while draining: `stop` says the last word
-        if self.fleet is not None:  # `handover` reads the reply connection next
-            await self.fleet.unwatch()
+        await self._status.pause()  # no heartbeat (nor fleet watch: `handover` reads) now
 
     async def _finish_handlers(self, deadline: float | None = None) -> None:
         """Let running calls finish until the deadline; answer the rest `unavailable`."""

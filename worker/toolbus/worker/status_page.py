@@ -40,7 +40,7 @@ def snapshot(worker: Worker, started: float) -> dict[str, Any]:
         "broker": {"address": f"{broker.host}:{broker.port}", "state": worker.broker_state},
         "in_flight": {
             "messages": worker.in_flight.count,
-            "concurrency": worker.concurrency,
+            "concurrency": worker.in_flight.concurrency,
             "queued": worker.queued(),
             "handled": worker.in_flight.handled,
             "max_seen": worker.in_flight.max_count,

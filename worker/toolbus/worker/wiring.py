@@ -34,7 +34,7 @@ from toolbus.wire.topics import Topics
 from toolbus.worker.client_ids import client_ids
 from toolbus.worker.fleet import Fleet
 from toolbus.worker.publisher import ConnectionPublisher
-from toolbus.worker.status import StatusReporter
+from toolbus.worker.status import StatusReporter, status_expiry_s
 
 log = logging.getLogger("toolbus.service")
 
@@ -135,6 +135,7 @@ def build_worker(
     registry = build_registry(local_tools, settings)
     publisher = ConnectionPublisher(timeout_s=settings.publish_timeout_s)
     servers = {name: cfg for name, cfg in settings.mcp_servers.items() if not cfg.disabled}
+    expiry_s = status_expiry_s(settings.status_interval_s)
     status = StatusReporter(
         topics,
         worker_id,
@@ -142,6 +143,8 @@ def build_worker(
         servers,
         interval_s=settings.status_interval_s,
         offline_expiry_s=settings.session_expiry_s or 3600,
+        # The status page's view of the fleet: only for a worker that serves the page.
+        fleet=None if settings.http_port is None else Fleet(topics, stale_after_s=expiry_s),
     )
     mcp = McpBackend(
         servers,
@@ -223,7 +226,6 @@ def build_worker(
             keepalive_s=settings.keepalive_s,
             max_packet_bytes=max_packet_bytes(settings.max_payload_bytes),
         ),
-        fleet=None if settings.http_port is None else Fleet(topics, stale_after_s=status.expiry_s),
     )
 
 
