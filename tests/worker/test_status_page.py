@@ -152,7 +152,11 @@ async def until(base: str, done: Any) -> dict[str, Any]:
     try:
         async with httpx.AsyncClient(timeout=5, trust_env=False) as http:
             async with asyncio.timeout(BOUND_S):
-                while not done(status := (await http.get(f"{base}/status.json")).json()):
+                while True:
+                    response = await http.get(f"{base}/status.json")
+                    assert response.status_code == 200, f"/status.json: {response.status_code}"
+                    if done(status := response.json()):
+                        break
                     await asyncio.sleep(0.1)  # an outside process's state, bounded above
     except TimeoutError:
         pytest.fail(f"/status.json never became what was waited for: {status}")
