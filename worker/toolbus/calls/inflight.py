@@ -58,6 +58,7 @@ class InFlight:
     ) -> None:
         self._handle_message, self._metrics = handle, metrics
         self._slots = slots
+        self.concurrency = slots.count  # messages at once, at most
         self._tasks: set[asyncio.Task[None]] = set()
         self._sequence = 0
         self.count = self.max_count = self.handled = 0

@@ -185,7 +185,8 @@ class Settings(BaseSettings):
         default=None,
         ge=1,
         le=65535,
-        description="Serve /metrics, /healthz and /readyz over HTTP on this port (off when unset).",
+        description="Serve the status page (/), /metrics, /healthz and /readyz over HTTP on "
+        "this port (off when unset).",
     )
     http_host: str = Field(
         default="127.0.0.1",

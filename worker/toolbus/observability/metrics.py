@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from toolbus.observability.recent import RecentCalls
 from toolbus.wire.report import Change
 
 METER_NAME = "toolbus"
@@ -39,6 +40,7 @@ class Metrics:
         partial_lines: read at each collection for `toolbus.mcp.stdout.partial_dropped`.
         dedup_bytes: read at each collection for `toolbus.dedup.bytes`.
         dedup_gave_way: read at each collection for `toolbus.dedup.gave_way`.
+        recent: also told of each call and dead letter (the status page's window).
     """
 
     def __init__(
@@ -49,7 +51,9 @@ class Metrics:
         partial_lines: Callable[[], Mapping[str, int]] = dict,
         dedup_bytes: Callable[[], int] = lambda: 0,
         dedup_gave_way: Callable[[], Mapping[str, int]] = dict,
+        recent: RecentCalls | None = None,
     ) -> None:
+        self.recent = recent
         meter = meter or metrics.get_meter(METER_NAME)
         self._calls = meter.create_counter(
             "toolbus.calls", unit="{call}", description="Calls by tool and outcome"
@@ -137,6 +141,8 @@ class Metrics:
     ) -> None:
         self._calls.add(1, {"tool": tool, "outcome": outcome})
         self._duration.record(duration_s, {"tool": tool})
+        if self.recent is not None:
+            self.recent.call_done(outcome, duration_s)
         for change in changes:
             self._rewrites.add(1, {"rule": change.rule})
 
@@ -148,6 +154,8 @@ class Metrics:
 
     def dead_lettered(self, code: str) -> None:
         self._dead.add(1, {"code": code})
+        if self.recent is not None:
+            self.recent.dead_lettered(code)
 
     def rate_limited(self, limit: str) -> None:
         self._limited.add(1, {"limit": limit})

@@ -31,6 +31,11 @@ class Access:
         self._allowed: dict[str, frozenset[str]] = {}
         self.unknown: dict[str, list[str]] = {}
 
+    @property
+    def callers(self) -> list[str]:
+        """The configured profiles' names (`*` among them when configured)."""
+        return list(self._profiles)
+
     def refresh(self, registry: Registry) -> None:
         """Each profile's tools (its own, or those `*` lends it) as canonical names."""
         allowed: dict[str, frozenset[str]] = {}

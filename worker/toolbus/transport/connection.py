@@ -384,10 +384,12 @@ class MqttConnection:
             self._gone.set()
         self._acks.lost()
 
-    async def lost(self) -> None:
-        """Returns once the connection is lost, for one that subscribes to nothing (the
+    async def lost(self, received: Callable[[Inbound], None] | None = None) -> None:
+        """Returns once the connection is lost, for one that subscribes to little (the
         worker's reply connection): aiomqtt's message stream ends only then, and reading
-        it retrieves the error aiomqtt would otherwise log as never retrieved."""
+        it retrieves the error aiomqtt would otherwise log as never retrieved. What does
+        arrive goes to `received` (the status page's fleet watch), the stream's one reader."""
         with contextlib.suppress(aiomqtt.MqttError):
-            async for _ in self._client.messages:
-                pass  # nothing is subscribed: nothing comes
+            async for message in self._client.messages:
+                if received is not None:
+                    received(_inbound(message, self))

@@ -1,5 +1,8 @@
-"""The HTTP listener: /metrics, /healthz and /readyz for operators, opt-in (`http_port`).
+"""The HTTP listener: the status page, /metrics, /healthz and /readyz, opt-in (`http_port`).
 
+    /          the status page (`status_page`): one static HTML file that polls
+    /status.json  what it shows: the fleet, MCP servers, tools per caller profile, calls
+               in flight, recent errors by code, p50/p99 over the last minutes
     /metrics   Prometheus text (or OpenMetrics, as the scraper asks) of the worker's
                OpenTelemetry metrics; 501 saying which extra to install without it
     /healthz   200 while the process lives and its event loop answers: served from the
@@ -21,6 +24,7 @@ import contextlib
 import importlib
 import logging
 import socket
+import time
 from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -28,8 +32,10 @@ from typing import TYPE_CHECKING, Any, Self
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+
+from toolbus.worker import status_page
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -40,6 +46,14 @@ log = logging.getLogger("toolbus.http")
 
 STOP_BOUND_S = 3.0  # from stop asked to the listener gone; longer, it is cancelled
 GRACEFUL_S = 1  # seconds: what a request already being answered gets of that
+# The page runs its own inline script only, fetches only from here, and is never framed.
+_PAGE_HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 NO_PROMETHEUS = "/metrics needs the prometheus extra: pip install 'toolbus[prometheus]'\n"
 
 
@@ -77,10 +91,13 @@ class HttpListener:
         self._registry = registry if registry is not None else default_registry()
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
+        self._started = time.monotonic()
 
     def app(self) -> Starlette:
         return Starlette(
             routes=[
+                Route("/", self._page),
+                Route("/status.json", self._status),
                 Route("/metrics", self._metrics),
                 Route("/healthz", self._healthz),
                 Route("/readyz", self._readyz),
@@ -110,7 +127,11 @@ class HttpListener:
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-listener")
         self._task.add_done_callback(_report_end)
-        log.info("serving /metrics, /healthz and /readyz on http://%s:%d", self.host, self.port)
+        log.info(
+            "serving the status page, /metrics, /healthz and /readyz on http://%s:%d",
+            self.host,
+            self.port,
+        )
         return self
 
     async def __aexit__(
@@ -128,6 +149,13 @@ class HttpListener:
             await asyncio.wait({self._task}, timeout=STOP_BOUND_S)
 
     # -- endpoints ------------------------------------------------------------
+
+    async def _page(self, request: Request) -> Response:
+        return HTMLResponse(status_page.PAGE, headers=_PAGE_HEADERS)
+
+    async def _status(self, request: Request) -> Response:
+        body = status_page.snapshot(self._worker, self._started)
+        return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
     async def _metrics(self, request: Request) -> Response:
         if self._registry is None:

@@ -37,6 +37,7 @@ from toolbus.transport import BrokerRefused, MqttConnection, TransportError
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.tasks import cancel_and_wait
 from toolbus.wire.topics import Topics
+from toolbus.worker.fleet import Fleet
 from toolbus.worker.handover import Handover
 from toolbus.worker.links import RECONNECT_FIRST_DELAY_S, Links, Takeovers
 from toolbus.worker.publisher import ConnectionPublisher
@@ -88,7 +89,7 @@ class Worker:
         links: Links,
     ) -> None:
         self.broker, self.worker_id, self.topics = broker, worker_id, topics
-        self.pipeline, self.mcp, self.metrics = pipeline, mcp, metrics
+        self.pipeline, self.mcp, self.metrics, self.fleet = pipeline, mcp, metrics, status.fleet
         self._publisher, self._status = publisher, status
         self._grace_s, self._publish_timeout_s = shutdown_grace_s, publish_timeout_s
         self._reconnect_max_delay_s = reconnect_max_delay_s
@@ -199,9 +200,9 @@ class Worker:
                     self.subscribed.set()
                     log.info("subscribed to %s", ", ".join(topics), extra={"topics": topics})
                     if not self.draining.is_set():  # online: every status, then the heartbeat
-                        self._status.resume(self.in_flight)
+                        self._status.resume(self.in_flight, out)  # and the fleet's watch
                     delay_s = RECONNECT_FIRST_DELAY_S
-                    if await _consume_until(consumer, out, stop):
+                    if await _consume_until(consumer, out, stop, self.fleet):
                         await self._drain(conn, out)
                         return
             except TransportError as exc:
@@ -263,7 +264,7 @@ class Worker:
         self.draining.set()
         self.pipeline.stopping()  # calls cancelled from here on answer `unavailable`
         self._publisher.last_connection()  # no reconnect now: a lost one is lost for good
-        await self._status.pause()  # no heartbeat while draining: `stop` says the last word
+        await self._status.pause()  # no heartbeat (nor fleet watch: `handover` reads) now
 
     async def _finish_handlers(self, deadline: float | None = None) -> None:
         """Let running calls finish until the deadline; answer the rest `unavailable`."""
@@ -295,10 +296,12 @@ async def _take_slot(in_flight: InFlight, conn: MqttConnection) -> None:
 
 
 async def _consume_until(
-    consumer: asyncio.Task[None], out: MqttConnection, stop: asyncio.Event
+    consumer: asyncio.Task[None], out: MqttConnection, stop: asyncio.Event, fleet: Fleet | None
 ) -> bool:
-    """Consume until stop (True) or until either connection fails (raises)."""
-    replies_lost = asyncio.create_task(out.lost(), name="replies-watch")
+    """Consume until stop (True) or until either connection fails (raises). What comes on
+    the reply connection (statuses, when the fleet is watched) goes to `fleet`."""
+    received = fleet.received if fleet is not None else None
+    replies_lost = asyncio.create_task(out.lost(received), name="replies-watch")
     stopper = asyncio.create_task(stop.wait(), name="stop-wait")
     done, _ = await asyncio.wait(
         {consumer, replies_lost, stopper}, return_when=asyncio.FIRST_COMPLETED

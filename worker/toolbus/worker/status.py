@@ -32,9 +32,11 @@ from toolbus.wire.contracts import McpServerState, ServerStatus, ServerSummary, 
 from toolbus.wire.messages import Outbound
 from toolbus.wire.tasks import cancel_and_wait
 from toolbus.wire.topics import Topics
+from toolbus.worker.fleet import Fleet
 
 if TYPE_CHECKING:  # annotations only: importing the mcp SDK costs a second
     from toolbus.backends.mcp import McpServer
+    from toolbus.transport import MqttConnection
 
 log = logging.getLogger("toolbus.service")
 
@@ -52,6 +54,11 @@ class Counts(Protocol):
     @property
     def handled(self) -> int:
         """Requests handled since the start."""
+
+
+def status_expiry_s(interval_s: float) -> int:
+    """A status's Message Expiry: `EXPIRY_INTERVALS` heartbeats."""
+    return max(1, math.ceil(EXPIRY_INTERVALS * interval_s))
 
 
 def utc_now() -> datetime:
@@ -84,6 +91,8 @@ class StatusReporter:
         version: the toolbus release the worker runs, in every worker status (the will's
             too), so an operator sees which replicas a rolling upgrade has reached.
         clock: the time a state began (UTC).
+        fleet: the other workers' statuses (the status page's), watched on the reply
+            connection from `resume` to `pause`; None: not watched.
     """
 
     def __init__(
@@ -97,11 +106,13 @@ class StatusReporter:
         offline_expiry_s: int = 3600,
         version: str | None = None,
         clock: Callable[[], datetime] = utc_now,
+        fleet: Fleet | None = None,
     ) -> None:
+        self.fleet = fleet
         self._topics, self._worker_id, self._publisher = topics, worker_id, publisher
         self._version = version
         self._interval_s, self._offline_expiry_s, self._clock = interval_s, offline_expiry_s, clock
-        self.expiry_s = max(1, math.ceil(EXPIRY_INTERVALS * interval_s))
+        self.expiry_s = status_expiry_s(interval_s)
         self._servers = {name: _Server(since=clock()) for name in servers}
         self._counts: Counts | None = None  # set while live: connected and not stopping
         self._online_since = clock()
@@ -121,9 +132,12 @@ class StatusReporter:
         )
         return self._worker_message(status, self._offline_expiry_s)
 
-    def resume(self, counts: Counts) -> None:
+    def resume(self, counts: Counts, replies: MqttConnection | None = None) -> None:
         """Connected and subscribed: every status now and every `interval_s` (the
-        heartbeat), and each server change as it happens, until `pause`."""
+        heartbeat), and each server change as it happens, until `pause`; the fleet
+        watched on `replies` meanwhile."""
+        if self.fleet is not None and replies is not None:
+            self.fleet.watch(replies)
         self._counts = counts
         self._online_since = self._clock()
         self._heartbeat = asyncio.create_task(self._beat(), name=f"status:{self._worker_id}")
@@ -136,6 +150,8 @@ class StatusReporter:
         self._counts = None
         for task in [t for t in (self._heartbeat, *self._changes) if t is not None]:
             await cancel_and_wait(task, PAUSE_BOUND_S)
+        if self.fleet is not None:  # before `handover` reads the reply connection
+            await self.fleet.unwatch()
         self._heartbeat = None
 
     async def stopping(self, counts: Counts, lasts_s: int) -> bool:

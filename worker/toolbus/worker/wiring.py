@@ -27,13 +27,15 @@ from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
 from toolbus.observability.export import TraceCollector
 from toolbus.observability.metrics import Metrics
+from toolbus.observability.recent import RecentCalls
 from toolbus.tools.access import Access
 from toolbus.tools.local import LocalTool
 from toolbus.tools.registry import Registry
 from toolbus.wire.topics import Topics
 from toolbus.worker.client_ids import client_ids
+from toolbus.worker.fleet import Fleet
 from toolbus.worker.publisher import ConnectionPublisher
-from toolbus.worker.status import StatusReporter
+from toolbus.worker.status import StatusReporter, status_expiry_s
 
 log = logging.getLogger("toolbus.service")
 
@@ -152,6 +154,7 @@ def build_worker(
     registry = build_registry(local_tools, settings)
     publisher = ConnectionPublisher(timeout_s=settings.publish_timeout_s)
     servers = {name: cfg for name, cfg in settings.mcp_servers.items() if not cfg.disabled}
+    expiry_s = status_expiry_s(settings.status_interval_s)
     status = StatusReporter(
         topics,
         worker_id,
@@ -160,6 +163,8 @@ def build_worker(
         interval_s=settings.status_interval_s,
         offline_expiry_s=settings.session_expiry_s or 3600,
         version=__version__,
+        # The status page's view of the fleet: only for a worker that serves the page.
+        fleet=None if settings.http_port is None else Fleet(topics, stale_after_s=expiry_s),
     )
     mcp = McpBackend(
         servers,
@@ -177,6 +182,8 @@ def build_worker(
         # Read at each collection, long after `once` below exists: hence lambdas.
         dedup_bytes=lambda: once.store.held_bytes(),  # noqa: PLW0108 -- `once` is bound below
         dedup_gave_way=lambda: once.store.gave_way(),  # noqa: PLW0108 -- likewise
+        # The status page's window and fleet: only for a worker that serves the page.
+        recent=RecentCalls() if settings.http_port is not None else None,
     )
     executor = build_executor(
         settings, registry, tracer=tracer, metrics=metrics, startup=mcp, root_spans=False
@@ -260,8 +267,9 @@ def _client_id_secret(settings: Settings, kept: bytes | None) -> bytes | None:
 def serve_http(
     settings: Settings, worker: Worker
 ) -> contextlib.AbstractAsyncContextManager[object]:
-    """The HTTP listener (/metrics, /healthz, /readyz) `http_port` asks for; nothing
-    without one. Entered before `worker.run`, so /readyz answers while it connects."""
+    """The HTTP listener (the status page, /metrics, /healthz, /readyz) `http_port` asks
+    for; nothing without one. Entered before `worker.run`, so /readyz answers while it
+    connects."""
     if settings.metrics_port is not None:
         log.warning(
             "metrics_port is deprecated: set http_port (here %s), whose listener serves "
