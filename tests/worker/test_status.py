@@ -353,6 +353,22 @@ def test_the_view_shows_broker_text_as_written_never_as_markup_or_controls() -> 
     assert "\x1b" not in shown and "w[b]x" in shown
 
 
+def test_the_view_shows_each_worker_s_version() -> None:
+    """Mid-upgrade, an operator sees which workers still run the old release; a status
+    from before versions were reported shows a dash."""
+    pool = Pool(topics_of("p"), clock=lambda: 100.0)
+    since = "2025-01-01T00:00:00Z"
+    new = {"state": "online", "worker_id": "new", "since": since, "version": "9.8.7"}
+    old = {"state": "online", "worker_id": "old", "since": since}
+    assert pool.take(inbound("p/status/workers/new", new))
+    assert pool.take(inbound("p/status/workers/old", old))
+    console = Console(width=200, file=io.StringIO(), force_terminal=False)
+    console.print(render(pool, topics_of("p")))
+    lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert any("new" in line and "9.8.7" in line for line in lines)
+    assert any("old" in line and " - " in line for line in lines)
+
+
 @pytest.mark.parametrize(
     ("topic", "subject"),
     [

@@ -34,6 +34,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+import toolbus
 from tests.support.harness import Broker, free_port, unique_prefix
 from tests.support.processes import Serve, run_bounded, serve_env
 from toolbus import Client
@@ -126,6 +127,7 @@ async def served(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> As
     )
     other = f"{prefix}/status/workers/{OTHER}"
     status = {"state": "online", "worker_id": OTHER, "in_flight": 2, "handled": 7}
+    status["version"] = "9.8.7"
     status["servers"] = {"devices": {"state": "ready"}}
     async with Serve(env, "--broker", broker.url) as serve:
         await serve.wait_for("subscribed to")
@@ -178,6 +180,7 @@ async def test_status_json_shows_the_fleet_servers_profiles_and_recent_calls(
     assert fleet["page-1"]["state"] == "online"
     assert fleet["page-1"]["handled"] == 3
     assert fleet["page-1"]["servers"] == {"devices": "ready"}
+    assert (fleet["page-1"]["version"], fleet[OTHER]["version"]) == (toolbus.__version__, "9.8.7")
     assert (fleet[OTHER]["state"], fleet[OTHER]["handled"], fleet[OTHER]["in_flight"]) == (
         "online",
         7,
@@ -215,6 +218,7 @@ async def test_the_page_renders_what_it_fetched_in_chromium(served: Served) -> N
     assert "page-1 (this worker)" in fleet
     assert OTHER in fleet
     assert "devices: ready" in fleet
+    assert "9.8.7" in fleet  # each worker's version, as its status reports it
     assert re.search(r"devices\s+ready\s+3", text_of(dom, "servers"))
     assert re.search(r"unknown_tool\s+1", text_of(dom, "errors"))
     assert re.search(r"kitchen\s+1\s+echo", text_of(dom, "profiles"))

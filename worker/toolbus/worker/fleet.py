@@ -100,8 +100,8 @@ class Fleet:
                 del self._seen[next(iter(self._seen))]
 
     def snapshot(self) -> list[dict[str, Any]]:
-        """Every worker heard of recently: id, state, since, in flight, handled, servers,
-        seconds since heard of."""
+        """Every worker heard of recently: id, state, since, version, in flight, handled,
+        servers, seconds since heard of."""
         now = self._clock()
         for worker_id in [w for w, (at, _) in self._seen.items() if now - at > self._stale_after_s]:
             del self._seen[worker_id]
@@ -110,6 +110,7 @@ class Fleet:
                 "worker_id": status.worker_id,
                 "state": status.state,
                 "since": status.since.isoformat() if status.since else None,
+                "version": status.version,
                 "in_flight": status.in_flight,
                 "handled": status.handled,
                 "servers": {name: s.state for name, s in status.servers.items()},

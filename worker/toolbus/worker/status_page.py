@@ -19,6 +19,7 @@ import time
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from toolbus import __version__
 from toolbus.config.callers import ANONYMOUS_CALLER, DEFAULT_CALLER_PROFILE
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ def fleet(worker: Worker) -> list[dict[str, Any]]:
         "worker_id": worker.worker_id,
         "state": state if worker.broker_state != "disconnected" else "disconnected",
         "since": None,
+        "version": __version__,
         "in_flight": worker.in_flight.count,
         "handled": worker.in_flight.handled,
         "servers": {name: server.state for name, server in worker.mcp.servers.items()},
