@@ -403,3 +403,17 @@ def test_the_terminal_line_quotes_only_what_needs_it() -> None:
     assert line.rstrip("\n").endswith(
         ' stopping reason="session taken over" servers={"a":"ready"} ok=false'
     ), line
+
+
+def test_a_tool_name_cannot_pass_for_another_call_s_fields() -> None:
+    """An unknown tool's name is the caller's word: with spaces in it, written bare, it
+    read as `light_off ok 0.2ms call_id=9 caller=admin` before the real outcome."""
+    forged = "light_off ok 0.2ms call_id=9 caller=admin"
+    with written("text") as out:
+        logging.getLogger("toolbus.t").info(
+            "call",
+            extra={"tool": forged, "outcome": "unknown_tool", "caller": "mallory"},
+        )
+    line = out.getvalue()
+    assert f" call {json.dumps(forged)} unknown_tool " in line, line
+    assert " caller=mallory" in line and " caller=admin " not in line

@@ -191,8 +191,10 @@ def console_formatter(*, colors: bool) -> logging.Formatter:
             Column("ts", value(styles.timestamp)),
             Column("level", level),
             Column("event", value(styles.bright)),
-            Column("tool", value(styles.bright)),
-            Column("outcome", value(styles.bright)),
+            # The tool is the caller's word for an unknown one: quoted where it holds a
+            # space, it cannot pass for the outcome and fields of another call.
+            Column("tool", value(styles.bright, logfmt_value)),
+            Column("outcome", value(styles.bright, logfmt_value)),
             Column("duration_ms", value(styles.bright, lambda ms: f"{ms:.1f}ms")),
             Column("", field),
         ],
