@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -125,6 +126,9 @@ async def served(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> As
         worker_id="page-1",
         callers=json.dumps({"kitchen": {"tools": ["echo"]}}),
     )
+    # The bundled config runs `toolbus demo-server` from PATH: this venv's, however pytest
+    # was started (`make test` puts it first; `.venv/bin/pytest` alone does not).
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     other = f"{prefix}/status/workers/{OTHER}"
     status = {"state": "online", "worker_id": OTHER, "in_flight": 2, "handled": 7}
     status["version"] = "9.8.7"
