@@ -112,7 +112,8 @@ PHOENIX_STAMP := $(PHOENIX_VENV)/.installed
 $(PHOENIX_STAMP):
 	$(PYTHON) -m venv $(PHOENIX_VENV)
 	$(PHOENIX_VENV)/bin/pip install --quiet --upgrade pip
-	$(PHOENIX_VENV)/bin/pip install --quiet 'arize-phoenix>=12,<30'
+	@echo "toolbus: installing Arize Phoenix (a tracing backend for one test) into $(PHOENIX_VENV) (about a minute)"
+	$(PHOENIX_VENV)/bin/pip install --progress-bar off 'arize-phoenix>=12,<30'
 	@touch $(PHOENIX_STAMP)
 
 # Node-RED, for the test that runs docs/integrations/node-red-flow.json in it: pinned, in
