@@ -148,6 +148,8 @@ async def test_status_under_dynamic_security(dynsec: Broker, worker: Serve) -> N
     code, out, err = await run_cli("status", "--json", "--broker", operator, env=env)
     assert code == EXIT_BROKER, err  # a random id: refused, and told why
     assert "bound to another client id" in err
+    # In the form `call` and `tools` use (docs/security.md): the login, the id it came with.
+    assert "(login operator, client id toolbus-status-" in err
     for flags, more in (
         (("--client-id", "operator"), {}),
         ((), {"TOOLBUS_CLIENT_ID": "operator"}),

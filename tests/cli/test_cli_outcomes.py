@@ -22,6 +22,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import pytest
 import pytest_asyncio
@@ -36,7 +37,13 @@ from toolbus.cli.ask import one_line
 from toolbus.client.client import Client
 from toolbus.wire.contracts import ErrorBody, ErrorCode, Reply
 from toolbus.wire.errors import NoReply, NoWorker
-from toolbus.worker.exit_codes import EXIT_ERROR, EXIT_NO_WORKER, EXIT_OK, EXIT_PIPE
+from toolbus.worker.exit_codes import (
+    EXIT_ERROR,
+    EXIT_NO_REPLY,
+    EXIT_NO_WORKER,
+    EXIT_OK,
+    EXIT_PIPE,
+)
 
 # The CLI's own start (Python, imports) is most of it; the statuses take well under 1 s.
 # Before, 32 s (the 30 s deadline and its grace): bounded here so that it fails fast.
@@ -108,6 +115,41 @@ async def test_no_worker_online_fails_fast_and_sends_nothing(broker: Broker) -> 
         # Nothing was published: the requests a broker holds for a worker's session
         # would run when it returns, after the user was told that nothing ran.
         assert watcher.messages.empty()
+
+
+async def test_a_worker_coming_back_is_waited_for(broker: Broker) -> None:
+    """A rolling restart: the old worker's retained status says `stopping` (or a clean
+    stop's `offline`, seconds old), the new one is not online yet. The request is sent,
+    for its re-sends to ride the restart out (on 043d827: exit 5 at once, nothing sent)."""
+    now = datetime.now(UTC).isoformat()
+    states = {f"cb{uuid.uuid4().hex[:8]}": state for state in ("stopping", "offline")}
+    will = Properties(PacketTypes.PUBLISH)
+    will.MessageExpiryInterval = 60
+    async with Caller(broker.url) as watcher:
+        for prefix, state in states.items():
+            await watcher.subscribe(f"{prefix}/call/#")
+            status = {"state": state, "worker_id": "w-old", "since": now}
+            topic = f"{prefix}/status/workers/w-old"
+            await watcher.client.publish(
+                topic, json.dumps(status), qos=1, retain=True, properties=will
+            )
+        try:
+            flags = ("--timeout", "1", "--attempts", "1")
+            outcomes = await asyncio.gather(
+                *(
+                    timed_cli("call", "echo", "--broker", broker.url, *flags, env=cli_env(p))
+                    for p in states
+                )
+            )
+        finally:
+            for prefix in states:
+                await watcher.client.publish(
+                    f"{prefix}/status/workers/w-old", b"", qos=1, retain=True
+                )
+        for code, err, _ in outcomes:
+            assert code == EXIT_NO_REPLY, err  # sent and waited for; nobody answered here
+        sent = {(await watcher.next_message()).topic.value for _ in states}
+        assert sent == {f"{prefix}/call" for prefix in states}
 
 
 async def test_an_error_reply_is_one_line_on_a_terminal(broker: Broker, served: str) -> None:

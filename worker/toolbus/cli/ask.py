@@ -4,8 +4,9 @@ Both go through `toolbus.Client`, as the client id `client_id` chooses (`--clien
 `TOOLBUS_CLIENT_ID`; by default the login where the caller is the topic's), checking the
 workers' retained statuses first (`--no-worker-check` sends regardless). What cannot
 reach anyone becomes an exit code (`toolbus.worker.exit_codes`'s): 3 no reply in time, 4
-the broker unreachable within `--timeout` or refusing the login, 5 no worker online (not
-sent). An error reply is one line on a terminal (`code: message`, and when to retry);
+the broker unreachable within `--timeout`, refusing the login or the request (its ACL:
+PUBACK 0x87, said at once), or another command taking the client id, 5 no worker online
+(not sent). An error reply is one line on a terminal (`code: message`, and when to retry);
 piped, or with `--json-reply`, the whole reply as JSON, as ever.
 """
 
@@ -22,11 +23,11 @@ from rich.table import Table
 from rich.text import Text
 
 from toolbus.cli import values as cli_values
-from toolbus.cli.settings import _settings, client_id
+from toolbus.cli.settings import _settings, client_id, refused
 from toolbus.client.client import Client, Retry
-from toolbus.transport import BrokerRefused, TransportError
+from toolbus.transport import BrokerRefused, SessionTakenOver, TransportError
 from toolbus.wire.contracts import Reply, ToolsFormat
-from toolbus.wire.errors import NoReply, NoWorker, ToolbusError
+from toolbus.wire.errors import NoReply, NoWorker, RequestRefused, ToolbusError
 from toolbus.wire.untrusted import printable
 from toolbus.worker.exit_codes import (
     EXIT_BROKER,
@@ -53,6 +54,7 @@ def _client(args: argparse.Namespace, settings: Any) -> Client:
         caller_identity=settings.caller_identity,
         client_id=client_id(args, settings),
         require_worker=not args.no_worker_check,
+        fail_when_taken_over=True,  # two commands at once with one id: say so, once
     )
 
 
@@ -65,6 +67,9 @@ def _talk(settings: Any, client: Client, talk: Any) -> Any:
     """Run `talk` (a coroutine), its failures to reach anyone as exit codes."""
     try:
         return asyncio.run(talk)
+    except (RequestRefused, SessionTakenOver) as exc:
+        print(f"toolbus: {printable(_refusal(exc))}", file=sys.stderr)
+        return EXIT_BROKER
     except NoWorker as exc:  # before NoReply, its base: nothing was sent
         print(f"toolbus: {printable(str(exc))}; not sent", file=sys.stderr)
         return EXIT_NO_WORKER
@@ -82,16 +87,14 @@ def _talk(settings: Any, client: Client, talk: Any) -> Any:
         return EXIT_BROKER
 
 
-def refused(settings: Any, client_id: str, exc: BrokerRefused) -> str:
-    """A refused login, with the client id it came with: a broker that binds logins to
-    client ids refuses the right password on another id, and says only "not authorized"."""
-    said = f"the broker at {settings.broker} refused us: {exc}"
-    if exc.reason_code is None:
-        return said  # a certificate or a TLS file: the client id has nothing to do with it
-    login = settings.broker.username or "(none)"
+def _refusal(exc: RequestRefused | SessionTakenOver) -> str:
+    """The broker would not take the request (its ACL: a repeat is refused alike), or
+    another command took this one's client id."""
+    if isinstance(exc, RequestRefused):
+        return f"{exc}; not sent"
     return (
-        f"{said} (login {login}, client id {client_id}; --client-id or TOOLBUS_CLIENT_ID "
-        "sets the client id)"
+        f"{exc}: two commands at once need distinct client ids (--client-id or "
+        "TOOLBUS_CLIENT_ID; a broker binding the login to one client id allows one at a time)"
     )
 
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from toolbus.transport import BrokerRefused
 
 
 def config_errors(exc: ValidationError) -> str:
@@ -46,3 +49,16 @@ def client_id(args: argparse.Namespace, settings: Any) -> str | None:
     if settings.caller_identity == "topic" and settings.broker.username:
         return str(settings.broker.username)
     return None
+
+
+def refused(settings: Any, client_id: str, exc: BrokerRefused) -> str:
+    """A refused login, with the client id it came with: a broker that binds logins to
+    client ids refuses the right password on another id, and says only "not authorized"."""
+    said = f"the broker at {settings.broker} refused us: {exc}"
+    if exc.reason_code is None:
+        return said  # a certificate or a TLS file: the client id has nothing to do with it
+    login = settings.broker.username or "(none)"
+    return (
+        f"{said} (login {login}, client id {client_id}; --client-id or TOOLBUS_CLIENT_ID "
+        "sets the client id)"
+    )

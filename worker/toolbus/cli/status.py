@@ -5,8 +5,9 @@ the view (rich, the transport) loads only when `status` runs. `--once` prints a
 snapshot and exits; `--json` prints it as JSON for scripts (implies `--once`); otherwise
 a live view until Ctrl-C (see `status_view`). Exit codes: 0 shown, 2 a usage or
 configuration error (cli.py), 3 (`--once`, `--json`) shown but no worker is online:
-nobody would answer a call, as `toolbus call`'s 3 says, 4 the broker cannot be reached
-within `--timeout` or refuses the login. `--client-id` (`TOOLBUS_CLIENT_ID`) as for `call`.
+nobody would answer a call (`toolbus call` exits 5 for it, having sent nothing; 3 is
+status's from before), 4 the broker cannot be reached within `--timeout` or refuses
+the login. `--client-id` (`TOOLBUS_CLIENT_ID`) as for `call`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import uuid
 
-EXIT_OK, EXIT_NO_WORKER, EXIT_BROKER = 0, 3, 4  # as cli.py's (3: its EXIT_NO_REPLY)
+EXIT_OK, EXIT_NO_WORKER, EXIT_BROKER = 0, 3, 4  # 3: exit_codes' EXIT_NO_REPLY, kept
 
 
 def add_arguments(status: argparse.ArgumentParser) -> None:
@@ -41,7 +43,7 @@ def add_arguments(status: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from toolbus.cli.settings import client_id
+    from toolbus.cli.settings import client_id, refused
     from toolbus.cli.status_view import live, once
     from toolbus.config import load_settings
     from toolbus.transport import BrokerRefused, TransportError
@@ -53,19 +55,16 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, None, broker_url=args.broker)
     # Only the prefix matters here (wiring.topics_for would import the whole worker).
     topics = Topics(settings.topic_prefix, settings.shared_group, settings.allowed_reply_prefixes)
-    ident = client_id(args, settings)
+    # A random id made here, not in the connection: a refusal names the id it came with.
+    ident = client_id(args, settings) or f"toolbus-status-{uuid.uuid4().hex[:12]}"
     try:
         if not (args.once or args.json):
             asyncio.run(live(settings.broker, topics, args.timeout, ident))  # until Ctrl-C
             return EXIT_OK
         shown = once(settings.broker, topics, args.timeout, as_json=args.json, client_id=ident)
         pool = asyncio.run(shown)
-    except BrokerRefused as exc:
-        shown_id = ident or "random"
-        refused = f"the broker at {settings.broker} refused us: {exc}"
-        if exc.reason_code is not None:
-            refused += f" (client id {shown_id}; --client-id or TOOLBUS_CLIENT_ID sets it)"
-        print(f"toolbus: {printable(refused)}", file=sys.stderr)
+    except BrokerRefused as exc:  # in the words `call` and `tools` use (docs/security.md)
+        print(f"toolbus: {printable(refused(settings, ident, exc))}", file=sys.stderr)
         return EXIT_BROKER
     except (TransportError, TimeoutError) as exc:
         why = str(exc) or f"no connection within {args.timeout} s"

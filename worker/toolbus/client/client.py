@@ -24,18 +24,16 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from toolbus.client.presence import Presence
+from toolbus.client.refusals import explained
 from toolbus.client.requester import Requester, Retry, Said
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.contracts import CallsReply, ErrorBody, ErrorCode, Reply, ReplyFormat, ToolsFormat
-from toolbus.wire.errors import NoReply, ToolbusError
+from toolbus.wire.errors import NoReply, RequestRefused, ToolbusError
 from toolbus.wire.formats.incoming import holder
 from toolbus.wire.topics import ANONYMOUS_CALLER, CallerIdentity, Topics
 
-__all__ = [
-    "Client",
-    "NoReply",
-    "Retry",
-]  # what `toolbus.client.client` offers (`Retry` lives in requester)
+# What `toolbus.client.client` offers (`Retry` lives in requester).
+__all__ = ["Client", "NoReply", "Retry"]
 
 DEFAULT_TIMEOUT_S = 30.0  # the workers' own `default_timeout_s`
 # Past a call's deadline, the wait for the worker's own `timeout` answer: the expiry that
@@ -71,6 +69,8 @@ class Client:
             `timeout` (`CallTimeout`); with no answer at all, `NoReply`.
         on_resend: called before each repeat of an unanswered request with that send's
             number and the sends allowed (`2, 3`): `toolbus call` tells its user.
+        fail_when_taken_over: another connection took this client id over (0x8E): fail
+            with `SessionTakenOver` (`toolbus call`), not reconnect after a backoff.
         require_worker: read the workers' retained statuses on the same connection,
             and raise `NoWorker` (a `NoReply`) within about a second, the request unsent,
             when they show no worker online (see `toolbus.client.presence`); off by
@@ -91,6 +91,7 @@ class Client:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         on_resend: Callable[[int, int], None] | None = None,
         require_worker: bool = False,
+        fail_when_taken_over: bool = False,
     ) -> None:
         if caller_identity not in ("claim", "topic"):
             raise ValueError("caller_identity is `claim` or `topic`, as the workers have it")
@@ -99,6 +100,8 @@ class Client:
         self.prefix = prefix
         self.caller = caller
         self._in_topic = caller_identity == "topic"
+        broker = broker if isinstance(broker, BrokerUrl) else BrokerUrl.from_url(broker)
+        self._login = broker.username
         self._timeout_s = timeout_s
         client_id = client_id or f"toolbus-client-{uuid.uuid4().hex[:12]}"
         # In `topic` mode a reply must sit under the caller's own level (`anonymous`
@@ -108,7 +111,7 @@ class Client:
         topics = Topics(prefix, "", (replies,))
         self._presence = Presence(topics) if require_worker else None
         self._requester = Requester(
-            broker if isinstance(broker, BrokerUrl) else BrokerUrl.from_url(broker),
+            broker,
             reply_topic=f"{replies}{level}/{client_id}" if level else f"{replies}{client_id}",
             client_id=client_id,
             retry=retry,
@@ -116,13 +119,17 @@ class Client:
             on_resend=on_resend,
             watch=self._presence.subscribe if self._presence else None,
             heard=self._presence.take if self._presence else None,
+            fail_when_taken_over=fail_when_taken_over,
         )
 
     async def __aenter__(self) -> Self:
         """Connected and subscribed to the reply topic. Raises `TransportError` when the
         broker cannot be reached now (`BrokerRefused` when it refuses us); a connection
         lost later is made again, and the requests in flight are sent again on it."""
-        await self._requester.__aenter__()
+        try:
+            await self._requester.__aenter__()
+        except RequestRefused as exc:  # the reply topic's subscription: say what to check
+            raise explained(exc, self._in_topic, self.caller, self._login) from None
         return self
 
     async def __aexit__(
@@ -317,17 +324,20 @@ class Client:
             raise ValueError("timeout_s must be positive")
         if self._presence is not None:
             await self._presence.check()  # NoWorker: unsent, so it cannot run later
-        return await self._requester.request(
-            topic,
-            # Never NaN or Infinity on the wire: Python writes them, JSON has no such thing.
-            json.dumps(body, separators=(",", ":"), allow_nan=False).encode(),
-            parse,
-            timeout_s=deadline_s,
-            grace_s=REPLY_GRACE_S,
-            correlation=uuid.uuid4().bytes,
-            ident=ident,
-            judge=said,
-        )
+        try:
+            return await self._requester.request(
+                topic,
+                # Never NaN or Infinity on the wire: Python writes them, JSON has none.
+                json.dumps(body, separators=(",", ":"), allow_nan=False).encode(),
+                parse,
+                timeout_s=deadline_s,
+                grace_s=REPLY_GRACE_S,
+                correlation=uuid.uuid4().bytes,
+                ident=ident,
+                judge=said,
+            )
+        except RequestRefused as exc:  # an ACL's "not authorized": say what to check
+            raise explained(exc, self._in_topic, self.caller, self._login) from None
 
 
 def said(answer: Reply | CallsReply) -> Said:

@@ -13,6 +13,10 @@ retained statuses (mosquitto; see `pool.subscribe`).
 
 - a worker `online`: go on (a status we cannot read, from another version, too: we
   cannot tell, so the request is sent and waited for as before);
+- a worker coming back: `stopping` (a rolling restart: the old replica stops, the new
+  one is not yet online), or `offline` since less than `RESTARTING_S` by its own clock
+  (a clean stop, then a restart): go on, the request's re-sends ride the restart out
+  (its persistent session may hold the request for it, too);
 - none online, or no worker status at all (no worker has run here lately: a stopped
   one's `offline` expires after three status intervals; or a broker that keeps no
   retained messages, or a login that may not read the statuses): wait `GRACE_S` more
@@ -26,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from datetime import UTC, datetime
 
 from toolbus.client.pool import QUIET_MAX_S, QUIET_S, Pool
 from toolbus.transport import MqttConnection, TransportError
@@ -34,6 +39,9 @@ from toolbus.wire.messages import Inbound
 from toolbus.wire.topics import Topics
 
 GRACE_S = 0.3  # after the retained statuses are in: a worker connecting right now
+# A clean stop's `offline` this recent is likely a restart (compose, systemd, a rolling
+# update): the calls' re-sends (3 sends, 5 s apart by default) ride it out.
+RESTARTING_S = 15.0
 
 
 class Presence:
@@ -78,15 +86,31 @@ class Presence:
         """The ids of the workers whose status says `online` now."""
         return [s.worker_id for s in self._pool.workers() if s.state == "online"]
 
+    def coming_back(self) -> list[str]:
+        """The ids of the workers that look restarting: `stopping`, or `offline` since
+        less than `RESTARTING_S` (not the last will's: it says no time)."""
+        now = datetime.now(UTC)
+        return [
+            s.worker_id
+            for s in self._pool.workers()
+            if s.state == "stopping"
+            or (
+                s.state == "offline"
+                and s.since is not None
+                and (now - _aware(s.since)).total_seconds() < RESTARTING_S
+            )
+        ]
+
     async def check(self) -> None:
-        """Return once a worker is online, or it cannot be told; `NoWorker` when the
-        statuses say none is (bounded: about `QUIET_MAX_S + GRACE_S` after subscribing)."""
+        """Return once a worker is online (or coming back), or it cannot be told;
+        `NoWorker` when the statuses say none is (bounded: about `QUIET_MAX_S +
+        GRACE_S` after subscribing)."""
         loop = asyncio.get_running_loop()
         settled: float | None = None
         while True:
             if self._refused or self._unreadable or self._subscribed_at is None:
                 return  # cannot tell (never subscribed: not connected through the requester)
-            if self.online():
+            if self.online() or self.coming_back():
                 return
             now = loop.time()
             # In: nothing heard for QUIET_S after the barrier (or QUIET_MAX_S in all).
@@ -113,3 +137,7 @@ class Presence:
             "lately, or this login may not read the statuses)",
             workers=0,
         )
+
+
+def _aware(when: datetime) -> datetime:
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)

@@ -18,7 +18,11 @@ run, that is true of the request and is the answer; copies still unanswered at t
 leave the outcome unknown (`NoReply`, with the held answer).
 
 The connection is kept for the requester's lifetime and re-made when the broker goes
-away, so requests made across a broker restart are sent again once it is back.
+away, so requests made across a broker restart are sent again once it is back; after
+another connection took the client id over (MQTT v5 0x8E) only after a doubling delay,
+or never (`fail_when_taken_over`: the requests fail with `SessionTakenOver`). A request
+the broker refuses to take (its PUBACK's reason code, an ACL's "not authorized") fails
+at once with `RequestRefused`: a repeat would be refused alike.
 `toolbus.Client` builds on this; it knows what the bytes mean.
 """
 
@@ -26,24 +30,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from enum import IntEnum
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Self, TypeVar
 
-from toolbus.transport import MqttConnection, TransportError
+from toolbus.client.answers import Pending, Said, final
+from toolbus.client.refusals import refused
+from toolbus.transport import (
+    MqttConnection,
+    SessionTakenOver,
+    SubscriptionRefused,
+    TransportError,
+    publish_refused,
+)
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.errors import NoReply
 from toolbus.wire.messages import Inbound, Outbound
 from toolbus.wire.tasks import cancel_and_wait
 
+__all__ = ["NO_RETRY", "Pending", "Requester", "Retry", "Said", "final"]
+
 log = logging.getLogger("toolbus.client")
 
 RECONNECT_DELAYS_S = (0.05, 0.1, 0.2, 0.5, 1.0)  # then 1 s apart: a broker restarting
+# After another connection took our client id over (0x8E): connecting again at once takes
+# it back, and the other does the same, a loop of thousands a second. Doubling, bounded.
+TAKEN_OVER_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 15.0)
+# A connection lost sooner than this after it was made counts toward that backoff: a
+# taken-over one that mosquitto before 2.0.15 closes without saying why.
+SHORT_LIVED_S = 2.0
 
 T = TypeVar("T")
 
@@ -64,58 +82,6 @@ class Retry:
 NO_RETRY = Retry(attempts=1, interval_s=math.inf)
 
 
-class Said(IntEnum):
-    """What an answer says of its request, for `Requester.request` to weigh. Ordered: of
-    answers held, the greatest is given."""
-
-    NOT_RUN = 0  # this delivery did not run (nothing claimed, or the claim refused)
-    UNKNOWN = 1  # this delivery may have run and did not finish; another copy may know more
-    FINAL = 2  # what became of the request: the answer
-
-
-def final(_answer: object) -> Said:
-    """Every answer is the request's (the first wins): for answers that cannot say less."""
-    return Said.FINAL
-
-
-@dataclass(slots=True)
-class _Pending:
-    """One request's answers as they come: the first final one, else the greatest held."""
-
-    parse: Callable[[bytes], Any]
-    judge: Callable[[Any], Said]
-    copies: int  # the most copies sent: no more answers than that are counted
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    final: Any = None  # the answer: ends the wait
-    held: Any = None  # the greatest answer of those that say less, the first among equals
-    held_said: Said = Said.NOT_RUN
-    answered: int = 0  # copies answered with less than a final answer
-    # Digests of the answers held: the same answer delivered again (QoS 1 is at least
-    # once; a worker answers its request's redelivery with the reply it kept) is one
-    # copy's answer, not another's. Two copies answered byte for byte alike (rare: the
-    # durations differ) count as one: the wait then ends at the deadline, unknown, which
-    # is safe; the other way round would end it early while a copy may still run.
-    seen: set[bytes] = field(default_factory=set)
-    closed: bool = False
-
-    def take(self, payload: bytes) -> None:
-        if self.final is not None or self.closed:
-            return  # answered already (a late original, a replay)
-        digest = hashlib.blake2b(payload, digest_size=16).digest()
-        if digest in self.seen:
-            return
-        answer = self.parse(payload)  # raises for an answer we cannot read: not counted
-        said = self.judge(answer)
-        if said is Said.FINAL:
-            self.final = answer
-        elif self.answered < self.copies:
-            self.seen.add(digest)
-            self.answered += 1
-            if self.held is None or said > self.held_said:
-                self.held, self.held_said = answer, said
-        self.arrived.set()
-
-
 class Requester:
     """`async with Requester(broker, reply_topic=..., client_id=...) as requester`.
 
@@ -129,6 +95,11 @@ class Requester:
             allowed (2, 3 for the second of three), e.g. to tell a waiting user.
         watch: more subscriptions on each connection, made after the reply topic's
             (`presence.Presence.subscribe`); `heard` gets what they bring.
+        fail_when_taken_over: when another connection takes the client id over (MQTT
+            v5 0x8E; or, without it, a second connection in a row lost at once), fail
+            every request with `SessionTakenOver` and connect no more (a one-off
+            command); by default connect again after a doubling delay
+            (`TAKEN_OVER_DELAYS_S`), never in a tight loop.
     """
 
     def __init__(
@@ -142,15 +113,19 @@ class Requester:
         on_resend: Callable[[int, int], None] | None = None,
         watch: Callable[[MqttConnection], Awaitable[None]] | None = None,
         heard: Callable[[Inbound], None] | None = None,
+        fail_when_taken_over: bool = False,
     ) -> None:
         self._broker = broker
+        self._fail_when_taken_over = fail_when_taken_over
+        self._failed: SessionTakenOver | None = None  # no request can be sent now
+        self.short_lived = 0  # connections in a row lost soon after made (or taken over)
         self._watch, self._heard = watch, heard
         self._on_resend = on_resend
         self._retry = retry
         self.client_id = client_id
         self.reply_topic = reply_topic
         self._connect_timeout_s = connect_timeout_s
-        self._pending: dict[bytes, _Pending] = {}
+        self._pending: dict[bytes, Pending] = {}
         self._connection: MqttConnection | None = None
         self._connected = asyncio.Event()
         self._closed = False  # after `__aexit__`: no request may wait for a connection
@@ -161,8 +136,14 @@ class Requester:
 
     async def __aenter__(self) -> Self:
         """Connected and subscribed; raises `TransportError` when the broker cannot be
-        reached now (later losses are re-connected)."""
-        first = await self._connect()
+        reached now (later losses are re-connected); `RequestRefused` when it refuses
+        the reply topic's subscription (an ACL: no answer could come)."""
+        try:
+            first = await self._connect()
+        except SubscriptionRefused as exc:  # the reply topic's (presence's is caught)
+            code = exc.refused[0][1] if exc.refused else 0x80
+            what = "the subscription to the reply topic"
+            raise refused("SUBACK", code, what, self.reply_topic) from None
         self._reader = asyncio.create_task(self._read(first), name=f"client-{self.client_id}")
         return self
 
@@ -212,7 +193,7 @@ class Requester:
         deadline = loop.time() + timeout_s
         end = deadline + grace_s
         what = ident or "the request"
-        pending = _Pending(parse, judge, self._retry.attempts)
+        pending = Pending(parse, judge, self._retry.attempts)
         self._pending[correlation] = pending
         sends, next_send = 0, deadline
         try:
@@ -220,6 +201,8 @@ class Requester:
                 if pending.final is not None:
                     answer: T = pending.final
                     return answer
+                if self._failed is not None:
+                    raise self._failed
                 if pending.closed:
                     raise NoReply("the client closed before an answer came", id=ident)
                 if pending.held is not None and pending.answered >= sends:
@@ -263,7 +246,7 @@ class Requester:
             self._on_resend(send, self._retry.attempts)
 
     def _unanswered(
-        self, pending: _Pending, what: str, sends: int, waited_s: float, ident: str | None
+        self, pending: Pending, what: str, sends: int, waited_s: float, ident: str | None
     ) -> NoReply:
         if pending.held is None:
             return NoReply(
@@ -283,6 +266,8 @@ class Requester:
         loop = asyncio.get_running_loop()
         while True:
             # Checked on every turn: a publish cut short by the close comes back here
+            if self._failed is not None:
+                raise self._failed
             if self._closed:
                 raise NoReply("the client closed before the request was sent", id=ident)
             try:
@@ -291,12 +276,14 @@ class Requester:
             except TimeoutError:
                 raise NoReply("the broker connection did not come back in time", id=ident) from None
             connection = self._connection
+            if self._failed is not None:
+                raise self._failed
             if self._closed:
                 raise NoReply("the client closed before the request was sent", id=ident)
             if connection is None:
                 continue
             try:
-                await connection.publish(out, timeout_s=max(0.1, deadline - loop.time()))
+                code = await connection.publish(out, timeout_s=max(0.1, deadline - loop.time()))
             except TransportError:
                 if not connection.connected:
                     self._lost(connection)  # the reader re-connects; wait for it
@@ -306,6 +293,8 @@ class Requester:
                     ) from None
             else:
                 self.sent += 1
+                if publish_refused(code):  # an ACL's refusal: a repeat is refused alike
+                    raise refused("PUBACK", code, "to take the request on", out.topic)
                 return
 
     async def _connect(self) -> MqttConnection:
@@ -317,9 +306,11 @@ class Requester:
             await connection.subscribe([self.reply_topic])
             if self._watch is not None:
                 await self._watch(connection)
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(TransportError):
                 await connection.__aexit__(None, None, None)
+            if isinstance(exc, TransportError) and connection.taken_over:
+                raise SessionTakenOver(self.client_id) from exc
             raise
         self.connects += 1
         self._connection = connection
@@ -333,7 +324,9 @@ class Requester:
 
     async def _read(self, connection: MqttConnection) -> None:
         """Hand answers to their requests; re-connect when the broker goes away."""
+        loop = asyncio.get_running_loop()
         while True:
+            made = loop.time()
             try:
                 async for message in connection.messages():
                     if message.topic != self.reply_topic and self._heard is not None:
@@ -341,11 +334,47 @@ class Requester:
                     else:
                         self._deliver(message.correlation_data, message.payload)
             except TransportError as exc:
-                log.warning("broker connection lost (%s): connecting again", exc)
+                if not connection.taken_over:
+                    log.warning("broker connection lost (%s): connecting again", exc)
             self._lost(connection)
             with contextlib.suppress(TransportError):
                 await connection.__aexit__(None, None, None)
-            connection = await self._reconnect()
+            if not await self._after_loss(connection.taken_over, loop.time() - made):
+                return
+            try:
+                connection = await self._reconnect()
+            except SessionTakenOver:
+                return  # taken over again while connecting: the requests fail with it
+
+    async def _after_loss(self, taken_over: bool, lived_s: float) -> bool:
+        """After a lost connection: False when the requests fail now, else True once it
+        is time to connect again. Taken over (0x8E), or lost within `SHORT_LIVED_S` of
+        being made (mosquitto before 2.0.15 closes a taken-over connection without a
+        word): a doubling delay first, never a tight loop of two clients with one id
+        taking it from each other. `fail_when_taken_over`: fail at once on a 0x8E, on
+        the second short-lived connection in a row without one."""
+        if not taken_over and lived_s >= SHORT_LIVED_S:
+            self.short_lived = 0
+            return True  # a broker restart, say: connect again at once
+        self.short_lived += 1
+        if self._fail_when_taken_over and (taken_over or self.short_lived >= 2):
+            self._failed = SessionTakenOver(
+                self.client_id, certain=taken_over, times=self.short_lived
+            )
+            self._connected.set()  # wakes every request waiting to send: each sees it
+            for pending in self._pending.values():
+                pending.arrived.set()  # and every one waiting for an answer
+            return False
+        delay_s = TAKEN_OVER_DELAYS_S[min(self.short_lived, len(TAKEN_OVER_DELAYS_S)) - 1]
+        if taken_over:
+            log.warning(
+                "another connection took client id %s over: connecting again in %g s (two "
+                "clients with one client id take it from each other)",
+                self.client_id,
+                delay_s,
+            )
+        await asyncio.sleep(delay_s)
+        return True
 
     async def _reconnect(self) -> MqttConnection:
         """Until the broker is back (bounded by the owner: closing the requester ends it)."""
@@ -353,6 +382,9 @@ class Requester:
         while True:
             try:
                 return await self._connect()
+            except SessionTakenOver:
+                if not await self._after_loss(True, 0.0):
+                    raise
             except TransportError:
                 delay_s = RECONNECT_DELAYS_S[min(attempt, len(RECONNECT_DELAYS_S) - 1)]
                 attempt += 1

@@ -8,6 +8,7 @@ printable, so none of them runs a terminal's escape sequences or breaks a line.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -80,9 +81,8 @@ def _rows(
         if ctx.rename:
             variants = {snake_to_camel(name), camel_to_snake(name), name[:1].upper() + name[1:]}
             keys += [f"`{v}`" for v in sorted(variants - {name, *statics})] + ["other spellings"]
-        default = shape.defaults.get(name)
         required = " (required)" if name in shape.required else ""
-        shown_default = "" if default is None else f"`{default}`"
+        shown_default = f"`{_json(shape.defaults[name])}`" if name in shape.defaults else ""
         yield (
             f"| `{path}`{required} | {_types(child)} | {', '.join(keys)} | "
             f"{_shaping(child, ctx.rules)} | {shown_default} |"
@@ -96,8 +96,17 @@ def _rows(
 def _types(shape: Shape) -> str:
     text = " \\| ".join(sorted(shape.types)) or "any"
     if shape.enum is not None:
-        text += " (" + ", ".join(f"`{v}`" for v in shape.enum) + ")"
+        text += " (" + ", ".join(f"`{_json(v)}`" for v in shape.enum) + ")"
     return text
+
+
+def _json(value: object) -> str:
+    """A schema's value as JSON, as the table writes values (`false`, `null`, `"on"`),
+    not as Python would (`False`, `None`, `on`)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError):  # not JSON after all (a schema from a Python tool)
+        return str(value)
 
 
 def _shaping(shape: Shape, rules: ToolRules) -> str:

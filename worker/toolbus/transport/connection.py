@@ -30,7 +30,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from toolbus.transport.errors import TransportError
+from toolbus.transport.errors import SubscriptionRefused, TransportError
 from toolbus.transport.inbound_limits import (
     DROPPED_ATTRIBUTE,
     DUP_ATTRIBUTE,
@@ -278,7 +278,7 @@ class MqttConnection:
             raise TransportError(str(exc)) from exc
         if refused := refused_filters(filters, granted):
             shown = ", ".join(f"{f} (reason 0x{code:02x})" for f, code in refused)
-            raise TransportError(f"the broker refused the subscription to {shown}")
+            raise SubscriptionRefused(f"the broker refused the subscription to {shown}", refused)
 
     async def unsubscribe(self, filters: Sequence[str]) -> None:
         try:
@@ -334,10 +334,13 @@ class MqttConnection:
             self._paho.ack(delivery.mid, delivery.qos)
         return True
 
-    async def publish(self, out: Outbound, timeout_s: float | None = None) -> None:
+    async def publish(self, out: Outbound, timeout_s: float | None = None) -> int:
         """Published and (QoS 1) acknowledged within `timeout_s` (the connection's bound
-        by default). Raises `TransportError` as soon as the connection is lost: a dead
-        broker never sends the PUBACK, and the caller could use a new connection. A
+        by default); the PUBACK's MQTT v5 reason code (0 for QoS 0): 0x80 and above, the
+        broker refused to take the message (0x87 "not authorized": its ACL), which a
+        caller that must know checks (`reasons.publish_refused`). Raises
+        `TransportError` as soon as the connection is lost: a dead broker never sends
+        the PUBACK, and the caller could use a new connection. A
         PUBACK late on a live connection raises `Unacknowledged`, whose `late` tells
         whether it still came (a stalled broker reads the message when it resumes).
 
@@ -353,8 +356,8 @@ class MqttConnection:
         if info.rc != paho.MQTT_ERR_SUCCESS:
             raise TransportError(f"could not publish: {paho.error_string(info.rc)}")
         if out.qos == 0 or info.is_published():
-            return
-        await self._acks.wait(info.mid, self._timeout_s if timeout_s is None else timeout_s)
+            return 0  # (acknowledged already: not in the same turn of the loop, in practice)
+        return await self._acks.wait(info.mid, self._timeout_s if timeout_s is None else timeout_s)
 
     def _published(
         self,
@@ -365,7 +368,7 @@ class MqttConnection:
         properties: Properties,
     ) -> None:
         """paho's `on_publish`: the PUBACK of one of our publishes came."""
-        self._acks.came(mid)
+        self._acks.came(mid, reason_code.value if isinstance(reason_code, ReasonCode) else 0)
 
     def _connected(self, client: paho.Client, *args: Any) -> None:
         """paho's `on_connect`, before aiomqtt's: what the CONNACK says of packet sizes

@@ -14,6 +14,7 @@ from typing import Any
 
 import aiomqtt
 import paho.mqtt.client as paho
+from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
 from toolbus.transport.errors import BrokerRefused, TransportError
@@ -60,3 +61,19 @@ def connect_error(exc: aiomqtt.MqttError) -> TransportError:
         if code in _CREDENTIALS_REFUSED:
             return BrokerRefused(f"it refused the credentials ({exc})", reason_code=code)
     return TransportError(str(exc))
+
+
+def publish_refused(reason_code: int) -> bool:
+    """A PUBACK's reason code says the broker did not take the message (MQTT v5: 0x80
+    and above; 0x10 "no matching subscribers" is taken)."""
+    return reason_code >= 0x80
+
+
+def reason_name(packet: str, reason_code: int) -> str:
+    """The reason code's MQTT v5 name (`Not authorized`), for a message to a person."""
+    kinds = {"PUBACK": PacketTypes.PUBACK, "SUBACK": PacketTypes.SUBACK}
+    kind = kinds.get(packet, PacketTypes.DISCONNECT)
+    try:
+        return str(ReasonCode(kind, identifier=reason_code))
+    except Exception:  # a code paho does not know for that packet
+        return f"reason 0x{reason_code:02x}"

@@ -5,6 +5,7 @@
     ├── UnknownTool              unknown_tool
     ├── InvalidArguments         invalid_arguments
     ├── Forbidden                forbidden
+    │   └── RequestRefused       forbidden: the broker refused to take the request
     ├── CallTimeout              timeout
     ├── Unavailable              unavailable
     ├── ToolFailed               tool_error
@@ -92,6 +93,16 @@ class InvalidArguments(ToolbusError):
 class Forbidden(ToolbusError):
     code = ErrorCode.FORBIDDEN
     summary = "the request asked for what it may not have"
+
+
+class RequestRefused(Forbidden):
+    """Not sent: the broker refused to take the request (its PUBACK's MQTT v5 reason
+    code 0x80 or above, 0x87 "not authorized" from an ACL), raised by the client, not
+    answered by a worker: `reply` is None. Sending again cannot help until the ACL, the
+    login, or the topic the client chose changes (under `caller_identity = "topic"` a
+    login may publish only as its own caller). `details`: `topic`, `reason_code`."""
+
+    summary = "the broker refused to take the request"
 
 
 class CallTimeout(ToolbusError):

@@ -1,7 +1,9 @@
 """Exit codes: what every `toolbus` command and each `toolbus serve` child exits with.
 
-0 ok, 1 an error reply, 2 a usage error, 3 no reply, 4 no broker (`serve`: or no dedup store at
-start-up), 5 no worker online (`call`, `tools`: the statuses say so; nothing sent), 141 stdout
+0 ok, 1 an error reply, 2 a usage error, 3 no reply (`status --once`: no worker online), 4
+no broker, the login or the request refused by it, or the client id taken (`serve`: or
+no dedup store at start-up), 5 no worker online (`call`, `tools`: the statuses say so;
+nothing sent), 141 stdout
 closed early (`toolbus call ... | head`: quiet, as a command SIGPIPE ends reports in a
 shell). Here, below both, so the command line and the supervisor (which reads its
 children's) take them from one place.

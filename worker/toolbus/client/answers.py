@@ -1,0 +1,63 @@
+"""Answers to one request as they come, and what each says of it (`Said`): the
+requester's bookkeeping (see `requester`'s docstring for how it waits on them)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+
+class Said(IntEnum):
+    """What an answer says of its request, for `Requester.request` to weigh. Ordered: of
+    answers held, the greatest is given."""
+
+    NOT_RUN = 0  # this delivery did not run (nothing claimed, or the claim refused)
+    UNKNOWN = 1  # this delivery may have run and did not finish; another copy may know more
+    FINAL = 2  # what became of the request: the answer
+
+
+def final(_answer: object) -> Said:
+    """Every answer is the request's (the first wins): for answers that cannot say less."""
+    return Said.FINAL
+
+
+@dataclass(slots=True)
+class Pending:
+    """One request's answers as they come: the first final one, else the greatest held."""
+
+    parse: Callable[[bytes], Any]
+    judge: Callable[[Any], Said]
+    copies: int  # the most copies sent: no more answers than that are counted
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    final: Any = None  # the answer: ends the wait
+    held: Any = None  # the greatest answer of those that say less, the first among equals
+    held_said: Said = Said.NOT_RUN
+    answered: int = 0  # copies answered with less than a final answer
+    # Digests of the answers held: the same answer delivered again (QoS 1 is at least
+    # once; a worker answers its request's redelivery with the reply it kept) is one
+    # copy's answer, not another's. Two copies answered byte for byte alike (rare: the
+    # durations differ) count as one: the wait then ends at the deadline, unknown, which
+    # is safe; the other way round would end it early while a copy may still run.
+    seen: set[bytes] = field(default_factory=set)
+    closed: bool = False
+
+    def take(self, payload: bytes) -> None:
+        if self.final is not None or self.closed:
+            return  # answered already (a late original, a replay)
+        digest = hashlib.blake2b(payload, digest_size=16).digest()
+        if digest in self.seen:
+            return
+        answer = self.parse(payload)  # raises for an answer we cannot read: not counted
+        said = self.judge(answer)
+        if said is Said.FINAL:
+            self.final = answer
+        elif self.answered < self.copies:
+            self.seen.add(digest)
+            self.answered += 1
+            if self.held is None or said > self.held_said:
+                self.held, self.held_said = answer, said
+        self.arrived.set()
