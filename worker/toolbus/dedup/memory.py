@@ -175,7 +175,8 @@ class MemoryStore:
     ) -> bool:
         record = self._live(key)
         seen = (previous.reply, previous.fingerprint, previous.delivery)
-        if record is None or (record.reply, record.fingerprint, record.delivery) != seen:
+        held = None if record is None else (record.reply, record.fingerprint, record.delivery)
+        if held is None or held[0] is None or held != seen:
             return False  # changed meanwhile
         self._forget(key)
         claimed = await self.claim(key, ttl_s, fingerprint=fingerprint, delivery=delivery)

@@ -185,7 +185,7 @@ class RedisStore:
             except Exception as exc:  # Redis away for a moment: keep beating
                 log.warning("dedup heartbeat failed: %s", exc)
 
-    def _started(self, fingerprint: str, delivery: str | None) -> Started:
+    def _started(self, fingerprint: str, delivery: str | None = None) -> Started:
         return Started(self._worker_id, self._incarnation, time.time(), fingerprint, delivery)
 
     async def claim(
