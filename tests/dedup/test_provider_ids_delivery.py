@@ -15,13 +15,16 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest_asyncio
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.calls.test_pipeline import Rig, anonymous_key, standard_rig
 from tests.dedup.test_provider_ids import message, rig, sent_311
 from tests.support.harness import RedisServer
 from toolbus.dedup import fingerprint
+from toolbus.dedup.kept import KeptReplies
 from toolbus.dedup.redis import RedisStore
 
 __all__ = ["rig"]  # the memory and Redis rigs of test_provider_ids.py
@@ -127,3 +130,35 @@ async def test_the_run_that_took_over_is_recorded_with_its_delivery(
         rig, message("busy", {"n": 1}), packet_id=2, delivery_id=S2, redelivered=True
     )
     assert copy["replayed"] is True and rig.probe.calls == 1
+
+
+class FinishFails(RedisStore):
+    """A Redis store that takes no reply while `down` is set (claims go through)."""
+
+    down = True
+
+    async def finish(self, key: str, reply: bytes, ttl_s: float, **record: Any) -> None:
+        if self.down:
+            raise RedisConnectionError("the store is away")
+        await super().finish(key, reply, ttl_s, **record)
+
+
+async def test_a_reply_the_worker_keeps_names_its_delivery(redis_server: RedisServer) -> None:
+    """A reply the store did not take is kept by the worker (`KeptReplies`) with the
+    delivery that asked: the broker's copy of that delivery gets it, a DUP of another
+    delivery (a message never read) runs."""
+    inner = FinishFails(redis_server.url, "w1", prefix=f"t{uuid.uuid4().hex[:8]}")
+    store = KeptReplies(inner, write_timeout_s=1.0, first_retry_s=0.05)
+    built = standard_rig(store=store)
+    async with built.pipeline:
+        t1 = await sent_311(built, message("busy", {"n": 1}), packet_id=1, delivery_id=S1)
+        assert store.kept() == 1
+        copy = await sent_311(
+            built, message("busy", {"n": 1}), packet_id=1, delivery_id=S1, redelivered=True
+        )
+        t2 = await sent_311(
+            built, message("busy", {"n": 1}), packet_id=2, delivery_id=S2, redelivered=True
+        )
+        inner.down = False  # the kept reply is written, and the worker stops at once
+    assert t1["ok"] and copy["replayed"] is True
+    assert t2["ok"] and t2["replayed"] is False and built.probe.calls == 2
