@@ -178,8 +178,23 @@ class Once:
             return await self._runs_over(key, claim, mine)
         if same_message:  # its own run cut short: in doubt, as for any id
             return await self._orphaned(key, claim, tool, mine)
-        log.debug("%s asks again after a run cut short: a new question", described(key))
-        return await self._runs_over(key, claim, mine)
+        # Another message over a run cut short: a new question, which takes the key (its
+        # own copies then find it). A copy of the message cut short that comes later
+        # (its worker's session resumed only now) finds this run's record, not the
+        # orphan: it waits for this run, or, once it finished, runs.
+        started = claim.started
+        assert started is not None
+        if await self.store.take_over(
+            key, started, self._ttl_s, fingerprint=mine.fingerprint, delivery=mine.delivery
+        ):
+            log.info(
+                "%s asks anew; the run its record holds was cut short on %s: running it",
+                described(key),
+                started.worker_id,
+            )
+            return mine.verdict(key)
+        log.debug("%s: its record changed meanwhile, run unclaimed", described(key))
+        return RUN_UNCLAIMED
 
     async def _twin(
         self, key: str, mine: _Asked, deadline: float, deadline_s: float
@@ -235,28 +250,12 @@ class Once:
 
     async def _runs_over(self, key: str, claim: Claim, mine: _Asked) -> Verdict:
         """Another request than the record's under a provider's id: it runs. Over a
-        finished record, or a run cut short, it takes the key (its own repeats are then
-        known; a copy of the run cut short, should one still come, then finds another
-        message's record and runs); a run still going keeps it (its repeats must find
-        it), as does a record changed meanwhile, and this one runs unclaimed."""
-        asks, delivery = mine.fingerprint, mine.delivery
+        finished record it takes the key (its own repeats are then known); a run still
+        going or cut short keeps it (its repeats must find it), and this one runs
+        unclaimed."""
         if claim.kind == "done" and await self.store.supersede(
-            key, claim, self._ttl_s, fingerprint=asks, delivery=delivery
+            key, claim, self._ttl_s, fingerprint=mine.fingerprint, delivery=mine.delivery
         ):
-            return mine.verdict(key)
-        started = claim.started
-        if (
-            claim.kind == "orphaned"
-            and started is not None
-            and await self.store.take_over(
-                key, started, self._ttl_s, fingerprint=asks, delivery=delivery
-            )
-        ):
-            log.info(
-                "%s asks anew; the run its record holds was cut short on %s: running it",
-                described(key),
-                started.worker_id,
-            )
             return mine.verdict(key)
         log.debug("%s names another call than its record: run unclaimed", described(key))
         return RUN_UNCLAIMED
