@@ -94,8 +94,8 @@ async def test_a_broker_redelivery_after_the_run_gets_its_reply(rig: Rig, send: 
     """DUP set: the broker delivered this very message before (a worker restarted
     before acknowledging it). It is no new question: replayed, nothing run again."""
     body = message("busy", {"n": 3})
-    first = await send(rig, body)
-    again = await send(rig, body, redelivered=True)
+    first = await send(rig, body, packet_id=5, delivery_id="session:5")
+    again = await send(rig, body, packet_id=5, delivery_id="session:5", redelivered=True)
     assert again["replayed"] is True and again["result"] == first["result"]
     assert rig.probe.calls == 1
 
@@ -103,8 +103,8 @@ async def test_a_broker_redelivery_after_the_run_gets_its_reply(rig: Rig, send: 
 async def test_a_redelivery_of_a_tool_safe_to_repeat_runs_again(rig: Rig) -> None:
     """A tool safe to repeat never replays a provider-only call: it runs for fresh data."""
     body = message("echo", {"text": "fresh"})
-    await sent(rig, body)
-    again = await sent(rig, body, redelivered=True)
+    await sent(rig, body, packet_id=5, delivery_id="session:5")
+    again = await sent(rig, body, packet_id=5, delivery_id="session:5", redelivered=True)
     assert again["ok"] and again["replayed"] is False
 
 

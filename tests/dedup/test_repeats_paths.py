@@ -49,18 +49,38 @@ class Observed:
     async def __aexit__(self, *exc: object) -> None:
         await self.store.__aexit__(*exc)
 
-    async def claim(self, key: str, ttl_s: float, *, fingerprint: str = "") -> Claim:
+    async def claim(
+        self, key: str, ttl_s: float, *, fingerprint: str = "", delivery: str | None = None
+    ) -> Claim:
         self.on_claim()
         self.claimed.append(fingerprint)
-        return await self.store.claim(key, ttl_s, fingerprint=fingerprint)
+        return await self.store.claim(key, ttl_s, fingerprint=fingerprint, delivery=delivery)
 
     async def take_over(
-        self, key: str, previous: Started, ttl_s: float, *, fingerprint: str = ""
+        self,
+        key: str,
+        previous: Started,
+        ttl_s: float,
+        *,
+        fingerprint: str = "",
+        delivery: str | None = None,
     ) -> bool:
-        return await self.store.take_over(key, previous, ttl_s, fingerprint=fingerprint)
+        return await self.store.take_over(
+            key, previous, ttl_s, fingerprint=fingerprint, delivery=delivery
+        )
 
-    async def supersede(self, key: str, previous: Claim, ttl_s: float, *, fingerprint: str) -> bool:
-        return await self.store.supersede(key, previous, ttl_s, fingerprint=fingerprint)
+    async def supersede(
+        self,
+        key: str,
+        previous: Claim,
+        ttl_s: float,
+        *,
+        fingerprint: str,
+        delivery: str | None = None,
+    ) -> bool:
+        return await self.store.supersede(
+            key, previous, ttl_s, fingerprint=fingerprint, delivery=delivery
+        )
 
     async def finish(
         self,
@@ -70,11 +90,14 @@ class Observed:
         *,
         fingerprint: str = "",
         summary: bytes | None = None,
+        delivery: str | None = None,
     ) -> None:
         self.finishing.set()
         if self.hold is not None:
             await self.hold.wait()
-        await self.store.finish(key, reply, ttl_s, fingerprint=fingerprint, summary=summary)
+        await self.store.finish(
+            key, reply, ttl_s, fingerprint=fingerprint, summary=summary, delivery=delivery
+        )
 
     async def release(self, key: str, *, fingerprint: str = "") -> None:
         await self.store.release(key, fingerprint=fingerprint)

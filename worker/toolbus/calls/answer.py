@@ -208,6 +208,7 @@ class Answerer:
                 provider_id=provider,
                 provider_only=provider and not ours,
                 redelivered=call.redelivered,
+                delivery=call.delivery,
             )
         except Exception as exc:  # the store is unreachable: say so, run nothing
             log.warning("dedup store failed for %s: %s", call.id, exc)

@@ -71,11 +71,10 @@ class Call:
     # anonymous caller's request ids are its reply topic's, as far as dedup goes.
     reply_topic: str | None = None
     provider_id: bool = False  # the id is a provider's tool-call id (`toolu_…`, `call_0`)
-    # The message's ids of ours (v5 correlation data, `toolbus.id`), which a retry sends
-    # again and a new turn anew: beside a provider's id (reused), they tell them apart.
-    correlation: bytes | None = None
-    message_id: str | None = None
+    correlation: bytes | None = None  # ids of ours (v5 correlation data, `toolbus.id`):
+    message_id: str | None = None  # a retry sends them again, a new turn anew
     redelivered: bool = False  # the broker's DUP flag: a copy of a message it sent before
+    delivery: str | None = None  # which delivery (`Inbound.delivery_id`): a copy keeps it
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +352,7 @@ def _template(
         correlation=None if reply is None else reply.correlation_data,
         message_id=request.id,  # (an envelope's call: its own id, not a provider's)
         redelivered=message.redelivered,
+        delivery=message.delivery_id,
     )
 
 

@@ -23,10 +23,16 @@ A provider's id is an idempotency key only beside one of ours (v5 correlation da
 `toolbus.id`, in the fingerprint). A request with nothing else (`provider_only`: a 3.1.1
 caller, a v5 one without correlation data) asking what a *finished* record asked is a
 new question (the model asks its next turn only once it has this one's answer): it runs
-again, over the record, unless the broker says it is a copy of a message it delivered
-before (MQTT's DUP flag, `redelivered`: its worker went before acknowledging it),
-which is replayed, except for a tool safe to repeat, which runs. A copy that finds the
-run still going is the same question sent again, and waits for its reply as any does.
+again, over the record, unless it is the broker's copy of the very message that made
+the record, which is replayed, except for a tool safe to repeat, which runs. The DUP flag
+(`redelivered`) alone does not say so: it says the broker sent the message before, not
+that a worker read it (a message in flight when a connection dropped comes back with
+it); so each record names the delivery that made it (`delivery`: the worker's MQTT
+session and the message's packet id, which a resend on the session keeps), and only a
+DUP copy of that delivery is it. A run cut short likewise is `in_doubt` (or runs again,
+for a tool safe to repeat) only for its own delivery; another message asking the same
+takes the key over and runs. A copy that finds the run still going is the same question
+sent again, and waits for its reply as any does.
 
 A reply is kept whole up to `max_reply_bytes`; a larger one, or one given up to keep the
 store within its bytes (`ledger.py`), is kept as its summary (`summary.py`): its repeats
@@ -79,6 +85,7 @@ class Verdict:
     reply: bytes | None = None
     error: ToolbusError | None = None
     fingerprint: str = ""
+    delivery: str | None = None  # the MQTT delivery of the message that claimed `key`
 
 
 RUN_UNCLAIMED = Verdict()
@@ -130,37 +137,73 @@ class Once:
         provider_id: bool = False,
         provider_only: bool = False,
         redelivered: bool = False,
+        delivery: str | None = None,
     ) -> Verdict:
         """The verdict on a call under `key` that asks for `asks` (its fingerprint) of
         `tool` (canonical: is it safe to run twice?); `provider_id`: the key's id is a
         provider's tool-call id, which may name another call than the record's;
-        `provider_only`: with no id of ours beside it, so a finished record asking the
-        same is an earlier question's, unless the broker `redelivered` this message."""
+        `provider_only`: with no id of ours beside it, so a record asking the same is an
+        earlier question's, unless this message is the broker's copy (`redelivered`) of
+        the `delivery` (its session and packet id) that made the record."""
         deadline = time.monotonic() + deadline_s
-        claim = await self.store.claim(key, self._ttl_s, fingerprint=asks)
+        mine = _Asked(asks, delivery)
+        claim = await self.store.claim(key, self._ttl_s, fingerprint=asks, delivery=delivery)
         if claim.kind == "running" and claim.asks(asks):
-            waited = await self._twin(key, asks, deadline, deadline_s)
+            waited = await self._twin(key, mine, deadline, deadline_s)
             if isinstance(waited, Verdict):
                 return waited
             claim = waited
         if claim.kind in ("fresh", "doubtful"):
-            return await self._claimed(key, claim, tool, asks)
+            return await self._claimed(key, claim, tool, mine)
         if not claim.asks(asks):
-            return await self._reused(key, claim, asks, provider_id=provider_id)
+            return await self._reused(key, claim, mine, provider_id=provider_id)
+        if provider_only:
+            return await self._provider_only(key, claim, tool, mine, redelivered=redelivered)
         if claim.kind == "done":
-            if provider_only and (not redelivered or self._idempotent(tool)):
-                log.debug("%s asks again after its answer: a new question", described(key))
-                return await self._runs_over(key, claim, asks)
             return Verdict(reply=claim.reply)
-        return await self._orphaned(key, claim, tool, asks)
+        return await self._orphaned(key, claim, tool, mine)
+
+    async def _provider_only(
+        self, key: str, claim: Claim, tool: str, mine: _Asked, *, redelivered: bool
+    ) -> Verdict:
+        """A record asking the same as a call with only a provider's id: the same
+        question only when the call is the message that made the record (its delivery);
+        after its answer, only the broker's copy of it (DUP) is, and one of a tool safe to
+        repeat runs anyway. Any other message is a new question, and runs."""
+        same_message = claim.delivered_as(mine.delivery)
+        if claim.kind == "done":
+            if redelivered and same_message and not self._idempotent(tool):
+                return Verdict(reply=claim.reply)
+            log.debug("%s asks again after its answer: a new question", described(key))
+            return await self._runs_over(key, claim, mine)
+        if same_message:  # its own run cut short: in doubt, as for any id
+            return await self._orphaned(key, claim, tool, mine)
+        # Another message over a run cut short: a new question, which takes the key (its
+        # own copies then find it). A copy of the message cut short that comes later
+        # (its worker's session resumed only now) finds this run's record, not the
+        # orphan: it waits for this run, or, once it finished, runs.
+        started = claim.started
+        assert started is not None
+        if await self.store.take_over(
+            key, started, self._ttl_s, fingerprint=mine.fingerprint, delivery=mine.delivery
+        ):
+            log.info(
+                "%s asks anew; the run its record holds was cut short on %s: running it",
+                described(key),
+                started.worker_id,
+            )
+            return mine.verdict(key)
+        log.debug("%s: its record changed meanwhile, run unclaimed", described(key))
+        return RUN_UNCLAIMED
 
     async def _twin(
-        self, key: str, asks: str, deadline: float, deadline_s: float
+        self, key: str, mine: _Asked, deadline: float, deadline_s: float
     ) -> Verdict | Claim:
         """A repeat of a run still going: its reply, within the deadline; else what the
         store says now (released meanwhile: ours to claim, or another request's). A run
         that took the key over meanwhile (another copy of this request, after the first
         run's claim was withdrawn) is waited for in turn: it is the same request."""
+        asks = mine.fingerprint
         while True:
             try:
                 reply = await self.store.wait(
@@ -178,7 +221,9 @@ class Once:
                 )
             if reply is not None:
                 return Verdict(reply=reply)
-            claim = await self.store.claim(key, self._ttl_s, fingerprint=asks)
+            claim = await self.store.claim(
+                key, self._ttl_s, fingerprint=asks, delivery=mine.delivery
+            )
             if claim.kind != "running" or not claim.asks(asks):
                 return claim
             if time.monotonic() >= deadline:
@@ -190,7 +235,7 @@ class Once:
                     )
                 )
 
-    async def _reused(self, key: str, claim: Claim, asks: str, *, provider_id: bool) -> Verdict:
+    async def _reused(self, key: str, claim: Claim, mine: _Asked, *, provider_id: bool) -> Verdict:
         """Another request under a key with a record: never the record's reply."""
         if not provider_id:
             return Verdict(
@@ -201,41 +246,41 @@ class Once:
                 )
             )
         # A provider's id named another call before: this one runs.
-        return await self._runs_over(key, claim, asks)
+        return await self._runs_over(key, claim, mine)
 
-    async def _runs_over(self, key: str, claim: Claim, asks: str) -> Verdict:
+    async def _runs_over(self, key: str, claim: Claim, mine: _Asked) -> Verdict:
         """Another request than the record's under a provider's id: it runs. Over a
         finished record it takes the key (its own repeats are then known); a run still
         going or cut short keeps it (its repeats must find it), and this one runs
         unclaimed."""
         if claim.kind == "done" and await self.store.supersede(
-            key, claim, self._ttl_s, fingerprint=asks
+            key, claim, self._ttl_s, fingerprint=mine.fingerprint, delivery=mine.delivery
         ):
-            return Verdict(key=key, fingerprint=asks)
+            return mine.verdict(key)
         log.debug("%s names another call than its record: run unclaimed", described(key))
         return RUN_UNCLAIMED
 
-    async def _orphaned(self, key: str, claim: Claim, tool: str, asks: str) -> Verdict:
+    async def _orphaned(self, key: str, claim: Claim, tool: str, mine: _Asked) -> Verdict:
         started = claim.started
         assert started is not None
         if self._idempotent(tool) and await self.store.take_over(
-            key, started, self._ttl_s, fingerprint=asks
+            key, started, self._ttl_s, fingerprint=mine.fingerprint, delivery=mine.delivery
         ):
             log.info(
                 "repeat of %s, cut short on %s: safe to repeat, running again",
                 described(key),
                 started.worker_id,
             )
-            return Verdict(key=key, fingerprint=asks)
+            return mine.verdict(key)
         return Verdict(error=_in_doubt(started))
 
-    async def _claimed(self, key: str, claim: Claim, tool: str, asks: str) -> Verdict:
+    async def _claimed(self, key: str, claim: Claim, tool: str, mine: _Asked) -> Verdict:
         """Ours to run; unless claimed in a store emptied lately, which may have held a run
         of this id: then a tool safe to repeat runs, and any other is refused, the claim
         withdrawn, until the lost records would have expired anyway."""
         if claim.kind == "fresh" or self._idempotent(tool):
-            return Verdict(key=key, fingerprint=asks)
-        await self.store.release(key, fingerprint=asks)
+            return mine.verdict(key)
+        await self.store.release(key, fingerprint=mine.fingerprint)
         retry_after_ms = max(0, math.ceil((claim.doubt_until - time.time()) * 1000))
         log.warning(
             "%s refused: the dedup store was emptied and may have held a run of it",
@@ -254,12 +299,29 @@ class Once:
         if verdict.key is not None:
             kept, summary = kept_for_repeats(reply, self._max_reply_bytes)
             await self.store.finish(
-                verdict.key, kept, self._ttl_s, fingerprint=verdict.fingerprint, summary=summary
+                verdict.key,
+                kept,
+                self._ttl_s,
+                fingerprint=verdict.fingerprint,
+                summary=summary,
+                delivery=verdict.delivery,
             )
 
     async def release(self, verdict: Verdict) -> None:
         if verdict.key is not None:
             await self.store.release(verdict.key, fingerprint=verdict.fingerprint)
+
+
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """What a call asks (its fingerprint) and the MQTT delivery that asked it."""
+
+    fingerprint: str
+    delivery: str | None
+
+    def verdict(self, key: str) -> Verdict:
+        """Run it, claimed under `key`."""
+        return Verdict(key=key, fingerprint=self.fingerprint, delivery=self.delivery)
 
 
 def _in_doubt(started: Started) -> InDoubt:

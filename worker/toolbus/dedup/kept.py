@@ -70,6 +70,7 @@ class _Kept:
     fingerprint: str
     claimed: Started | None = None
     summary: bytes | None = None  # what may stand in for `reply`
+    delivery: str | None = None  # the MQTT delivery of the run it closes
 
     def size(self) -> int:
         return len(self.reply or b"") + len(self.summary or b"")
@@ -149,16 +150,20 @@ class KeptReplies:
             return None
         return kept
 
-    async def claim(self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN) -> Claim:
+    async def claim(
+        self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN, delivery: str | None = None
+    ) -> Claim:
         self._claim_ttl_s = ttl_s
         kept = self._live(key)
         if kept is not None and kept.reply is not None:  # answered here; unknown there yet
-            return Claim("done", reply=kept.reply, fingerprint=kept.fingerprint)
+            return Claim(
+                "done", reply=kept.reply, fingerprint=kept.fingerprint, delivery=kept.delivery
+            )
         if kept is not None:  # released here, not yet there: release it now, or fail
             await self._write(key, kept)
             self._drop(key, kept)
         try:
-            return await self.store.claim(key, ttl_s, fingerprint=fingerprint)
+            return await self.store.claim(key, ttl_s, fingerprint=fingerprint, delivery=delivery)
         except Exception as exc:
             # Answered `unavailable`, nothing runs; but the claim may land once the store
             # resumes: a live worker's run of a call that never ran (`timeout`, then
@@ -170,16 +175,34 @@ class KeptReplies:
             raise
 
     async def take_over(
-        self, key: str, previous: Started, ttl_s: float, *, fingerprint: str = UNKNOWN
+        self,
+        key: str,
+        previous: Started,
+        ttl_s: float,
+        *,
+        fingerprint: str = UNKNOWN,
+        delivery: str | None = None,
     ) -> bool:
         self._claim_ttl_s = ttl_s
-        return await self.store.take_over(key, previous, ttl_s, fingerprint=fingerprint)
+        return await self.store.take_over(
+            key, previous, ttl_s, fingerprint=fingerprint, delivery=delivery
+        )
 
-    async def supersede(self, key: str, previous: Claim, ttl_s: float, *, fingerprint: str) -> bool:
+    async def supersede(
+        self,
+        key: str,
+        previous: Claim,
+        ttl_s: float,
+        *,
+        fingerprint: str,
+        delivery: str | None = None,
+    ) -> bool:
         self._claim_ttl_s = ttl_s
         if self._live(key) is not None:  # the store still holds the run as started
             return False
-        return await self.store.supersede(key, previous, ttl_s, fingerprint=fingerprint)
+        return await self.store.supersede(
+            key, previous, ttl_s, fingerprint=fingerprint, delivery=delivery
+        )
 
     async def finish(
         self,
@@ -189,8 +212,10 @@ class KeptReplies:
         *,
         fingerprint: str = UNKNOWN,
         summary: bytes | None = None,
+        delivery: str | None = None,
     ) -> None:
-        kept = _Kept(reply, ttl_s, time.monotonic() + ttl_s, fingerprint, summary=summary)
+        until = time.monotonic() + ttl_s
+        kept = _Kept(reply, ttl_s, until, fingerprint, summary=summary, delivery=delivery)
         try:
             await self._write(key, kept)
         except Exception as exc:
@@ -218,6 +243,7 @@ class KeptReplies:
                     kept.ttl_s,
                     fingerprint=kept.fingerprint,
                     summary=kept.summary,
+                    delivery=kept.delivery,
                 )
 
     def _drop(self, key: str, kept: _Kept) -> None:
@@ -250,7 +276,13 @@ class KeptReplies:
             what = "claiming (it may land late: withdrawn)"
         room = self._bounds.max_bytes - self._kept_bytes
         if kept.size() > room and kept.summary is not None:  # its summary, never a rerun
-            kept = _Kept(kept.summary, kept.ttl_s, kept.matters_until, kept.fingerprint)
+            kept = _Kept(
+                kept.summary,
+                kept.ttl_s,
+                kept.matters_until,
+                kept.fingerprint,
+                delivery=kept.delivery,
+            )
         if len(self._kept) >= self._bounds.max_records or kept.size() > room:
             log.error(
                 "dedup store failed %s %s and %d entries (%d bytes) already wait to be "

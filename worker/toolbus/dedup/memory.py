@@ -36,6 +36,7 @@ class _Record:
     closed: asyncio.Event | None = None  # made by the first waiter: most never have one
     fingerprint: str = UNKNOWN  # what the call asked for
     summary: bytes | None = None  # what may stand in for `reply` at the bytes bounds
+    delivery: str | None = None  # the MQTT delivery that made it (`Started.delivery`)
 
     def close(self) -> None:
         if self.closed is not None:
@@ -94,7 +95,8 @@ class MemoryStore:
             assert record.reply is not None
             assert record.summary is not None
             record.reply, record.summary = record.summary, None
-            self.ledger.shrunk(owner, key, record_size(key, record.reply, None, record.fingerprint))
+            size = record_size(key, record.reply, None, record.fingerprint, record.delivery)
+            self.ledger.shrunk(owner, key, size)
             self._gave_way["shrunk"] += 1
             return True
         key = self.ledger.oldest(owner, whole=False)
@@ -126,7 +128,9 @@ class MemoryStore:
             self._forget(key)
             self._gave_way["forgotten"] += 1
 
-    async def claim(self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN) -> Claim:
+    async def claim(
+        self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN, delivery: str | None = None
+    ) -> Claim:
         record = self._live(key)
         if record is None:
             self._claims += 1
@@ -134,28 +138,49 @@ class MemoryStore:
                 self._sweep()
             if len(self._records) >= self.ledger.bounds.max_records:
                 self._evict(len(self._records) - self.ledger.bounds.max_records + 1, owner_of(key))
-            started = Started(self._me.worker_id, self._me.incarnation, time.time(), fingerprint)
+            me = self._me
+            started = Started(me.worker_id, me.incarnation, time.time(), fingerprint, delivery)
             self._records[key] = _Record(
-                time.monotonic() + ttl_s, started=started, fingerprint=fingerprint
+                time.monotonic() + ttl_s,
+                started=started,
+                fingerprint=fingerprint,
+                delivery=delivery,
             )
             return Claim("fresh")
+        held = record.fingerprint, record.delivery
         if record.reply is not None:
-            return Claim("done", reply=record.reply, fingerprint=record.fingerprint)
+            return Claim("done", reply=record.reply, fingerprint=held[0], delivery=held[1])
         # This process: alive by definition.
-        return Claim("running", started=record.started, fingerprint=record.fingerprint)
+        return Claim("running", started=record.started, fingerprint=held[0], delivery=held[1])
 
     async def take_over(
-        self, key: str, previous: Started, ttl_s: float, *, fingerprint: str = UNKNOWN
+        self,
+        key: str,
+        previous: Started,
+        ttl_s: float,
+        *,
+        fingerprint: str = UNKNOWN,
+        delivery: str | None = None,
     ) -> bool:
         return False  # nothing here outlives its process, so nothing is ever orphaned
 
-    async def supersede(self, key: str, previous: Claim, ttl_s: float, *, fingerprint: str) -> bool:
+    async def supersede(
+        self,
+        key: str,
+        previous: Claim,
+        ttl_s: float,
+        *,
+        fingerprint: str,
+        delivery: str | None = None,
+    ) -> bool:
         record = self._live(key)
-        seen = (previous.reply, previous.fingerprint)
-        if record is None or record.reply is None or (record.reply, record.fingerprint) != seen:
+        seen = (previous.reply, previous.fingerprint, previous.delivery)
+        held = None if record is None else (record.reply, record.fingerprint, record.delivery)
+        if held is None or held[0] is None or held != seen:
             return False  # changed meanwhile
         self._forget(key)
-        return (await self.claim(key, ttl_s, fingerprint=fingerprint)).kind == "fresh"
+        claimed = await self.claim(key, ttl_s, fingerprint=fingerprint, delivery=delivery)
+        return claimed.kind == "fresh"
 
     async def finish(
         self,
@@ -165,6 +190,7 @@ class MemoryStore:
         *,
         fingerprint: str = UNKNOWN,
         summary: bytes | None = None,
+        delivery: str | None = None,
     ) -> None:
         record = self._live(key)
         if record is not None and record.reply is not None and record.reply in (reply, summary):
@@ -177,10 +203,11 @@ class MemoryStore:
             return
         record = self._forget(key) or _Record(0.0, fingerprint=fingerprint)
         record.expires_at, record.reply, record.summary = time.monotonic() + ttl_s, reply, summary
+        record.delivery = delivery
         self._records[key] = record
         # Last of its caller's: it gives way by when it finished, whenever it was claimed.
         owner = owner_of(key)
-        size = record_size(key, reply, summary, fingerprint)
+        size = record_size(key, reply, summary, fingerprint, delivery)
         self.ledger.add(owner, key, size, whole=summary is not None)
         self._bound(owner)
         record.close()

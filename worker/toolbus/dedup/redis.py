@@ -185,11 +185,13 @@ class RedisStore:
             except Exception as exc:  # Redis away for a moment: keep beating
                 log.warning("dedup heartbeat failed: %s", exc)
 
-    def _started(self, fingerprint: str) -> Started:
-        return Started(self._worker_id, self._incarnation, time.time(), fingerprint)
+    def _started(self, fingerprint: str, delivery: str | None = None) -> Started:
+        return Started(self._worker_id, self._incarnation, time.time(), fingerprint, delivery)
 
-    async def claim(self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN) -> Claim:
-        started = self._started(fingerprint)
+    async def claim(
+        self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN, delivery: str | None = None
+    ) -> Claim:
+        started = self._started(fingerprint, delivery)
         mine = started.to_json()
         for _ in range(3):  # the store emptied under the claim, or the record expired meanwhile
             await self._fleet.settled(GRACE_S)  # after a loss, once live workers wrote back
@@ -224,11 +226,14 @@ class RedisStore:
 
     async def _found(self, raw: str) -> Claim:
         record = parse(raw)
+        held, delivery = record.fingerprint, record.delivery
         if isinstance(record, Done):
-            return Claim("done", reply=record.reply, fingerprint=record.fingerprint, stored=raw)
+            return Claim(
+                "done", reply=record.reply, fingerprint=held, stored=raw, delivery=delivery
+            )
         if await self._running(record):
-            return Claim("running", started=record, fingerprint=record.fingerprint)
-        return Claim("orphaned", started=record, fingerprint=record.fingerprint)
+            return Claim("running", started=record, fingerprint=held, delivery=delivery)
+        return Claim("orphaned", started=record, fingerprint=held, delivery=delivery)
 
     async def _running(self, record: Started) -> bool:
         """Does the incarnation that started this run still live?"""
@@ -236,20 +241,37 @@ class RedisStore:
         return _text(alive) == record.incarnation
 
     async def take_over(
-        self, key: str, previous: Started, ttl_s: float, *, fingerprint: str = UNKNOWN
+        self,
+        key: str,
+        previous: Started,
+        ttl_s: float,
+        *,
+        fingerprint: str = UNKNOWN,
+        delivery: str | None = None,
     ) -> bool:
-        return await self._replace(key, previous.to_json(), ttl_s, fingerprint)
+        return await self._replace(key, previous.to_json(), ttl_s, fingerprint, delivery)
 
-    async def supersede(self, key: str, previous: Claim, ttl_s: float, *, fingerprint: str) -> bool:
+    async def supersede(
+        self,
+        key: str,
+        previous: Claim,
+        ttl_s: float,
+        *,
+        fingerprint: str,
+        delivery: str | None = None,
+    ) -> bool:
         if previous.reply is None:
             return False  # only a reply is superseded
         # Compared as stored: rebuilt, a record with its summary never matched, and a
         # provider's next `call_0` then ran unclaimed, its repeats running again.
-        seen = previous.stored or Done(previous.reply, previous.fingerprint).to_json()
-        return await self._replace(key, seen, ttl_s, fingerprint)
+        was = Done(previous.reply, previous.fingerprint, delivery=previous.delivery)
+        seen = previous.stored or was.to_json()
+        return await self._replace(key, seen, ttl_s, fingerprint, delivery)
 
-    async def _replace(self, key: str, seen: str, ttl_s: float, fingerprint: str) -> bool:
-        mine = self._started(fingerprint).to_json()
+    async def _replace(
+        self, key: str, seen: str, ttl_s: float, fingerprint: str, delivery: str | None
+    ) -> bool:
+        mine = self._started(fingerprint, delivery).to_json()
         taken = await self._take_over(
             keys=[self._key(key)], args=[seen, mine, int(ttl_s * 1000), key, self._prefix]
         )
@@ -267,17 +289,19 @@ class RedisStore:
         *,
         fingerprint: str = UNKNOWN,
         summary: bytes | None = None,
+        delivery: str | None = None,
     ) -> None:
         written = await self._finish(
             keys=[self._key(key)],
-            args=self._finish_args(key, Done(reply, fingerprint, summary), ttl_s),
+            args=self._finish_args(key, Done(reply, fingerprint, summary, delivery), ttl_s),
         )
         if not written:
             self._journal.forget(key)
             log.info("%s is another run's now: its reply is not stored", described(key))
             return
         # What an emptied store gets back: the summary, small replies whole.
-        self._journal.wrote(key, Done(summary or reply, fingerprint).to_json(), time.time() + ttl_s)
+        back = Done(summary or reply, fingerprint, delivery=delivery).to_json()
+        self._journal.wrote(key, back, time.time() + ttl_s)
         if isinstance(written, list):  # closed, and how many records gave way to it
             self._gave_way["shrunk"] += int(written[1])
             self._gave_way["forgotten"] += int(written[2])

@@ -7,6 +7,10 @@ same id is a repeat only when it asks for the same thing. A later request with t
 same id finds one of four things, as a `Claim`: nothing (it runs), a reply (sent
 again), a run still going on a live worker (wait for its reply), or a run whose worker
 died (`orphaned`: the call may or may not have taken effect).
+
+Both also name the delivery that made them (`delivery`: the worker's MQTT session and
+the message's packet id, `Inbound.delivery_id`), so that a copy the broker marks as
+delivered before can be told from another message that asks the same (`Once`).
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ class Started:
     incarnation: str  # one per process: a restarted worker is a new incarnation
     started_at: float  # Unix time, seconds
     fingerprint: str = UNKNOWN
+    delivery: str | None = None  # the MQTT delivery that made it (None: unknown, QoS 0)
 
     def to_json(self) -> str:
         """The record as stored; byte for byte what `parse` read (take-overs compare it)."""
@@ -104,6 +109,8 @@ class Started:
         }
         if self.fingerprint:
             record["fingerprint"] = self.fingerprint
+        if self.delivery is not None:
+            record["delivery"] = self.delivery
         return json.dumps(record)
 
 
@@ -115,6 +122,7 @@ class Done:
     reply: bytes
     fingerprint: str = UNKNOWN
     summary: bytes | None = None
+    delivery: str | None = None  # the MQTT delivery of the run that closed it
 
     def to_json(self) -> str:
         record = {"state": "done", "reply": self.reply.decode()}
@@ -122,6 +130,8 @@ class Done:
             record["fingerprint"] = self.fingerprint
         if self.summary is not None:
             record["summary"] = self.summary.decode()
+        if self.delivery is not None:
+            record["delivery"] = self.delivery
         return json.dumps(record)
 
 
@@ -138,20 +148,28 @@ class Claim:
     # The record exactly as the store holds it, where one compares it (Redis: a record
     # with its summary, or one the store's books shrank, is no string Python rebuilds).
     stored: str | None = None
+    delivery: str | None = None  # the MQTT delivery that made the record (not for `fresh`)
 
     def asks(self, fingerprint: str) -> bool:
         """Does the record hold a call that asked for the same thing as `fingerprint`?"""
         return self.fingerprint in (fingerprint, UNKNOWN)
+
+    def delivered_as(self, delivery: str | None) -> bool:
+        """Was the record made by this very delivery (a known one: QoS 0 has none)?"""
+        return delivery is not None and self.delivery == delivery
 
 
 def parse(raw: str | bytes) -> Started | Done:
     """A stored record: the run in progress, or the reply (JSON bytes) that closed it."""
     record = json.loads(raw)
     held = str(record.get("fingerprint", UNKNOWN))
+    delivery = record.get("delivery")
+    delivery = None if delivery is None else str(delivery)
     if record.get("state") == "started":
-        return Started(record["worker_id"], record["incarnation"], record["started_at"], held)
-    summary = record.get("summary")
-    return Done(str(record["reply"]).encode(), held, None if summary is None else summary.encode())
+        when = record["started_at"]
+        return Started(record["worker_id"], record["incarnation"], when, held, delivery)
+    summary = None if (kept := record.get("summary")) is None else str(kept).encode()
+    return Done(str(record["reply"]).encode(), held, summary, delivery)
 
 
 # What a finished record costs beyond its key, reply, summary and fingerprint: measured
@@ -159,9 +177,11 @@ def parse(raw: str | bytes) -> Started | Done:
 RECORD_OVERHEAD_BYTES = 400
 
 
-def record_size(key: str, reply: bytes, summary: bytes | None, fingerprint: str) -> int:
+def record_size(
+    key: str, reply: bytes, summary: bytes | None, fingerprint: str, delivery: str | None = None
+) -> int:
     """The bytes a finished record is counted for, against the store's bounds."""
-    extra = len(summary) if summary is not None else 0
+    extra = (len(summary) if summary is not None else 0) + len(delivery or "")
     return RECORD_OVERHEAD_BYTES + len(key) + len(reply) + extra + len(fingerprint)
 
 
@@ -169,24 +189,41 @@ class DedupStore(Protocol):
     """Where workers agree on which request ids have run. `async with` opens it.
 
     `fingerprint` is what the call under `key` asks for (`fingerprint()`): kept in the
-    record, so a later call under the same key can tell a repeat from another request.
+    record, so a later call under the same key can tell a repeat from another request;
+    `delivery`, the MQTT delivery of the message that asked (`Started.delivery`).
     """
 
     async def __aenter__(self) -> DedupStore: ...
 
     async def __aexit__(self, *exc: object) -> None: ...
 
-    async def claim(self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN) -> Claim:
+    async def claim(
+        self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN, delivery: str | None = None
+    ) -> Claim:
         """Record `key` as started by this worker unless a record exists; say what was found."""
         ...
 
     async def take_over(
-        self, key: str, previous: Started, ttl_s: float, *, fingerprint: str = UNKNOWN
+        self,
+        key: str,
+        previous: Started,
+        ttl_s: float,
+        *,
+        fingerprint: str = UNKNOWN,
+        delivery: str | None = None,
     ) -> bool:
         """Replace an orphaned run's record with ours; False if another worker did first."""
         ...
 
-    async def supersede(self, key: str, previous: Claim, ttl_s: float, *, fingerprint: str) -> bool:
+    async def supersede(
+        self,
+        key: str,
+        previous: Claim,
+        ttl_s: float,
+        *,
+        fingerprint: str,
+        delivery: str | None = None,
+    ) -> bool:
         """Replace a `done` record (`previous`, as claimed) with our run of another request
         under the same key; False if the record changed meanwhile."""
         ...
@@ -199,6 +236,7 @@ class DedupStore(Protocol):
         *,
         fingerprint: str = UNKNOWN,
         summary: bytes | None = None,
+        delivery: str | None = None,
     ) -> None:
         """Close `key` with its reply and wake whoever waits for it: over this worker's own
         run of it (`fingerprint`'s) or no record, never over another run's record.

@@ -36,6 +36,7 @@ from toolbus.transport.inbound_limits import (
     DUP_ATTRIBUTE,
     PropertyGuard,
     connect_properties,
+    delivery_id,
 )
 from toolbus.transport.paho_log import PAHO_LOG
 from toolbus.transport.properties import packet_bytes, publish_properties
@@ -86,6 +87,7 @@ def _inbound(message: aiomqtt.Message, connection: MqttConnection) -> Inbound:
         delivery=_Delivery(connection, message.mid, message.qos),
         packet_id=message.mid if message.qos > 0 else None,
         redelivered=bool(props.get(DUP_ATTRIBUTE)),
+        delivery_id=delivery_id(connection.client_id, message.mid) if message.qos > 0 else None,
     )
 
 

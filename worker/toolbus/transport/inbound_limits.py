@@ -23,11 +23,14 @@ Two costs one caller could otherwise put on every caller of a worker:
 paho has no hook before it decodes a PUBLISH: the guard wraps its `_handle_publish`
 and reads its `_in_packet` (paho 2.x), and fails loudly at connect if they change. Its
 `on_message` is also the one place that sees paho's message whole: it carries the DUP
-flag, which aiomqtt's `Message` drops, to `_inbound` beside the tally.
+flag, which aiomqtt's `Message` drops, to `_inbound` beside the tally. `delivery_id`
+names a delivery as the broker's resend of it on the same session names it again.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Callable
 
 import paho.mqtt.client as paho
@@ -116,6 +119,18 @@ class PropertyGuard:
         if message.dup and message.properties is not None:
             object.__setattr__(message.properties, DUP_ATTRIBUTE, True)
         self._received(client, userdata, message)
+
+
+def delivery_id(client_id: str, packet_id: int) -> str:
+    """One delivery to one MQTT session: a resend on the session keeps its packet id
+    (MQTT 5 section 4.4), a new publish gets the session's next. The client id is a
+    digest: the worker's is a secret (`client_ids`), and the name goes into the store."""
+    return f"{_session_of(client_id)}:{packet_id}"
+
+
+@functools.lru_cache(maxsize=64)
+def _session_of(client_id: str) -> str:
+    return hashlib.sha256(client_id.encode()).hexdigest()[:16]
 
 
 def strip_user_properties(

@@ -75,6 +75,10 @@ class Inbound:
     # session, which reconnected or restarted before acknowledging it); a new publish
     # never carries it.
     redelivered: bool = False
+    # Which delivery this is, as a redelivery keeps it: the receiving MQTT session (a
+    # digest of its client id, which is a secret) and the packet id, for QoS 1 and 2.
+    # The broker numbers a session's deliveries up to 65535 and then from 1 again.
+    delivery_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
