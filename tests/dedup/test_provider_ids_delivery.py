@@ -12,7 +12,6 @@ memory). Through a real broker: test_provider_ids_dup.py.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -116,20 +115,23 @@ async def test_the_copy_of_the_run_cut_short_is_in_doubt(cut_short: tuple[Rig, s
     assert rig.probe.calls == 0
 
 
-async def test_the_run_that_took_over_is_recorded_with_its_delivery(
+async def test_the_copy_cut_short_stays_in_doubt_after_a_new_question_ran(
     cut_short: tuple[Rig, str], redis_server: RedisServer
 ) -> None:
-    """The run that took the key over closes it with its own delivery: its copy replays."""
+    """The new question runs without taking the key: the broker's copy of the delivery
+    cut short, coming only after it (its worker's session resumed late), is still
+    `in_doubt`, never a second run of a call that may have taken effect."""
     rig, prefix = cut_short
     t2 = await sent_311(rig, message("busy", {"n": 1}), packet_id=2, delivery_id=S2)
+    assert t2["ok"] and rig.probe.calls == 1
     async with RedisStore(redis_server.url, "w3", prefix=prefix) as other:
         seen = await other.claim(anonymous_key("call_0"), 60.0, fingerprint="another")
-    assert seen.kind == "done" and seen.delivery == S2
-    assert seen.reply is not None and json.loads(seen.reply)["ok"] is t2["ok"] is True
-    copy = await sent_311(
-        rig, message("busy", {"n": 1}), packet_id=2, delivery_id=S2, redelivered=True
+    assert seen.kind == "orphaned" and seen.delivery == S1  # the orphan, kept
+    late = await sent_311(
+        rig, message("busy", {"n": 1}), packet_id=1, delivery_id=S1, redelivered=True
     )
-    assert copy["replayed"] is True and rig.probe.calls == 1
+    assert late["error"]["code"] == "in_doubt", late
+    assert rig.probe.calls == 1
 
 
 class FinishFails(RedisStore):

@@ -178,22 +178,21 @@ class Once:
             return await self._runs_over(key, claim, mine)
         if same_message:  # its own run cut short: in doubt, as for any id
             return await self._orphaned(key, claim, tool, mine)
-        # Another message over a run cut short: a new question, which takes the key (its
-        # own copies then find it). A copy of the message cut short that comes later
-        # (its worker's session resumed only now) finds this run's record, not the
-        # orphan: it waits for this run, or, once it finished, runs.
+        # Another message over a run cut short: a new question, and it runs; unclaimed,
+        # leaving the orphan in place. The broker's copy of the message cut short comes
+        # when its worker's session resumes, maybe only after this run finished: it must
+        # still find its own record and be `in_doubt`. Had this run taken the key, that
+        # copy would find a finished record of another delivery and run again, a second
+        # run of a call that may have taken effect. The price: this run's own copy (its
+        # worker gone after the run, before acknowledging it) is not known, and runs.
         started = claim.started
         assert started is not None
-        if await self.store.take_over(
-            key, started, self._ttl_s, fingerprint=mine.fingerprint, delivery=mine.delivery
-        ):
-            log.info(
-                "%s asks anew; the run its record holds was cut short on %s: running it",
-                described(key),
-                started.worker_id,
-            )
-            return mine.verdict(key)
-        log.debug("%s: its record changed meanwhile, run unclaimed", described(key))
+        log.info(
+            "%s asks anew; the run its record holds was cut short on %s: running it, "
+            "unclaimed (the record stays for that run's copy)",
+            described(key),
+            started.worker_id,
+        )
         return RUN_UNCLAIMED
 
     async def _twin(
