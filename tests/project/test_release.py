@@ -151,6 +151,7 @@ def test_the_sdist_holds_the_package_schemas_docs_and_lock(dist: Path) -> None:
         "pyproject.toml",
         "README.md",
         "CHANGELOG.md",
+        "LICENSE",
         "MANIFEST.in",
         "worker/toolbus/py.typed",
         "worker/toolbus/cli/main.py",
@@ -175,6 +176,9 @@ def test_the_wheel_holds_the_package_and_its_command(dist: Path) -> None:
     assert {"toolbus/py.typed", "toolbus/__init__.py", "toolbus/cli/main.py"} <= names
     assert "toolbus = toolbus.cli.main:main" in entry_points
     assert f"Version: {VERSION}" in metadata
+    # The licence the metadata declares travels with the code, its text included.
+    assert "License-Expression: Apache-2.0" in metadata
+    assert f"{info}/licenses/LICENSE" in names
     assert not [n for n in names if n.startswith(("tests/", "worker/")) or ".pyc" in n]
 
 
