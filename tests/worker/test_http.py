@@ -204,7 +204,10 @@ async def test_metrics_without_the_prometheus_extra(
     ):
         response = await http.get(f"{base}/metrics")
         assert response.status_code == 501
-        assert "toolbus[prometheus]" in response.text
+        # What to install, and never `pip install 'toolbus[...]'` from PyPI, where that
+        # name is not ours.
+        assert "opentelemetry-exporter-prometheus" in response.text
+        assert "pip install 'toolbus" not in response.text
         assert (await http.get(f"{base}/readyz")).status_code == 200
 
 

@@ -36,6 +36,11 @@ def refused_why(*, in_topic: bool, caller: str | None, login: str | None) -> str
             'take the caller from the topic (caller_identity = "topic"), say so here too '
             '(caller_identity="topic"; the command line: TOOLBUS_CALLER_IDENTITY=topic)'
         )
+    if caller is None and login:
+        return (
+            "under caller_identity topic the request names its caller in the topic, and "
+            f"the ACL lets login {login} publish as {login} only: give --caller {login}"
+        )
     if caller != login:
         return (
             "under caller_identity topic the ACL lets a login publish as its own caller "

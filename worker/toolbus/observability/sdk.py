@@ -182,8 +182,9 @@ def _prometheus() -> MetricReader | None:
         exporter = importlib.import_module("opentelemetry.exporter.prometheus")
     except ImportError:
         log.warning(
-            "/metrics needs the prometheus extra: pip install 'toolbus[prometheus]'; "
-            "/healthz and /readyz are served without it"
+            "/metrics needs the prometheus extra: install opentelemetry-exporter-prometheus "
+            "and prometheus-client where toolbus is installed (docs/deployment.md; toolbus "
+            "is not on PyPI); /healthz and /readyz are served without it"
         )
         return None
     reader: MetricReader = exporter.PrometheusMetricReader()

@@ -54,7 +54,14 @@ _PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
-NO_PROMETHEUS = "/metrics needs the prometheus extra: pip install 'toolbus[prometheus]'\n"
+# Never `pip install 'toolbus[prometheus]'`: toolbus is not on PyPI, and a package of
+# that name there would be someone else's.
+NO_PROMETHEUS = (
+    "/metrics needs the prometheus extra: install opentelemetry-exporter-prometheus and "
+    "prometheus-client where toolbus is installed (in a checkout: pip install -e "
+    "'.[prometheus]'; under pipx: pipx inject toolbus opentelemetry-exporter-prometheus "
+    "prometheus-client; docs/deployment.md)\n"
+)
 
 
 def default_registry() -> CollectorRegistry | None:
