@@ -42,7 +42,7 @@ from toolbus import Client
 from toolbus.observability.recent import BOUNDS_S, MAX_KEYS, RecentCalls
 from toolbus.wire.errors import UnknownTool
 from toolbus.wire.topics import Topics
-from toolbus.worker.fleet import MAX_WORKERS, Fleet
+from toolbus.worker.fleet import MAX_STATUS_BYTES, MAX_WORKERS, Fleet
 from toolbus.worker.status_page import PAGE
 
 BOUND_S = 30.0
@@ -347,4 +347,9 @@ def test_the_fleet_is_bounded_and_forgets_the_silent() -> None:
     fleet.heard(topics.status("w301"), b"not json")  # another version's: not shown
     assert "w300" not in [w["worker_id"] for w in fleet.snapshot()]
     now[0] = 46
+    assert fleet.snapshot() == []
+    # Bounded by bytes too: 256 statuses of a megabyte each would be 256 MiB kept.
+    padded = {"state": "online", "worker_id": "big", "servers": {}}
+    padded["servers"] = {f"s{i}": {"state": "ready"} for i in range(MAX_STATUS_BYTES // 20)}
+    fleet.heard(topics.status("big"), json.dumps(padded).encode())
     assert fleet.snapshot() == []

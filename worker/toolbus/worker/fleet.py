@@ -35,6 +35,9 @@ if TYPE_CHECKING:  # the transport imports aiomqtt: not for `toolbus mappings` (
 log = logging.getLogger("toolbus.service")
 
 MAX_WORKERS = 256
+# A real status is a few hundred bytes per MCP server; anything larger is not a worker's,
+# and kept 256 times it would be what a status publisher can pin in this worker.
+MAX_STATUS_BYTES = 64 * 1024
 STOP_BOUND_S = 2.0
 
 
@@ -92,6 +95,8 @@ class Fleet:
         if not payload:
             self._seen.pop(worker_id, None)
             return
+        if len(payload) > MAX_STATUS_BYTES:
+            return  # not shown, and not kept (the bound above)
         with contextlib.suppress(ValidationError):  # another version's: not shown
             status = WorkerStatus.model_validate_json(payload)
             self._seen.pop(worker_id, None)  # re-inserted last: the most recently heard
