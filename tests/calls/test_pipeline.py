@@ -17,6 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from opentelemetry import trace
@@ -332,6 +333,51 @@ async def test_timeout_cancels_the_tool(rig: Rig) -> None:
     requested = await rig.call("sleepy", {"timeout_s": 0.05})
     assert requested["error"]["details"]["timeout_s"] == 0.05
     assert rig.probe.cancelled == 2
+
+
+async def test_cancelled_while_running_and_before_it_started(rig: Rig) -> None:
+    """The running-call map finds a call by its dedup key: cancelled while its tool runs,
+    the tool is cancelled and the one reply says it had started; cancelled before, the
+    tool never starts, and a copy of the request replays that answer, never runs it."""
+    key = Once.key(None, REPLY, "c-1")
+    assert key is not None
+    running = asyncio.create_task(rig.request("sleepy", {"id": "c-1", "arguments": {}}))
+    async with asyncio.timeout(5):
+        while rig.probe.calls == 0:
+            await asyncio.sleep(0.001)  # polled, bounded: the tool has started
+    assert len(rig.pipeline.running) == 1
+    assert rig.pipeline.running.cancel(key, "caller") == 1
+    await asyncio.wait_for(running, 5)
+    reply = rig.reply()
+    assert reply["error"]["code"] == "cancelled"
+    assert reply["error"]["details"] == {"started": True, "in_doubt": False, "cause": "caller"}
+    assert rig.probe.cancelled == 1 and len(rig.pipeline.running) == 0
+    assert rig.pipeline.running.cancel(key, "caller") == 0  # finished: nothing to cancel
+
+
+async def test_cancelled_before_its_tool_starts_is_never_run() -> None:
+    rig = standard_rig(store=MemoryStore("w1"))
+    key = Once.key(None, REPLY, "c-2")
+    assert key is not None
+    # Cancelled while the claim runs: the executor then refuses to start it.
+    claim = rig.pipeline.running.get
+    original = Once.begin
+
+    async def begin(once: Once, *args: Any, **kwargs: Any) -> Any:
+        [home] = claim(key)
+        home.cancel("caller")
+        return await original(once, *args, **kwargs)
+
+    with patch.object(Once, "begin", begin):
+        await rig.request("sleepy", {"id": "c-2", "arguments": {}})
+    reply = rig.reply()
+    assert reply["error"]["code"] == "cancelled"
+    assert reply["error"]["details"]["started"] is False
+    # A copy of it (a redelivery, the caller's retry) replays "not run": it stays true.
+    await rig.request("sleepy", {"id": "c-2", "arguments": {}})
+    again = rig.reply()
+    assert again["error"]["code"] == "cancelled" and again["replayed"] is True
+    assert rig.probe.calls == 0
 
 
 # -- deadlines that travel -------------------------------------------------------------
@@ -765,6 +811,7 @@ CODES_WITH_A_CASE = {
     "in_doubt": test_in_doubt_when_the_first_run_was_cut_short,
     "rate_limited": test_rate_limited_beyond_the_caller_quota_and_only_that_caller,
     "reply_not_kept": test_reply_not_kept_for_a_repeat_of_a_reply_over_the_bound,
+    "cancelled": test_cancelled_while_running_and_before_it_started,
 }
 
 

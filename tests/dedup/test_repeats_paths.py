@@ -26,6 +26,7 @@ from tests.support.harness import RedisServer, metric_points
 from tests.support.tools import Probe, probe_tools
 from toolbus.dedup import DedupStore, MemoryStore, fingerprint
 from toolbus.dedup.store import Claim, Started
+from toolbus.tools.context import DETACHED, CallContext
 from toolbus.tools.registry import Tool
 from toolbus.wire.contracts import ToolResult
 
@@ -213,7 +214,7 @@ async def test_a_call_with_an_id_is_normalized_once(caplog: pytest.LogCaptureFix
 def device_tool(properties: dict[str, Any], received: list[dict[str, Any]]) -> Tool:
     """An MCP-like tool (its keys respelled to the schema's) that keeps what it is given."""
 
-    async def invoke(arguments: dict[str, Any]) -> ToolResult:
+    async def invoke(arguments: dict[str, Any], context: CallContext = DETACHED) -> ToolResult:
         received.append(arguments)
         return ToolResult(text="done")
 

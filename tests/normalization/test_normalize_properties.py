@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toolbus.normalization.normalize import Normalizer
+from toolbus.tools.context import DETACHED, CallContext
 from toolbus.tools.registry import Tool
 from toolbus.tools.shapes import spelling_key
 from toolbus.wire.contracts import ToolResult
@@ -109,7 +110,7 @@ def cases(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any], dict[str, An
     return schema, canonical, respelled, respelled_count
 
 
-async def _noop(arguments: dict[str, Any]) -> ToolResult:
+async def _noop(arguments: dict[str, Any], context: CallContext = DETACHED) -> ToolResult:
     return ToolResult()
 
 

@@ -9,6 +9,7 @@ from toolbus.calls.decode import Call
 from toolbus.calls.execute import Outcome
 from toolbus.config import NO_TOOL_SETTINGS, Settings, ToolSettings, tool_settings
 from toolbus.normalization.normalize import Normalizer
+from toolbus.tools.context import DETACHED, CallContext
 from toolbus.tools.registry import Registry, Tool
 from toolbus.wire.contracts import ToolResult
 from toolbus.worker.wiring import build_executor
@@ -32,7 +33,7 @@ SEED_MAP = {
 }
 
 
-async def echo_arguments(arguments: dict[str, Any]) -> ToolResult:
+async def echo_arguments(arguments: dict[str, Any], context: CallContext = DETACHED) -> ToolResult:
     return ToolResult(structured=arguments)
 
 

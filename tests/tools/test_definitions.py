@@ -24,6 +24,7 @@ from toolbus.backends.mcp.convert import to_tool
 from toolbus.calls.pipeline import Pipeline
 from toolbus.config import NO_TOOL_SETTINGS, Settings
 from toolbus.tools import BUILTIN_TOOLS
+from toolbus.tools.context import DETACHED, CallContext
 from toolbus.tools.registry import Registry, Tool, sanitize_name
 from toolbus.wire.contracts import ToolList, ToolResult
 from toolbus.wire.formats.names import provider_names
@@ -51,7 +52,7 @@ ANNOUNCED: list[tuple[str, str, dict[str, Any]]] = [
 def mcp_tool(server: str, remote: str, schema: dict[str, Any], rank: int) -> Tool:
     """As the MCP backend registers it; the result names the tool that ran."""
 
-    async def invoke(arguments: dict[str, Any]) -> ToolResult:
+    async def invoke(arguments: dict[str, Any], context: CallContext = DETACHED) -> ToolResult:
         return ToolResult(text=f"{server}:{remote}")
 
     listed = mcp_types.Tool(

@@ -15,6 +15,7 @@ from toolbus.calls.decode import Call
 from toolbus.calls.execute import Outcome
 from toolbus.config import Settings
 from toolbus.tools import BUILTIN_TOOLS
+from toolbus.tools.context import DETACHED
 from toolbus.tools.local import ENTRY_POINT_GROUP, LocalTool, load_entry_points, to_result, tool
 from toolbus.wire.contracts import ErrorCode
 from toolbus.wire.errors import InvalidArguments, ToolFailed
@@ -62,10 +63,10 @@ async def test_exceptions_become_tool_error_and_toolbus_errors_pass_through() ->
 
     invoke = bad.to_tool().invoke
     with pytest.raises(ToolFailed) as caught:
-        await invoke({"kind": "x"})
+        await invoke({"kind": "x"}, DETACHED)
     assert caught.value.details["exception"] == "KeyError"
     with pytest.raises(InvalidArguments):
-        await invoke({"kind": "mine"})
+        await invoke({"kind": "mine"}, DETACHED)
 
 
 class Unusual(BaseException):
@@ -83,7 +84,7 @@ async def test_base_exceptions_from_a_tool_are_its_failure(raised: BaseException
         raise raised
 
     with pytest.raises(ToolFailed) as caught:
-        await quits.to_tool().invoke({})
+        await quits.to_tool().invoke({}, DETACHED)
     assert caught.value.code is ErrorCode.TOOL_ERROR
     assert caught.value.details["exception"] == type(raised).__name__
 
@@ -99,7 +100,7 @@ async def test_cancellation_and_generator_exit_keep_their_meaning(
         raise signal
 
     with pytest.raises(signal):
-        await stopped.to_tool().invoke({})
+        await stopped.to_tool().invoke({}, DETACHED)
 
 
 def test_results() -> None:
@@ -152,7 +153,7 @@ async def test_entry_point_tools_load_and_broken_ones_are_skipped(plugin_on_path
     loaded = load_entry_points()
     assert [t.name for t in loaded] == ["shout"]
     assert isinstance(loaded[0], LocalTool)
-    assert (await loaded[0].to_tool().invoke({"text": "hi"})).text == "HI"
+    assert (await loaded[0].to_tool().invoke({"text": "hi"}, DETACHED)).text == "HI"
 
 
 @tool(timeout_s=0.05)

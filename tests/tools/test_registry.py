@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from toolbus.tools.context import DETACHED, CallContext
 from toolbus.tools.registry import Registry, Tool
 from toolbus.tools.validate import _known_schema_problem
 from toolbus.wire.contracts import ToolResult
@@ -14,7 +15,7 @@ from toolbus.wire.errors import UnknownTool
 
 
 def make(name: str, origin: str = "local", schema: dict[str, Any] | None = None) -> Tool:
-    async def invoke(arguments: dict[str, Any]) -> ToolResult:
+    async def invoke(arguments: dict[str, Any], context: CallContext = DETACHED) -> ToolResult:
         return ToolResult(text=origin)
 
     return Tool(
@@ -32,14 +33,14 @@ async def test_registering_twice_warns_and_the_later_wins(caplog: pytest.LogCapt
     with caplog.at_level(logging.WARNING, logger="toolbus.registry"):
         registry.register(make("lamp", "mcp:a"))
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
-    assert (await registry.get("lamp").invoke({})).text == "mcp:a"
+    assert (await registry.get("lamp").invoke({}, DETACHED)).text == "mcp:a"
     assert len(registry) == 1
 
 
 def served(name: str, server: str, rank: int = 0) -> Tool:
     """A tool as an MCP server's backend registers it."""
 
-    async def invoke(arguments: dict[str, Any]) -> ToolResult:
+    async def invoke(arguments: dict[str, Any], context: CallContext = DETACHED) -> ToolResult:
         return ToolResult(text=server)
 
     return Tool(
@@ -62,9 +63,9 @@ async def test_a_local_tool_keeps_its_bare_name_against_an_mcp_tool(
     with caplog.at_level(logging.WARNING, logger="toolbus.registry"):
         for tool in (local, remote) if local_first else (remote, local):
             registry.register(tool)
-    assert (await registry.get("lamp").invoke({})).text == "local"
+    assert (await registry.get("lamp").invoke({}, DETACHED)).text == "local"
     for qualified in ("devices.lamp", "devices__lamp", "devices/lamp"):
-        assert (await registry.get(qualified).invoke({})).text == "devices"
+        assert (await registry.get(qualified).invoke({}, DETACHED)).text == "devices"
     assert registry.names() == ["devices.lamp", "lamp"]
     [warning] = caplog.records
     assert warning.levelno == logging.WARNING
@@ -81,18 +82,18 @@ async def test_a_collision_is_logged_once_and_survives_reconnects(
             registry.replace_origin("mcp:devices", [served("lamp", "devices")])
     assert len(caplog.records) == 1
     registry.unregister_origin("mcp:devices")  # the server goes away: the local tool stays
-    assert (await registry.get("lamp").invoke({})).text == "local"
+    assert (await registry.get("lamp").invoke({}, DETACHED)).text == "local"
     assert registry.names() == ["lamp"]
 
 
 async def test_among_mcp_servers_the_first_listed_owns_the_bare_name() -> None:
     registry = Registry()
     registry.register_all([served("lamp", "second", rank=1), served("lamp", "first", rank=0)])
-    assert (await registry.get("lamp").invoke({})).text == "first"
+    assert (await registry.get("lamp").invoke({}, DETACHED)).text == "first"
     assert registry.names() == ["lamp", "second.lamp"]
     registry.register(make("lamp"))  # a local tool beats both
     assert registry.names() == ["first.lamp", "lamp", "second.lamp"]
-    assert (await registry.get("lamp").invoke({})).text == "local"
+    assert (await registry.get("lamp").invoke({}, DETACHED)).text == "local"
 
 
 def test_unregister_origin_and_definitions() -> None:

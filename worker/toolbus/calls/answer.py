@@ -19,11 +19,12 @@ from toolbus.calls.encode import internal_reply, reply_for_call
 from toolbus.calls.execute import Executor, Outcome
 from toolbus.calls.preparation import Prepared
 from toolbus.calls.quotas import Quotas
+from toolbus.calls.running import ProgressSink, RunningCall, RunningCalls
 from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict, fingerprint
 from toolbus.observability.metrics import Metrics
 from toolbus.observability.spans import DEDUP_REPLAYED, mark_failed
 from toolbus.wire.contracts import Reply
-from toolbus.wire.errors import Forbidden, RateLimited, ToolbusError, Unavailable
+from toolbus.wire.errors import Cancelled, Forbidden, RateLimited, ToolbusError, Unavailable
 from toolbus.wire.untrusted import shown
 
 log = logging.getLogger("toolbus.pipeline")
@@ -40,6 +41,7 @@ class Answerer:
         require_caller: refuse calls that name no caller (`forbidden`).
         once: deduplication by request id; none without it.
         quotas: per-caller admission (`[callers.NAME]` rates and in-flight bounds).
+        running: the calls running now, by dedup key (what a cancel finds).
     """
 
     def __init__(
@@ -50,12 +52,14 @@ class Answerer:
         require_caller: bool,
         once: Once | None,
         quotas: Quotas,
+        running: RunningCalls | None = None,
     ) -> None:
         self._executor = executor
         self._metrics = metrics
         self._require_caller = require_caller
         self._once = once
         self._quotas = quotas
+        self.running = running if running is not None else RunningCalls()
         self._stopping = False
 
     def stopping(self) -> None:
@@ -69,19 +73,20 @@ class Answerer:
         """How many more of `caller`'s calls its quota lets run at once (None: any)."""
         return self._quotas.room(caller)
 
-    async def answer(self, call: Call) -> Reply:
+    async def answer(self, call: Call, sink: ProgressSink | None = None) -> Reply:
         """One call's reply, never raising: refused, replayed, or run and classified.
 
         Nothing is published here: a message of many calls answers them all at once.
+        `sink`: where the door sends the call's progress (None: the caller did not ask).
         """
         try:
-            return await self._reply_to_call(call)
+            return await self._reply_to_call(call, sink)
         except Exception:
             log.exception("failed answering %s (%s)", call.id, shown(call.tool))
             self._metrics.internal_error("answer")
             return internal_reply(call.id, call.id_generated)
 
-    async def _reply_to_call(self, call: Call) -> Reply:
+    async def _reply_to_call(self, call: Call, sink: ProgressSink | None) -> Reply:
         if call.problem is not None:  # what the call itself got wrong (a provider shape's)
             return self._refused(call, call.problem)
         # The caller as quotas, dedup and access will see it (`call/{a}/{b}` may name one).
@@ -99,14 +104,14 @@ class Answerer:
             self._metrics.rate_limited(str(error.details.get("limit")))
             return self._refused(call, error)
         with ticket:
-            return await self._admitted(call)
+            return await self._admitted(call, sink)
 
     def _refused(self, call: Call, error: ToolbusError) -> Reply:
         """Answered at once, nothing claimed or run."""
         mark_failed(trace.get_current_span(), error.code.value)
         return reply_for_call(call, Outcome(tool=None, error=error))
 
-    async def _admitted(self, call: Call) -> Reply:
+    async def _admitted(self, call: Call, sink: ProgressSink | None) -> Reply:
         """Prepared once, claimed with what was prepared, then run, replayed or refused.
 
         A stop cancels whatever this is waiting for (MCP servers starting, a repeat's
@@ -124,13 +129,19 @@ class Answerer:
                 outcome = await self._executor.execute(call)
             else:
                 prepared = self._executor.start(call)
-                await self._executor.ready(prepared)
-                verdict = await self._claim(call, prepared)
-                if verdict.reply is not None:  # a repeat of an answered request
-                    return self._replayed(call, prepared, verdict.reply)
-                if verdict.error is not None:
-                    self._executor.refuse(prepared, verdict.error)
-                outcome = await self._executor.run(prepared)
+                # Found by its key from before its claim to its reply: a cancel that comes
+                # while the claim waits is not lost (the executor then does not start it).
+                key = Once.key(call.caller, call.reply_topic, call.id)
+                home = RunningCall(key, call.caller, call.id, call.deadline_at, sink)
+                with self.running.running(home):
+                    prepared.running = home
+                    await self._executor.ready(prepared)
+                    verdict = await self._claim(call, prepared)
+                    if verdict.reply is not None:  # a repeat of an answered request
+                        return self._replayed(call, prepared, verdict.reply)
+                    if verdict.error is not None:
+                        self._executor.refuse(prepared, verdict.error)
+                    outcome = await self._executor.run(prepared)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if not self._stopping or task is None:
@@ -234,7 +245,9 @@ class Answerer:
         if self._once is None or verdict.key is None:
             return
         try:
-            if outcome.invoked:
+            # A call cancelled before it started is answered for good too: "not run" must
+            # stay true, so a copy of it (a redelivery, a retry) must not run it later.
+            if outcome.invoked or isinstance(outcome.error, Cancelled):
                 await self._once.finish(verdict, reply)
             else:
                 await self._once.release(verdict)

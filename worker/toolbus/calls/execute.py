@@ -9,7 +9,6 @@ the prepared call, exactly what the claim compared.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -22,7 +21,8 @@ from opentelemetry import trace
 
 from toolbus.calls.call_log import log_call
 from toolbus.calls.decode import Call
-from toolbus.calls.preparation import Outcome, Prepared, Steps, explain
+from toolbus.calls.invocation import cancelled, invoke_within
+from toolbus.calls.preparation import Outcome, Prepared, Steps
 from toolbus.calls.startup import Startup, pending_servers, startup_settled
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
@@ -37,6 +37,7 @@ from toolbus.observability.spans import (
     restore,
 )
 from toolbus.tools.access import Access
+from toolbus.tools.context import DETACHED, CallContext
 from toolbus.tools.definitions import listing
 from toolbus.tools.registry import Registry, Resolved, Tool
 from toolbus.wire.contracts import PendingServer, ToolResult, ToolsFormat
@@ -45,7 +46,6 @@ from toolbus.wire.errors import (
     CallTimeout,
     Forbidden,
     InternalError,
-    InvalidArguments,
     ToolbusError,
     Unavailable,
     UnknownTool,
@@ -215,13 +215,17 @@ class Executor:
         prepared.expired = prepared.expired or _expired(call)
         if prepared.expired and outcome.error is None:
             self.refuse(prepared, _expired_error())
+        running = prepared.running
+        if running is not None and running.cancel_cause is not None and outcome.error is None:
+            self.refuse(prepared, cancelled(running, started=False))  # cancelled in time
         if tool is None or outcome.error is not None:
             return self.conclude(prepared)
         token = make_current(prepared.span) if prepared.owned else None
         try:
             outcome.invoked = True
             deadline_s = self.deadline_s(call, tool)
-            outcome.result = await self._run(tool, prepared.arguments, deadline_s)
+            context: CallContext = running if running is not None else DETACHED
+            outcome.result = await invoke_within(tool, prepared.arguments, deadline_s, context)
         except ToolbusError as error:
             self.refuse(prepared, error)
         except Exception as exc:
@@ -321,42 +325,6 @@ class Executor:
     def _resolve(self, call: Call) -> tuple[Resolved, str | None]:
         """The tool and the caller (`locate` has read the topic already)."""
         return self.registry.resolve(call.tool), call.caller
-
-    @staticmethod
-    async def _run(tool: Tool, arguments: dict[str, Any], deadline_s: float) -> ToolResult:
-        """The tool's result, or `CallTimeout` once `deadline_s` has passed (the tool is
-        cancelled). What `asyncio.timeout` does, in a third of its steps: one timer that
-        cancels this task, and on the way out, telling our cancellation from anyone
-        else's (a shutdown's) by the task's count of pending cancellations."""
-        task = asyncio.current_task()
-        assert task is not None  # the pipeline runs every call in a task
-        cancelling = task.cancelling()
-        expired = False
-
-        def expire() -> None:
-            nonlocal expired
-            expired = True
-            task.cancel()
-
-        timer = asyncio.get_running_loop().call_later(deadline_s, expire)
-        ours = False
-        try:
-            try:
-                return await tool.invoke(arguments)
-            finally:
-                timer.cancel()
-                if expired:  # take back our cancellation, however the tool ended
-                    ours = task.uncancel() <= cancelling
-        except asyncio.CancelledError:
-            if ours:
-                raise CallTimeout(
-                    f"{tool.name} did not finish within {deadline_s:g} s; the call was cancelled",
-                    timeout_s=deadline_s,
-                ) from None
-            raise
-        except InvalidArguments as error:  # a tool may refuse its arguments itself
-            explain(error, tool)
-            raise
 
     def _log(self, call: Call, arguments: dict[str, Any], outcome: Outcome) -> None:
         log_call(

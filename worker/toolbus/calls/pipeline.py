@@ -120,6 +120,7 @@ class Pipeline:
         )
         self._slots = slots if slots is not None else Slots(0)
         self._max_calls = max_calls
+        self.running = self._answerer.running  # what a cancel finds (calls/running.py)
 
     async def __aenter__(self) -> Self:
         """Open what the pipeline keeps across messages (the dedup store)."""

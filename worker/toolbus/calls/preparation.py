@@ -22,6 +22,7 @@ from typing import Any
 from opentelemetry import trace
 
 from toolbus.calls.decode import Call
+from toolbus.calls.running import RunningCall
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
 from toolbus.normalization.settled import Plans
@@ -69,6 +70,8 @@ class Prepared:
     # waited on a stalled store): prepared (a repeat of a finished call is replayed,
     # which needs what it asks for), never run.
     expired: bool = False
+    # Its home while it runs (calls/running.py): the tool's context, what a cancel finds.
+    running: RunningCall | None = None
 
     def elapsed_s(self) -> float:
         """The time the caller has waited for this answer so far: preparing, a repeat's

@@ -25,6 +25,7 @@ from typing import Any, get_type_hints, overload
 from pydantic import BaseModel, create_model
 
 from toolbus.config import NO_TOOL_SETTINGS, ToolSettings
+from toolbus.tools.context import CallContext
 from toolbus.tools.registry import LOCAL, Tool
 from toolbus.wire.contracts import ToolResult
 from toolbus.wire.errors import ToolbusError, ToolFailed
@@ -56,7 +57,7 @@ class LocalTool:
         exception messages often quote argument values (`KeyError('alice@example.com')`).
         """
 
-        async def invoke(arguments: dict[str, Any]) -> ToolResult:
+        async def invoke(arguments: dict[str, Any], context: CallContext) -> ToolResult:
             try:
                 value = await self.fn(**arguments)
             except (ToolbusError, asyncio.CancelledError, GeneratorExit):

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolbus.config import NO_TOOL_SETTINGS, ToolSettings
+from toolbus.tools.context import CallContext
 from toolbus.tools.parameters import Parameters, summarize
 from toolbus.tools.shapes import ANY, Shape, build_shape, spelling_key
 from toolbus.tools.validate import CompiledSchema
@@ -34,7 +35,8 @@ from toolbus.wire.report import Change
 
 log = logging.getLogger("toolbus.registry")
 
-Invoke = Callable[[dict[str, Any]], Awaitable[ToolResult]]
+# A backend's entry point: the arguments as they will run, and the running call's context.
+Invoke = Callable[[dict[str, Any], CallContext], Awaitable[ToolResult]]
 
 LOCAL = "local"
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_\-./]{1,64}")

@@ -52,6 +52,9 @@ class ErrorCode(StrEnum):
     `details.retry_after_ms` says when to try again, `details.limit` which quota it hit."""
     REPLY_NOT_KEPT = "reply_not_kept"
     """A repeat of a call that ran, whose reply is no longer kept whole: not run again."""
+    CANCELLED = "cancelled"
+    """The caller cancelled the call (or its message expired while it ran). `details.started`
+    says whether the tool had started; `details.in_doubt` that it may have taken effect."""
 
 
 TraceUnavailable = Literal["not_recording", "not_sampled"]

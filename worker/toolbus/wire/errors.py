@@ -140,6 +140,11 @@ class ReplyNotKept(ToolbusError):
     summary = "a repeat of a call that ran, whose reply is no longer kept"
 
 
+class Cancelled(ToolbusError):
+    code = ErrorCode.CANCELLED
+    summary = "the caller cancelled the call"
+
+
 class NoReply(TimeoutError):
     """No reply arrived within the deadline, after every send (see the tree above); or
     only replies that each say their own delivery did not run, while another copy of the

@@ -32,6 +32,7 @@ from toolbus.backends.mcp.convert import call_error, describe
 from toolbus.backends.mcp.session import Session
 from toolbus.observability.propagation import inject_headers
 from toolbus.observability.spans import step_span
+from toolbus.tools.context import CallContext
 from toolbus.wire.errors import ToolbusError, Unavailable
 
 TRANSPORT_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError)
@@ -67,7 +68,11 @@ def call_plan(
 
 
 async def send(
-    current: Session, plan: CallPlan, arguments: dict[str, Any], tracer: trace.Tracer
+    current: Session,
+    plan: CallPlan,
+    arguments: dict[str, Any],
+    tracer: trace.Tracer,
+    context: CallContext,
 ) -> CallToolResult:
     """`tools/call` on the session, in a CLIENT span of `tracer` when the call is recorded;
     a failure as the caller's error (the session ended if the connection went)."""
@@ -75,16 +80,20 @@ async def send(
     if not under.is_recording():
         # Not recorded: a caller's context still passes on; without one, nothing does.
         meta = _meta() if under.get_span_context().is_valid else None
-        return await _call(current, plan, arguments, meta)
+        return await _call(current, plan, arguments, meta, context)
     # The span records the refusal's code, never its text or stack (`step_span`).
     with step_span(
         tracer, plan.span_name, kind=trace.SpanKind.CLIENT, attributes=plan.span_attributes
     ):
-        return await _call(current, plan, arguments, _meta())
+        return await _call(current, plan, arguments, _meta(), context)
 
 
 async def _call(
-    current: Session, plan: CallPlan, arguments: dict[str, Any], meta: RequestParamsMeta | None
+    current: Session,
+    plan: CallPlan,
+    arguments: dict[str, Any],
+    meta: RequestParamsMeta | None,
+    context: CallContext,
 ) -> CallToolResult:
     try:
         # No read timeout for the SDK: a call's deadline is the executor's (a cancellation),

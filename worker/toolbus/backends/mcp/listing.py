@@ -25,6 +25,7 @@ from mcp_types import Tool as ListedTool
 from toolbus.backends.mcp.call import CallPlan, call_plan
 from toolbus.backends.mcp.convert import to_tool
 from toolbus.config import ToolSettings, tool_settings
+from toolbus.tools.context import CallContext
 from toolbus.tools.registry import Registry, Tool, sanitize_name
 from toolbus.wire.contracts import ToolResult
 
@@ -33,7 +34,7 @@ log = logging.getLogger("toolbus.mcp")
 RELIST_INTERVAL_S = 1.0
 """The least time between the starts of two re-lists of one server's tools."""
 
-Invoke = Callable[[CallPlan, dict[str, Any]], Awaitable[ToolResult]]
+Invoke = Callable[[CallPlan, dict[str, Any], CallContext], Awaitable[ToolResult]]
 
 
 class ToolListing:

@@ -46,6 +46,7 @@ from toolbus.backends.mcp.stderr import StderrTail, by_attempt
 from toolbus.backends.mcp.stdio import CLOSE_DEADLINE_S, open_stdio
 from toolbus.config import McpPolicy, McpServerConfig, ToolSettings
 from toolbus.observability.spans import server_attributes
+from toolbus.tools.context import DETACHED, CallContext
 from toolbus.tools.registry import Registry
 from toolbus.wire.contracts import ToolResult
 from toolbus.wire.errors import Unavailable
@@ -362,9 +363,11 @@ class McpServer:
 
     async def call(self, remote_name: str, arguments: dict[str, Any]) -> ToolResult:
         """Call a tool by its name on the server (the registry's tools are bound to their plan)."""
-        return await self._call(self._tools.plan(remote_name), arguments)
+        return await self._call(self._tools.plan(remote_name), arguments, DETACHED)
 
-    async def _call(self, plan: CallPlan, arguments: dict[str, Any]) -> ToolResult:
+    async def _call(
+        self, plan: CallPlan, arguments: dict[str, Any], ctx: CallContext
+    ) -> ToolResult:
         # Waiting for a slot counts against the call's deadline (the executor's timeout).
         async with plan.slots:
             current = self._current
@@ -377,7 +380,7 @@ class McpServer:
                 )
                 refused.reached_tool = False  # nothing was sent: a repeat may run it
                 raise refused
-            result = await send(current, plan, arguments, self._tracer)
+            result = await send(current, plan, arguments, self._tracer, ctx)
         return checked_result(result, self.name, self.max_result_bytes)
 
     def _partial_dropped(self) -> None:

@@ -1,0 +1,102 @@
+"""Running calls: each call from its claim to its reply, with a home, found by its dedup key.
+
+A `RunningCall` is the engine's side of a tool's `CallContext` (tools/context.py): the
+key a repeat or a cancel names it by, the caller's deadline, why it is being cancelled,
+and the progress sink of the door that built it. `RunningCalls` maps keys to the calls
+this worker runs now, so a cancel finds its target (shaped after arq's `job_tasks` by
+job id). It holds one entry per call between its claim and its reply: bounded by the
+worker's slots, never by what a caller sends.
+
+Cancelling cancels the asyncio task running the tool, only while it runs (`arm`): a
+local tool gets `CancelledError`; an MCP call's SDK sends `notifications/cancelled`
+(stdio) or closes the request's stream (HTTP). Before the tool starts, the cause is
+noted and the executor does not start it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class ProgressSink(Protocol):
+    """Where a call's progress goes: the door that received the call (synchronous,
+    never blocking: the door queues, orders and rate-limits)."""
+
+    def __call__(self, progress: float, total: float | None, message: str | None) -> None: ...
+
+
+@dataclass(eq=False, slots=True)
+class RunningCall:
+    """One call from its claim to its reply; its tool's `CallContext`."""
+
+    key: str | None
+    caller: str | None
+    ident: str
+    deadline_at: float | None = None
+    sink: ProgressSink | None = None  # None: the caller did not ask for progress
+    cancel_cause: str | None = None
+    delivered: bool = False  # the cancel reached the tool's task (it had started)
+    _task: asyncio.Task[object] | None = field(default=None, repr=False)
+
+    @property
+    def wants_progress(self) -> bool:
+        return self.sink is not None
+
+    def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        if self.sink is not None and self.cancel_cause is None:
+            self.sink(progress, total, message)
+
+    def arm(self, task: asyncio.Task[object]) -> None:
+        """The tool runs in `task` now: a cancel cancels it."""
+        self._task = task
+
+    def disarm(self) -> None:
+        self._task = None
+
+    def cancel(self, cause: str) -> bool:
+        """Stop the call for `cause`; False when it was cancelled already. A tool running
+        now is cancelled; one not started yet is not started (the executor asks)."""
+        if self.cancel_cause is not None:
+            return False
+        self.cancel_cause = cause
+        if self._task is not None:
+            self.delivered = True
+            self._task.cancel()
+        return True
+
+
+class RunningCalls:
+    """The calls this worker runs now, by dedup key (copies of one request share a key)."""
+
+    def __init__(self) -> None:
+        self._calls: dict[str, list[RunningCall]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(calls) for calls in self._calls.values())
+
+    @contextmanager
+    def running(self, call: RunningCall) -> Iterator[RunningCall]:
+        """`call` is found by its key while the block runs (a call without a key is not)."""
+        key = call.key
+        if key is None:
+            yield call
+            return
+        self._calls.setdefault(key, []).append(call)
+        try:
+            yield call
+        finally:
+            calls = self._calls[key]
+            calls.remove(call)
+            if not calls:
+                del self._calls[key]
+
+    def get(self, key: str) -> list[RunningCall]:
+        return list(self._calls.get(key, ()))
+
+    def cancel(self, key: str, cause: str) -> int:
+        """Cancel every running copy of the call `key` names; how many were cancelled."""
+        return sum(call.cancel(cause) for call in self.get(key))

@@ -1,0 +1,54 @@
+"""CallContext: what a running tool may know of its call, and its voice back to the caller.
+
+A tool's contract is `invoke(arguments, context)`. The context is built per call by the
+engine (`calls/running.py`) for whichever door received the call (the envelope over
+MQTT today, MCP over MQTT next): the door decides where progress goes, the engine when a
+call is cancelled. Backends read it and never know the door: the MCP backend asks its
+server for progress only when `wants_progress`, a local tool reports through
+`toolbus.progress(...)` (backends/local). Shaped after the mcp SDK's `DispatchContext`
+(`cancel_requested`, `progress(...)`), which is what an MCP server's handler receives.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class CallContext(Protocol):
+    """One running call, as its tool sees it."""
+
+    @property
+    def key(self) -> str | None:
+        """The call's dedup key (`Once.key`): who asked and which id. None: nobody owns it."""
+
+    @property
+    def deadline_at(self) -> float | None:
+        """`time.monotonic()` past which the caller has stopped waiting (None: no bound)."""
+
+    @property
+    def wants_progress(self) -> bool:
+        """Did the caller ask for progress? Backends ask their servers only then."""
+
+    @property
+    def cancel_cause(self) -> str | None:
+        """Why the call is being cancelled (`caller`, `expired`), once it is."""
+
+    def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """One progress update for the caller. Never blocks and never raises: the door
+        queues, orders and rate-limits; a call whose caller did not ask drops it."""
+
+
+class Detached:
+    """The context of a call no door waits on (a tool invoked directly, in a test or a
+    benchmark): no key, no deadline, no progress wanted, never cancelled."""
+
+    key: str | None = None
+    deadline_at: float | None = None
+    wants_progress: bool = False
+    cancel_cause: str | None = None
+
+    def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """Nobody listens."""
+
+
+DETACHED: CallContext = Detached()
