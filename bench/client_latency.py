@@ -23,9 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from toolbus import BrokerUrl, Client
+from toolbus.backends.local import BUILTIN_TOOLS
 from toolbus.cli.bench.mosquitto import private_broker
 from toolbus.config import Settings
-from toolbus.tools import BUILTIN_TOOLS
 from toolbus.transport import MqttConnection
 from toolbus.wire.messages import Outbound
 from toolbus.worker.wiring import build_worker

@@ -29,8 +29,8 @@ from paired import (  # bench/paired.py: this script's folder is first on the pa
     paired_parser,
 )
 
+from toolbus.calls.call import Call
 from toolbus.calls.call_log import log_call
-from toolbus.calls.decode import Call
 from toolbus.observability.logs import setup_logging
 
 FORMATS = ("json", "text")

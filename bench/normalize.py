@@ -37,11 +37,11 @@ from rich.table import Table
 
 from tests.support.harness import DEMO_ARGUMENT_MAPS
 from tests.support.normalize_cases import ANALYSIS_SCHEMA, ANALYSIS_SETTINGS, analysis_context
-from toolbus.calls.decode import Call
+from toolbus.backends.local import BUILTIN_TOOLS
+from toolbus.calls.call import Call
 from toolbus.calls.execute import Executor, Outcome
 from toolbus.cli.demo.server import build_server
 from toolbus.config import Settings, tool_settings
-from toolbus.tools import BUILTIN_TOOLS
 from toolbus.tools.registry import Registry, Tool
 from toolbus.wire.contracts import ToolResult
 from toolbus.worker.wiring import build_executor, build_registry

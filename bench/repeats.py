@@ -34,11 +34,11 @@ from paired import (  # bench/paired.py: this script's folder is first on the pa
 from rich.console import Console
 from rich.table import Table
 
-from toolbus.calls.pipeline import Pipeline
+from toolbus.backends.local import BUILTIN_TOOLS
 from toolbus.config import Settings
 from toolbus.dedup import MemoryStore, Once
+from toolbus.doors.envelope.pipeline import Pipeline
 from toolbus.observability.metrics import Metrics
-from toolbus.tools import BUILTIN_TOOLS
 from toolbus.wire.messages import Inbound, Outbound
 from toolbus.worker.wiring import build_executor, build_registry, topics_for
 

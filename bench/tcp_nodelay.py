@@ -24,9 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from toolbus import Client
+from toolbus.backends.local import BUILTIN_TOOLS
 from toolbus.cli.bench.mosquitto import private_broker
 from toolbus.config import Settings
-from toolbus.tools import BUILTIN_TOOLS
 from toolbus.worker.wiring import build_worker
 
 PREFIX = "toolbus"

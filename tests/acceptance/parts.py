@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.mqtt import Caller
-from toolbus.tools.local import LocalTool
+from toolbus.backends.local.functions import LocalTool
 from toolbus.worker.service import Worker
 
 MISBEHAVING = Path(__file__).parent.parent / "support" / "servers" / "misbehaving.py"

@@ -17,8 +17,8 @@ from tests.support.mqtt import Caller, call_topic, reply_topic_for
 from tests.support.providers import anthropic_message_model, ollama_response, tool_use
 from tests.support.tools import Probe, probe_tools
 from toolbus import Client
+from toolbus.backends.local.functions import tool
 from toolbus.config import Settings
-from toolbus.tools.local import tool
 from toolbus.worker.service import Worker
 
 SLOW_CALL_MS = 250.0  # this module's threshold: the default (1000 ms) is asserted apart

@@ -16,7 +16,7 @@ from tests.support.logwait import LogSeen, watching
 from tests.support.mqtt import Caller
 from tests.support.tools import Probe, probe_tools
 from toolbus import Client
-from toolbus.tools.local import tool
+from toolbus.backends.local.functions import tool
 from toolbus.worker.service import Worker
 
 

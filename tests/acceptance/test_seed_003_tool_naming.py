@@ -17,8 +17,8 @@ from tests.acceptance.parts import SEARCH, call
 from tests.support.harness import Broker, make_settings, running_worker
 from tests.support.mqtt import Caller
 from toolbus import Client
+from toolbus.backends.local.functions import LocalTool, tool
 from toolbus.config import Settings
-from toolbus.tools.local import LocalTool, tool
 from toolbus.worker.service import Worker
 
 

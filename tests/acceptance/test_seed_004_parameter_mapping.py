@@ -23,7 +23,7 @@ import pytest_asyncio
 from tests.acceptance.parts import call
 from tests.support.harness import Broker, make_settings, running_worker
 from tests.support.mqtt import Caller
-from toolbus.tools.local import LocalTool
+from toolbus.backends.local.functions import LocalTool
 from toolbus.worker.service import Worker
 
 STRINGS = {"type": "array", "items": {"type": "string"}}

@@ -17,7 +17,7 @@ from tests.support.harness import DEMO_SERVER, Broker, free_port, make_settings,
 from tests.support.logwait import watching
 from tests.support.mqtt import Caller
 from tests.support.processes import start_http_demo, stop_process
-from toolbus.tools.local import tool
+from toolbus.backends.local.functions import tool
 
 
 @pytest_asyncio.fixture

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from toolbus.calls.decode import Call, Calls, Rejected, decode
+from toolbus.calls.call import Call
+from toolbus.doors.envelope.decode import Calls, Rejected, decode
 from toolbus.wire.contracts import ErrorCode, ReplyFormat
 from toolbus.wire.messages import Inbound
 from toolbus.wire.topics import Topics

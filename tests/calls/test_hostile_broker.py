@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tests.support.harness import Broker, make_settings, running_worker
 from tests.support.hostile import envelopes
 from tests.support.mqtt import Caller
-from toolbus.tools.local import LocalTool
+from toolbus.backends.local.functions import LocalTool
 from toolbus.transport import max_packet_bytes
 from toolbus.wire.contracts import ErrorCode
 from toolbus.worker.service import Worker

@@ -30,19 +30,19 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from tests.support.harness import ListPublisher, RedisServer, measured, metric_points
 from tests.support.tools import Probe, probe_tools, quits
-from toolbus.calls.addresses import ReplyAddress
-from toolbus.calls.encode import outbound_reply
+from toolbus.backends.local import BUILTIN_TOOLS
+from toolbus.backends.local.functions import LocalTool, tool
+from toolbus.calls.call import ReplyAddress
 from toolbus.calls.inflight import Slots
-from toolbus.calls.pipeline import Pipeline
 from toolbus.calls.quotas import Quotas
 from toolbus.config import Settings
 from toolbus.dedup import DedupStore, MemoryStore, Once
 from toolbus.dedup.kept import KeptReplies
 from toolbus.dedup.redis import RedisStore
+from toolbus.doors.envelope.encode import outbound_reply
+from toolbus.doors.envelope.pipeline import Pipeline
 from toolbus.observability.export import TraceCollector
 from toolbus.observability.metrics import Metrics
-from toolbus.tools import BUILTIN_TOOLS
-from toolbus.tools.local import LocalTool, tool
 from toolbus.transport.properties import publish_properties
 from toolbus.wire.contracts import ErrorCode, Reply, ToolResult
 from toolbus.wire.errors import InvalidArguments, ToolFailed

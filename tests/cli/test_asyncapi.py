@@ -29,9 +29,9 @@ from tests.support.providers import (
     response,
     tool_use,
 )
+from toolbus.backends.local import BUILTIN_TOOLS
 from toolbus.cli import asyncapi
 from toolbus.config import Settings
-from toolbus.tools import BUILTIN_TOOLS
 from toolbus.tools.definitions import listing
 from toolbus.wire.contracts import (
     WIRE_MODELS,

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from tests.cli.test_cli import cli_env, run_cli
-from toolbus.tools.local import ENTRY_POINT_GROUP
+from toolbus.backends.local.functions import ENTRY_POINT_GROUP
 
 TOOL = '''
 from typing import Literal

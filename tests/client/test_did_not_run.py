@@ -27,7 +27,7 @@ import pytest_asyncio
 from tests.support.harness import Broker, RedisServer, make_settings, measured, running_worker
 from tests.support.mqtt import Caller
 from toolbus import Client, Retry
-from toolbus.tools.local import LocalTool, tool
+from toolbus.backends.local.functions import LocalTool, tool
 from toolbus.wire.errors import CallTimeout, Unavailable
 from toolbus.worker.service import Worker
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest_asyncio
 
+from toolbus.backends.local.functions import tool
 from toolbus.backends.mcp import McpBackend
-from toolbus.calls.decode import Call
+from toolbus.calls.call import Call
 from toolbus.calls.execute import Executor, Outcome
 from toolbus.config import Settings
-from toolbus.tools.local import tool
 from toolbus.wire.contracts import ErrorCode
 from toolbus.worker.wiring import build_executor, build_registry
 

@@ -23,7 +23,7 @@ from tests.support.harness import Broker, make_settings, running_worker
 from tests.support.mqtt import Caller, call_topic, reply_topic_for
 from tests.support.providers import chat_completion
 from tests.support.tools import Probe, probe_tools
-from toolbus.tools.local import LocalTool, tool
+from toolbus.backends.local.functions import LocalTool, tool
 from toolbus.worker.service import Worker
 
 WAIT_S = 15.0

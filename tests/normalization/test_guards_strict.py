@@ -22,9 +22,9 @@ from tests.calls.test_pipeline import Rig, rig_for
 from tests.support.harness import Broker, make_settings, running_worker
 from tests.support.mqtt import Caller
 from tests.support.tools import Probe
+from toolbus.backends.local.functions import LocalTool
 from toolbus.config import ConfigError, load_settings
 from toolbus.dedup import MemoryStore
-from toolbus.tools.local import LocalTool
 
 NORMALIZATION_DOC = Path(__file__).parents[2] / "docs" / "normalization.md"
 OPEN_OBJECT = {"type": "object", "additionalProperties": True}

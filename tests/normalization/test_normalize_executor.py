@@ -14,9 +14,9 @@ from tests.support.normalize_cases import (
     registry_with,
     run,
 )
-from toolbus.calls.decode import Call
+from toolbus.backends.local import BUILTIN_TOOLS
+from toolbus.calls.call import Call
 from toolbus.config import Settings
-from toolbus.tools import BUILTIN_TOOLS
 from toolbus.wire.contracts import ErrorCode, ToolList
 from toolbus.worker.wiring import build_executor, build_registry
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.normalize_cases import SCHEMA, SEED_MAP, echo_arguments, mcp_tool, registry_with
-from toolbus.calls.decode import Call
+from toolbus.calls.call import Call
 from toolbus.calls.execute import Outcome
 from toolbus.config import GuardSettings, Settings, ToolSettings
 from toolbus.normalization.guards import Guards

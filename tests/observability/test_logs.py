@@ -22,10 +22,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from tests.calls.test_pipeline import Rig, rig_for, standard_rig
 from tests.support.normalize_cases import mcp_tool
 from tests.support.tools import Probe, probe_tools
+from toolbus.backends.local import BUILTIN_TOOLS
+from toolbus.calls.call import Call
 from toolbus.calls.call_log import LOGGED_NAME_CHARS, LOGGED_NAMES, log_call
-from toolbus.calls.decode import Call
 from toolbus.observability.logs import json_formatter, log_handler, logfmt_value
-from toolbus.tools import BUILTIN_TOOLS
 from toolbus.tools.registry import Registry
 
 CALL_FIELDS = {"call_id", "tool", "outcome", "duration_ms", "caller", "argument_bytes"}

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.support.logwait import watching
 from tests.support.normalize_cases import SEED_MAP, mcp_tool, registry_with, run
-from toolbus.calls.decode import Call
+from toolbus.calls.call import Call
 from toolbus.config import Settings
 from toolbus.worker.wiring import build_executor
 

@@ -216,9 +216,9 @@ async def test_argument_values_are_recorded_only_when_switched_on() -> None:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from toolbus.calls.decode import Call
+    from toolbus.backends.local import BUILTIN_TOOLS
+    from toolbus.calls.call import Call
     from toolbus.config import Settings
-    from toolbus.tools import BUILTIN_TOOLS
     from toolbus.worker.wiring import build_executor, build_registry
 
     for switch in (False, True):

@@ -30,8 +30,9 @@ from tests.support.bundled import PREFIX, bundled_worker
 from tests.support.harness import Broker
 from tests.support.mqtt import Caller
 from tests.support.processes import run_bounded
-from toolbus.calls.decode import Call, decode
+from toolbus.calls.call import Call
 from toolbus.config import Settings
+from toolbus.doors.envelope.decode import decode
 from toolbus.wire.messages import Inbound
 from toolbus.worker.wiring import topics_for
 

@@ -25,6 +25,7 @@ TIERS: list[set[str]] = [
     {"tools"},
     {"normalization", "backends"},
     {"calls"},
+    {"doors"},
     {"worker", "client"},
     {"cli"},
 ]

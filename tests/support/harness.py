@@ -27,9 +27,9 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from tests.support.certs import ListenerTls
 from tests.support.processes import BUNDLED_CONFIG
+from toolbus.backends.local import BUILTIN_TOOLS
+from toolbus.backends.local.functions import LocalTool
 from toolbus.config import Settings, read_config_file
-from toolbus.tools import BUILTIN_TOOLS
-from toolbus.tools.local import LocalTool
 from toolbus.wire.messages import Outbound, Unconfirmed
 from toolbus.worker.wiring import build_worker
 

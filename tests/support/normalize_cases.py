@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from toolbus.calls.decode import Call
+from toolbus.calls.call import Call
 from toolbus.calls.execute import Outcome
 from toolbus.config import NO_TOOL_SETTINGS, Settings, ToolSettings, tool_settings
 from toolbus.normalization.normalize import Normalizer

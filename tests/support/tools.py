@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from toolbus.tools.local import LocalTool, tool
+from toolbus.backends.local.functions import LocalTool, tool
 
 
 @dataclass

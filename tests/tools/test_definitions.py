@@ -20,10 +20,10 @@ import pytest
 from tests.support.harness import ListPublisher
 from tests.support.mqtt import Caller, reply_topic_for
 from tests.support.tool_definitions import FORMATS, PROVIDER_NAME, checked_name
+from toolbus.backends.local import BUILTIN_TOOLS
 from toolbus.backends.mcp.convert import to_tool
-from toolbus.calls.pipeline import Pipeline
 from toolbus.config import NO_TOOL_SETTINGS, Settings
-from toolbus.tools import BUILTIN_TOOLS
+from toolbus.doors.envelope.pipeline import Pipeline
 from toolbus.tools.context import DETACHED, CallContext
 from toolbus.tools.registry import Registry, Tool, sanitize_name
 from toolbus.wire.contracts import ToolList, ToolResult

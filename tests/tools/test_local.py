@@ -11,12 +11,18 @@ from typing import Literal
 
 import pytest
 
-from toolbus.calls.decode import Call
+from toolbus.backends.local import BUILTIN_TOOLS
+from toolbus.backends.local.functions import (
+    ENTRY_POINT_GROUP,
+    LocalTool,
+    load_entry_points,
+    to_result,
+    tool,
+)
+from toolbus.calls.call import Call
 from toolbus.calls.execute import Outcome
 from toolbus.config import Settings
-from toolbus.tools import BUILTIN_TOOLS
 from toolbus.tools.context import DETACHED
-from toolbus.tools.local import ENTRY_POINT_GROUP, LocalTool, load_entry_points, to_result, tool
 from toolbus.wire.contracts import ErrorCode
 from toolbus.wire.errors import InvalidArguments, ToolFailed
 from toolbus.worker.wiring import build_executor, build_registry

@@ -28,8 +28,8 @@ from tests.calls.test_pipeline import Rig, rig_for
 from tests.support.harness import Broker, unique_prefix
 from tests.support.processes import Serve, serve_env
 from tests.support.tools import Probe
+from toolbus.backends.local.functions import ENTRY_POINT_GROUP, LocalTool
 from toolbus.client.client import Client
-from toolbus.tools.local import ENTRY_POINT_GROUP, LocalTool
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.errors import InvalidArguments, ToolFailed
 

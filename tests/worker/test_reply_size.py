@@ -25,7 +25,7 @@ from tests.support.logwait import watching
 from tests.support.mqtt import Caller, call_topic, reply_topic_for
 from tests.support.providers import tool_use
 from tests.support.tools import Probe
-from toolbus.tools.local import LocalTool, tool
+from toolbus.backends.local.functions import LocalTool, tool
 from toolbus.wire.messages import Outbound, TooLarge, Unconfirmed
 
 WAIT_S = 30.0  # generous: two cores shared with other work

@@ -10,9 +10,9 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from toolbus.backends.local.functions import LocalTool, tool
     from toolbus.client.client import Client
     from toolbus.client.requester import Retry
-    from toolbus.tools.local import LocalTool, tool
     from toolbus.wire.broker import BrokerUrl
     from toolbus.wire.contracts import (
         CallsReply,
@@ -30,8 +30,8 @@ except PackageNotFoundError:  # running from a source tree without install
     __version__ = "0.0.0"
 
 _HOMES = {
-    "LocalTool": "toolbus.tools.local",
-    "tool": "toolbus.tools.local",
+    "LocalTool": "toolbus.backends.local.functions",
+    "tool": "toolbus.backends.local.functions",
     "BrokerUrl": "toolbus.wire.broker",
     "Client": "toolbus.client.client",
     "CallsReply": "toolbus.wire.contracts",

@@ -14,11 +14,11 @@ import logging
 
 from opentelemetry import trace
 
-from toolbus.calls.decode import Call
-from toolbus.calls.encode import internal_reply, reply_for_call
+from toolbus.calls.call import Call
 from toolbus.calls.execute import Executor, Outcome
 from toolbus.calls.preparation import Prepared
 from toolbus.calls.quotas import Quotas
+from toolbus.calls.replies import internal_reply, reply_for_call
 from toolbus.calls.running import ProgressSink, RunningCall, RunningCalls
 from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict, fingerprint
 from toolbus.observability.metrics import Metrics

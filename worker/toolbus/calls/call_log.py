@@ -9,7 +9,7 @@ import logging
 from itertools import islice
 from typing import Any
 
-from toolbus.calls.decode import Call
+from toolbus.calls.call import Call
 from toolbus.wire.untrusted import printable
 
 # The executor's logger: operators filter the per-call line by this name.

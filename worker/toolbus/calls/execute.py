@@ -19,8 +19,8 @@ from typing import Any
 
 from opentelemetry import trace
 
+from toolbus.calls.call import Call
 from toolbus.calls.call_log import log_call
-from toolbus.calls.decode import Call
 from toolbus.calls.invocation import cancelled, invoke_within
 from toolbus.calls.preparation import Outcome, Prepared, Steps
 from toolbus.calls.startup import Startup, pending_servers, startup_settled

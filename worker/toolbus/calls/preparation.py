@@ -21,7 +21,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from toolbus.calls.decode import Call
+from toolbus.calls.call import Call
 from toolbus.calls.running import RunningCall
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer

@@ -209,10 +209,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     die_with_supervisor(os.environ)  # a supervised child ends with its supervisor
 
+    from toolbus.backends.local import BUILTIN_TOOLS
+    from toolbus.backends.local.functions import load_entry_points
     from toolbus.dedup.store import StoreUnreachable
     from toolbus.observability.sdk import child_environment, configure_metrics, configure_tracing
-    from toolbus.tools import BUILTIN_TOOLS
-    from toolbus.tools.local import load_entry_points
     from toolbus.transport import BrokerRefused
     from toolbus.worker.wiring import build_worker, serve_http
 

@@ -41,11 +41,11 @@ def add_arguments(mappings: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
     """`environ`: the entry point's, to tell whether TOOLBUS_* variables had a say."""
+    from toolbus.backends.local import BUILTIN_TOOLS  # noqa: PLC0415 -- likewise
+    from toolbus.backends.local.functions import load_entry_points  # noqa: PLC0415 -- the MCP SDK on use
     from toolbus.backends.mcp import McpBackend  # noqa: PLC0415 -- likewise
     from toolbus.normalization.mappings import render  # noqa: PLC0415 -- likewise
     from toolbus.observability.logs import setup_logging  # noqa: PLC0415 -- likewise
-    from toolbus.tools import BUILTIN_TOOLS  # noqa: PLC0415 -- likewise
-    from toolbus.tools.local import load_entry_points  # noqa: PLC0415 -- the MCP SDK on use
     from toolbus.wire.errors import UnknownTool  # noqa: PLC0415 -- likewise
     from toolbus.worker.wiring import build_executor, build_registry  # noqa: PLC0415 -- likewise
 

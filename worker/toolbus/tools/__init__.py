@@ -1,8 +1,4 @@
-"""Built-in local tools, useful everywhere.
+"""Tools: the registry every backend's tools join, the call's context, access and validation.
 
 May import: the wire and the layer below it (transport, config, observability, dedup).
 """
-
-from toolbus.tools.builtin import BUILTIN_TOOLS
-
-__all__ = ["BUILTIN_TOOLS"]

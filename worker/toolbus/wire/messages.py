@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 JSON = "application/json"
 
@@ -112,3 +113,11 @@ class Unconfirmed:
 
     out: Outbound
     late: asyncio.Future[None] | None = None
+
+
+class Publisher(Protocol):
+    """Where the pipeline's messages go. A lost message is logged there, and returned
+    (`Unconfirmed`) when the broker did not acknowledge it in time; the one exception
+    is `TooLarge` (the broker would refuse it), answered like a reply not encoded."""
+
+    async def publish(self, out: Outbound) -> Unconfirmed | None: ...

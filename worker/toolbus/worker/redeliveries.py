@@ -35,8 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from toolbus.calls.pipeline import Publisher
-from toolbus.wire.messages import Inbound, Outbound, Unconfirmed
+from toolbus.wire.messages import Inbound, Outbound, Publisher, Unconfirmed
 from toolbus.wire.untrusted import shown
 
 log = logging.getLogger("toolbus.redeliveries")

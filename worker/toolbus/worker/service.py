@@ -30,7 +30,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Self
 
 from toolbus.calls.inflight import InFlight, Slots
-from toolbus.calls.pipeline import Pipeline
+from toolbus.doors.envelope.pipeline import Pipeline
 from toolbus.observability.metrics import Metrics
 from toolbus.tools.registry import Registry
 from toolbus.transport import BrokerRefused, MqttConnection, TransportError

@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from toolbus.calls.pipeline import Publisher
 from toolbus.wire.contracts import McpServerState, ServerStatus, ServerSummary, WorkerStatus
-from toolbus.wire.messages import Outbound
+from toolbus.wire.messages import Outbound, Publisher
 from toolbus.wire.tasks import cancel_and_wait
 from toolbus.wire.topics import Topics
 from toolbus.worker.fleet import Fleet

@@ -17,19 +17,19 @@ from opentelemetry import trace
 from opentelemetry.metrics import Meter
 
 from toolbus import __version__
+from toolbus.backends.local.functions import LocalTool
 from toolbus.calls.execute import Executor, Startup
 from toolbus.calls.inflight import Slots
-from toolbus.calls.pipeline import Pipeline
 from toolbus.calls.quotas import Quotas
 from toolbus.config import Settings, tool_settings
 from toolbus.dedup import Bounds, Once, open_store
+from toolbus.doors.envelope.pipeline import Pipeline
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
 from toolbus.observability.export import TraceCollector
 from toolbus.observability.metrics import Metrics
 from toolbus.observability.recent import RecentCalls
 from toolbus.tools.access import Access
-from toolbus.tools.local import LocalTool
 from toolbus.tools.registry import Registry
 from toolbus.wire.topics import Topics
 from toolbus.worker.client_ids import client_ids

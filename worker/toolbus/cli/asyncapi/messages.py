@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolbus.calls.decode import PUBLISH_TRACE_PROPERTY
 from toolbus.cli.asyncapi import examples
 from toolbus.cli.asyncapi.providers import APPENDED, DEFINITIONS, REQUESTS
 from toolbus.cli.asyncapi.wire import COMPONENT_SCHEMAS, wire_ref
+from toolbus.doors.envelope.decode import PUBLISH_TRACE_PROPERTY
 from toolbus.observability.propagation import MAX_BAGGAGE_CHARS, MAX_HEADER_CHARS
 from toolbus.wire.contracts import ReplyFormat
 from toolbus.wire.untrusted import MAX_ECHO_BYTES

@@ -8,7 +8,7 @@
 - OpenAI Responses: a `function_call` item, a response's `output` list, a whole `Response`;
 - Ollama: a tool call (no id, arguments as an object), a message with `tool_calls`, a
   whole chat response (its `message`);
-- anything else is our own envelope, read by `toolbus.calls.decode`.
+- anything else is our own envelope, read by `toolbus.doors.envelope.decode`.
 
 Provider fields we do not use (an Anthropic block's `caller`, a response's `usage`) mean
 nothing here: our options travel beside them under a `toolbus` object, whose name no

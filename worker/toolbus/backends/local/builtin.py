@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import JsonValue
 
-from toolbus.tools.local import LocalTool, tool
+from toolbus.backends.local.functions import LocalTool, tool
 from toolbus.wire.errors import InvalidArguments
 
 

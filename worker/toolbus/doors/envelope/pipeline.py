@@ -14,27 +14,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Protocol, Self
+from typing import Self
 
 from opentelemetry import trace
 
-from toolbus.calls.addresses import ReplyAddress
 from toolbus.calls.answer import Answerer
-from toolbus.calls.decode import MAX_CALLS, Call, Calls, Rejected, decode
-from toolbus.calls.encode import (
-    INTERNAL,
-    calls_failure,
-    calls_reply,
-    dead_letter,
-    internal_reply,
-    outbound_reply,
-    reply_for_rejected,
-)
+from toolbus.calls.call import Call, ReplyAddress
 from toolbus.calls.execute import Executor
 from toolbus.calls.inflight import Slots
 from toolbus.calls.quotas import Quotas
-from toolbus.calls.together import run_together
+from toolbus.calls.replies import INTERNAL, internal_reply
 from toolbus.dedup import Once
+from toolbus.doors.envelope.decode import MAX_CALLS, Calls, Rejected, decode
+from toolbus.doors.envelope.encode import (
+    calls_failure,
+    calls_reply,
+    dead_letter,
+    outbound_reply,
+    reply_for_rejected,
+)
+from toolbus.doors.envelope.together import run_together
 from toolbus.observability.export import COLLECTOR, TraceCollector, descendants, otlp_json
 from toolbus.observability.metrics import Metrics
 from toolbus.observability.propagation import carrying_baggage, extract_context, inject_headers
@@ -48,19 +47,11 @@ from toolbus.observability.spans import (
     trace_id_of,
 )
 from toolbus.wire.contracts import CallsReply, ErrorBody, ErrorCode, Reply
-from toolbus.wire.messages import Inbound, Outbound, Unconfirmed
+from toolbus.wire.messages import Inbound, Outbound, Publisher, Unconfirmed
 from toolbus.wire.topics import MAX_REPLY_TOPIC_BYTES, Topics
 from toolbus.wire.untrusted import shown
 
 log = logging.getLogger("toolbus.pipeline")
-
-
-class Publisher(Protocol):
-    """Where the pipeline's messages go. A lost message is logged there, and returned
-    (`Unconfirmed`) when the broker did not acknowledge it in time; the one exception
-    is `TooLarge` (the broker would refuse it), answered like a reply not encoded."""
-
-    async def publish(self, out: Outbound) -> Unconfirmed | None: ...
 
 
 class Pipeline:

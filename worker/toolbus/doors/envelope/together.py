@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
-from toolbus.calls.decode import Call
-from toolbus.calls.encode import reply_for_call
+from toolbus.calls.call import Call
 from toolbus.calls.execute import Outcome
 from toolbus.calls.inflight import Slots
+from toolbus.calls.replies import reply_for_call
 from toolbus.wire.contracts import Reply
 from toolbus.wire.errors import Unavailable
 

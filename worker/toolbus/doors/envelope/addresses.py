@@ -11,21 +11,14 @@ travels with it: the v5 Message Expiry Interval and the body's `deadline_ms`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
+from toolbus.calls.call import ReplyAddress
 from toolbus.wire.contracts import Options
 from toolbus.wire.errors import BadRequest, Forbidden
 from toolbus.wire.formats.incoming import ENVELOPE, Shape
 from toolbus.wire.messages import Inbound
 from toolbus.wire.topics import Topics
 from toolbus.wire.untrusted import MAX_ECHO_BYTES, shown
-
-
-@dataclass(frozen=True, slots=True)
-class ReplyAddress:
-    topic: str
-    correlation_data: bytes | None = None
-    expires_at: float | None = None  # time.monotonic() after which the sender stops listening
 
 
 def response_address(message: Inbound, topics: Topics, caller: str | None) -> ReplyAddress | None:

@@ -23,8 +23,9 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from toolbus.calls.addresses import ReplyAddress, body_address, deadline_at, response_address
-from toolbus.calls.request_bounds import check_bounds
+from toolbus.calls.call import Call, ReplyAddress
+from toolbus.doors.envelope.addresses import body_address, deadline_at, response_address
+from toolbus.doors.envelope.request_bounds import check_bounds
 from toolbus.observability.propagation import TRACE_HEADERS
 from toolbus.wire.contracts import Options, ReplyFormat, Request, ToolsFormat
 from toolbus.wire.errors import BadRequest, Forbidden, ToolbusError
@@ -46,35 +47,6 @@ PUBLISH_TRACE_PROPERTY = "toolbus-publish-trace"
 # Bounds on what a refusal echoes back: a hostile body must not make a huge reply.
 MAX_ID_CHARS = 200
 MAX_CALLS = 64  # per message, unless configured (`max_calls_per_message`)
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    id: str
-    tool: str
-    arguments: dict[str, Any]
-    topic: str
-    reply: ReplyAddress | None = None
-    id_generated: bool = False
-    caller: str | None = None
-    timeout_s: float | None = None
-    list_tools: bool = False
-    topic_path: bool = False  # the tool came from the topic (and may be `caller/tool`)
-    payload_bytes: int = 0  # size of the message that carried the call
-    trace_fields: dict[str, str] = field(default_factory=dict)  # body trace context, baggage
-    publish_trace: bool = False
-    user_properties: tuple[tuple[str, str], ...] = field(default=())
-    deadline_at: float | None = None  # time.monotonic() after which the sender stops caring
-    tools_format: ToolsFormat = ToolsFormat.TOOLBUS  # on `{prefix}/tools`: the definitions' shape
-    problem: ToolbusError | None = None  # what this call of a message got wrong: its answer
-    # Where its message's reply goes (a call of many has no address of its own): an
-    # anonymous caller's request ids are its reply topic's, as far as dedup goes.
-    reply_topic: str | None = None
-    provider_id: bool = False  # the id is a provider's tool-call id (`toolu_…`, `call_0`)
-    correlation: bytes | None = None  # ids of ours (v5 correlation data, `toolbus.id`):
-    message_id: str | None = None  # a retry sends them again, a new turn anew
-    redelivered: bool = False  # the broker's DUP flag: a copy of a message it sent before
-    delivery: str | None = None  # which delivery (`Inbound.delivery_id`): a copy keeps it
 
 
 @dataclass(frozen=True, slots=True)

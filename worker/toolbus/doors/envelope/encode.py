@@ -8,35 +8,12 @@ import math
 import time
 from collections.abc import Sequence
 
-from toolbus.calls.addresses import ReplyAddress
-from toolbus.calls.decode import Call, Calls, Rejected
-from toolbus.calls.execute import Outcome
+from toolbus.calls.call import ReplyAddress
+from toolbus.calls.replies import internal_reply
+from toolbus.doors.envelope.decode import Calls, Rejected
 from toolbus.wire.contracts import CallsReply, DeadLetter, ErrorBody, Reply, ReplyFormat
-from toolbus.wire.errors import InternalError
 from toolbus.wire.formats.outgoing import Answered, conversation
 from toolbus.wire.messages import Outbound
-from toolbus.wire.report import to_wire
-
-
-def reply_for_call(call: Call, outcome: Outcome) -> Reply:
-    return Reply(
-        id=call.id,
-        id_generated=call.id_generated,
-        ok=outcome.ok,
-        tool=outcome.tool,
-        result=outcome.result if outcome.ok else None,
-        error=outcome.error.body() if outcome.error is not None else None,
-        duration_ms=round(outcome.duration_ms, 3),
-        normalized=to_wire(outcome.normalized),
-    )
-
-
-INTERNAL = InternalError("the worker failed while answering this call").body()
-
-
-def internal_reply(ident: str, id_generated: bool) -> Reply:
-    """The last-resort answer: `internal`, with the call's id."""
-    return Reply(id=ident, id_generated=id_generated, ok=False, error=INTERNAL, duration_ms=0.0)
 
 
 def calls_reply(

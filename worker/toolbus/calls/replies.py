@@ -1,0 +1,35 @@
+"""Replies: what became of a call, as the answer a caller gets and dedup keeps.
+
+The engine's answer to one call is a `Reply` (the wire's); the door encodes it for its
+caller (doors/envelope/encode.py: a provider's format, a message of many calls, a dead
+letter) and dedup stores it whole for a repeat.
+"""
+
+from __future__ import annotations
+
+from toolbus.calls.call import Call
+from toolbus.calls.preparation import Outcome
+from toolbus.wire.contracts import Reply
+from toolbus.wire.errors import InternalError
+from toolbus.wire.report import to_wire
+
+
+def reply_for_call(call: Call, outcome: Outcome) -> Reply:
+    return Reply(
+        id=call.id,
+        id_generated=call.id_generated,
+        ok=outcome.ok,
+        tool=outcome.tool,
+        result=outcome.result if outcome.ok else None,
+        error=outcome.error.body() if outcome.error is not None else None,
+        duration_ms=round(outcome.duration_ms, 3),
+        normalized=to_wire(outcome.normalized),
+    )
+
+
+INTERNAL = InternalError("the worker failed while answering this call").body()
+
+
+def internal_reply(ident: str, id_generated: bool) -> Reply:
+    """The last-resort answer: `internal`, with the call's id."""
+    return Reply(id=ident, id_generated=id_generated, ok=False, error=INTERNAL, duration_ms=0.0)
