@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
+from typing import Protocol
 
 from opentelemetry import trace
 
@@ -28,6 +30,14 @@ from toolbus.wire.errors import Cancelled, Forbidden, RateLimited, ToolbusError,
 from toolbus.wire.untrusted import shown
 
 log = logging.getLogger("toolbus.pipeline")
+
+
+class Answer(Protocol):
+    """The engine's one entry point for a door: a call in, its reply out, never raising
+    (`Answerer.answer`); `sink` takes the call's progress (None: its caller did not ask)."""
+
+    def __call__(self, call: Call, sink: ProgressSink | None = None, /) -> Awaitable[Reply]: ...
+
 
 CLOSE_GRACE_S = 2.0  # a stopping worker waits this long for a run's record, then answers
 

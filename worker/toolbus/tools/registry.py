@@ -21,7 +21,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from toolbus.config import NO_TOOL_SETTINGS, ToolSettings
 from toolbus.tools.context import CallContext
@@ -35,8 +35,15 @@ from toolbus.wire.report import Change
 
 log = logging.getLogger("toolbus.registry")
 
-# A backend's entry point: the arguments as they will run, and the running call's context.
-Invoke = Callable[[dict[str, Any], CallContext], Awaitable[ToolResult]]
+
+class Invoke(Protocol):
+    """A backend's entry point for one tool: the arguments as they will run, and the
+    running call's context (tools/context.py); the tool's result, or a `ToolbusError`."""
+
+    def __call__(
+        self, arguments: dict[str, Any], context: CallContext, /
+    ) -> Awaitable[ToolResult]: ...
+
 
 LOCAL = "local"
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_\-./]{1,64}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -121,3 +122,10 @@ class Publisher(Protocol):
     is `TooLarge` (the broker would refuse it), answered like a reply not encoded."""
 
     async def publish(self, out: Outbound) -> Unconfirmed | None: ...
+
+
+class Door(Protocol):
+    """A front door's entry point: one message in, answered (replied, dead-lettered);
+    returns the reply the broker did not acknowledge, if any (`Pipeline.handle`)."""
+
+    def __call__(self, message: Inbound, /) -> Awaitable[Unconfirmed | None]: ...

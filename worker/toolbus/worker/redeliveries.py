@@ -31,11 +31,10 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from toolbus.wire.messages import Inbound, Outbound, Publisher, Unconfirmed
+from toolbus.wire.messages import Door, Inbound, Outbound, Publisher, Unconfirmed
 from toolbus.wire.untrusted import shown
 
 log = logging.getLogger("toolbus.redeliveries")
@@ -86,7 +85,7 @@ class Redeliveries:
 
     def __init__(
         self,
-        handle: Callable[[Inbound], Awaitable[Unconfirmed | None]],
+        handle: Door,
         publisher: Publisher,
         bound: int,
         keep_s: float,

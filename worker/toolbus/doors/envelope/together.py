@@ -12,8 +12,9 @@ the others run on.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 
+from toolbus.calls.answer import Answer
 from toolbus.calls.call import Call
 from toolbus.calls.execute import Outcome
 from toolbus.calls.inflight import Slots
@@ -27,7 +28,7 @@ LANE_ANSWER_TIMEOUT_S = 5.0
 
 async def run_together(
     calls: Sequence[Call],
-    answer: Callable[[Call], Awaitable[Reply]],
+    answer: Answer,
     slots: Slots,
     stopping: Callable[[], bool],
     *,
