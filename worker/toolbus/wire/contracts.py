@@ -139,6 +139,27 @@ class Options(_Wire):
         default=None,
         description="Publish this call's spans as OTLP JSON on `{reply_topic}/trace`.",
     )
+    progress: bool | None = Field(
+        default=None,
+        description="Send this call's progress updates (`Progress` messages) to the reply "
+        "topic before its reply (MQTT v5: or the user property `toolbus-progress: 1`).",
+    )
+    extend_on_progress: bool | None = Field(
+        default=None,
+        description="Each progress update restarts the call's deadline, never past the "
+        "tool's `max_timeout_s` (nor the message's expiry).",
+    )
+
+
+class Progress(_Wire):
+    """One progress update of a running call, on the caller's reply topic (with the
+    request's correlation data), before its reply. The reply is the one message with `ok`."""
+
+    type: Literal["progress"] = "progress"
+    id: str = Field(description="The call's id (each call's own, in a message of many).")
+    progress: float = Field(description="How far the call has got; it only increases.")
+    total: float | None = Field(default=None, description="Where `progress` will end, if known.")
+    message: str | None = Field(default=None, description="What the tool says it is doing.")
 
 
 class Request(Options):
@@ -347,6 +368,7 @@ class WorkerStatus(_Wire):
 WIRE_MODELS: dict[str, type[BaseModel]] = {
     "request": Request,
     "reply": Reply,
+    "progress": Progress,
     "calls-reply": CallsReply,
     "tool-list": ToolList,
     "dead-letter": DeadLetter,
