@@ -22,8 +22,11 @@ import pytest_asyncio
 
 import toolbus
 from tests.acceptance import conftest as acceptance
-from tests.support.harness import Broker, make_settings, measured, running_worker
+from tests.cli.test_cli import cli_env
+from tests.support.fleet import WorkerProcess
+from tests.support.harness import Broker, RedisServer, make_settings, measured, running_worker
 from tests.support.mqtt import Caller, call_topic, correlation_of, reply_topic_for
+from tests.support.processes import install_plugin
 from toolbus.backends.local.functions import tool
 from toolbus.worker.service import Worker
 
@@ -258,3 +261,74 @@ async def test_progress_extends_the_deadline_up_to_the_cap(broker: Broker, worke
     assert capped[-1]["error"]["code"] == "timeout", capped[-1]
     # The capped call ran about its cap (1 s): more than its timeout allowed, fewer than 20.
     assert 3 < len(capped) - 1 < 20
+
+
+STEPPING_TOOL = """
+import os
+
+import toolbus
+
+@toolbus.tool
+async def stepping(n: int) -> int:
+    "Reports 1..n through toolbus.progress; answers this worker's pid."
+    for step in range(1, n + 1):
+        toolbus.progress(step, n)
+    return os.getpid()
+"""
+
+
+async def test_two_workers_on_share_send_each_caller_its_own_progress(
+    broker: Broker, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Whichever worker of the pool runs a call, its progress goes to that call's caller."""
+    prefix = f"share{uuid.uuid4().hex[:8]}"
+    plugin = install_plugin(
+        tmp_path / "plugin", "tb_steps", STEPPING_TOOL, {"s": "tb_steps:stepping"}
+    )
+    env = cli_env(prefix, plugin)
+    env.update({"TOOLBUS_DEDUP_STORE": redis_server.url, "TOOLBUS_PROGRESS_RATE_PER_S": "0"})
+    workers = [
+        WorkerProcess(broker.url, {**env, "TOOLBUS_WORKER_ID": f"{prefix}-w{n}"}) for n in (1, 2)
+    ]
+    try:
+        for worker in workers:
+            await worker.start()
+        calls, steps, pids = 12, 10, set()
+        async with Caller(broker.url) as caller:
+            for n in range(calls):
+                got = await exchange(
+                    caller,
+                    f"{prefix}/call/stepping",
+                    {"id": f"s{n}", "arguments": {"n": steps}, "progress": True},
+                    f"{prefix}/reply/c{n}",
+                )
+                updates, reply = split(got)
+                assert reply["ok"], reply
+                assert [(u["id"], u["progress"]) for u in updates] == [
+                    (f"s{n}", float(step)) for step in range(1, steps + 1)
+                ]
+                pids.add(reply["result"]["structured"]["result"])
+        assert pids == {worker.pid for worker in workers}  # both ran calls
+    finally:
+        for worker in workers:
+            await worker.stop()
+
+
+async def test_the_rate_limit_drops_intermediates_but_keeps_the_last(
+    broker: Broker, request: pytest.FixtureRequest
+) -> None:
+    """The default limit (10 a second) against 50 updates at once from server-everything."""
+    everything = request.getfixturevalue("everything_server")
+    settings = make_settings(broker, mcpServers={"everything": everything})
+    async with running_worker(settings) as limited, Caller(broker.url) as caller:
+        got = await exchange(
+            caller,
+            call_topic(limited.topics, "trigger-long-running-operation"),
+            {"id": "limited", "arguments": {"duration": 0, "steps": 50}, "progress": True},
+            reply_topic_for(limited.topics, "limited"),
+        )
+    updates, reply = split(got)
+    assert reply["ok"], reply
+    progress = [u["progress"] for u in updates]
+    assert progress[0] == 1 and progress[-1] == 50 and len(progress) < 50
+    assert progress == sorted(progress)
