@@ -22,7 +22,7 @@ import pytest_asyncio
 
 import toolbus
 from tests.acceptance import conftest as acceptance
-from tests.cli.test_cli import cli_env
+from tests.cli.test_cli import cli_env, run_cli
 from tests.support.fleet import WorkerProcess
 from tests.support.harness import Broker, RedisServer, make_settings, measured, running_worker
 from tests.support.mqtt import Caller, call_topic, correlation_of, reply_topic_for
@@ -332,3 +332,37 @@ async def test_the_rate_limit_drops_intermediates_but_keeps_the_last(
     progress = [u["progress"] for u in updates]
     assert progress[0] == 1 and progress[-1] == 50 and len(progress) < 50
     assert progress == sorted(progress)
+
+
+async def test_the_client_gives_progress_to_its_callback_before_the_reply(
+    broker: Broker, worker: Worker
+) -> None:
+    seen: list[tuple[float, float | None, str | None]] = []
+    async with toolbus.Client(broker.url, prefix=worker.topics.prefix) as client:
+        reply = await client.call(
+            "count",
+            {"steps": 20},
+            on_progress=lambda u: seen.append((u.progress, u.total, u.message)),
+        )
+        quiet = await client.call("count", {"steps": 3})  # not asked: no token upstream
+    assert reply.result is not None and reply.result.structured == {"token": True, "steps": 20}
+    assert seen == [(float(n), 20.0, f"step {n}") for n in range(1, 21)]
+    assert quiet.result is not None and quiet.result.structured == {"token": False, "steps": 3}
+
+
+async def test_toolbus_call_prints_progress_lines_when_piped(
+    broker: Broker, worker: Worker
+) -> None:
+    code, out, err = await run_cli(
+        "call",
+        "count",
+        "steps:=3",
+        "--progress",
+        "--broker",
+        broker.url,
+        env=cli_env(worker.topics.prefix),
+    )
+    assert code == 0, err
+    assert json.loads(out)["ok"]
+    lines = [line for line in err.splitlines() if line.startswith("progress ")]
+    assert lines == ["progress 1/3 step 1", "progress 2/3 step 2", "progress 3/3 step 3"]
