@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, JsonValue
 
 from toolbus.wire.model import McpServerState as McpServerState  # noqa: PLC0414 -- re-exported
 from toolbus.wire.model import WireModel as _Wire
+from toolbus.wire.progress import Progress as Progress  # noqa: PLC0414 -- re-exported
 
 # The tool list's models, imported from here as they always were (re-exported).
 from toolbus.wire.tool_list import PendingServer as PendingServer  # noqa: PLC0414 -- see above
@@ -149,17 +150,6 @@ class Options(_Wire):
         description="Each progress update restarts the call's deadline, never past the "
         "tool's `max_timeout_s` (nor the message's expiry).",
     )
-
-
-class Progress(_Wire):
-    """One progress update of a running call, on the caller's reply topic (with the
-    request's correlation data), before its reply. The reply is the one message with `ok`."""
-
-    type: Literal["progress"] = "progress"
-    id: str = Field(description="The call's id (each call's own, in a message of many).")
-    progress: float = Field(description="How far the call has got; it only increases.")
-    total: float | None = Field(default=None, description="Where `progress` will end, if known.")
-    message: str | None = Field(default=None, description="What the tool says it is doing.")
 
 
 class Request(Options):
