@@ -70,6 +70,7 @@ async def invoke_within(
             if running is not None:
                 running.disarm()
                 running.extending(None)
+                running.span = None  # a task the tool left behind reports to no ended span
             # Take back our cancellations, however the tool ended.
             for _ in range(expired + by_caller):
                 ours = task.uncancel() <= cancelling
