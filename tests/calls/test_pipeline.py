@@ -189,6 +189,7 @@ def rig_for(
         quotas=Quotas(settings.callers),
         slots=slots,
         max_calls=settings.max_calls_per_message,
+        progress_rate_per_s=settings.progress_rate_per_s,
     )
     return Rig(pipeline, sent, probe, spans, reader)
 

@@ -21,6 +21,7 @@ def test_exported_names() -> None:
         "ErrorCode",
         "LocalTool",
         "NoReply",
+        "Progress",
         "Reply",
         "ReplyFormat",
         "Request",
@@ -28,6 +29,7 @@ def test_exported_names() -> None:
         "ToolbusError",
         "ToolsFormat",
         "__version__",
+        "progress",
         "tool",
     ]
     assert toolbus.__version__ != "0.0.0"  # installed, so the version comes from the metadata

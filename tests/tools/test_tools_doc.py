@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.calls.test_pipeline import Rig, rig_for
+from tests.calls.test_pipeline import REPLY, Rig, rig_for
 from tests.support.harness import Broker, unique_prefix
 from tests.support.processes import Serve, serve_env
 from tests.support.tools import Probe
@@ -36,7 +36,7 @@ from toolbus.wire.errors import InvalidArguments, ToolFailed
 DOC = Path(__file__).parents[2] / "docs" / "tools.md"
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 FILE_NAME = re.compile(r"# ([\w.-]+)\n")
-MODULES = ("greeting", "thermostat", "lamps")
+MODULES = ("greeting", "thermostat", "lamps", "firmware")
 
 
 def blocks(language: str) -> list[str]:
@@ -187,3 +187,22 @@ async def test_toolbus_serve_loads_the_package_by_its_entry_points(
         json.loads(line) for line in serve.stderr if line.startswith("{")
     ]
     assert not [line for line in logged if "entry point" in line["event"]]  # none broken
+
+
+async def test_a_tool_reports_progress(rig: Rig, modules: dict[str, ModuleType]) -> None:
+    """The guide's `firmware.py`: each block's update, then the reply; none unless asked,
+    and a no-op when the function is called directly."""
+    await rig.request(
+        "flash_firmware", {"id": "f1", "arguments": {"device": "a", "blocks": 3}, "progress": True}
+    )
+    *updates, reply = [json.loads(out.payload) for out in rig.sent.on(REPLY)]
+    assert reply["ok"] is True
+    assert [(u["progress"], u["total"], u["message"]) for u in updates][-1] == (
+        3,
+        3,
+        "block 3 of 3",
+    )
+    assert [u["progress"] for u in updates] == sorted(u["progress"] for u in updates)
+    rig.sent.sent.clear()
+    assert (await rig.call("flash_firmware", {"arguments": {"device": "b"}}))["ok"] is True
+    assert await modules["firmware"].flash_firmware(device="c", blocks=2) == "c: 2 blocks written"

@@ -10,13 +10,14 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from toolbus.backends.local.functions import LocalTool, tool
+    from toolbus.backends.local.functions import LocalTool, progress, tool
     from toolbus.client.client import Client
     from toolbus.client.requester import Retry
     from toolbus.wire.broker import BrokerUrl
     from toolbus.wire.contracts import (
         CallsReply,
         ErrorCode,
+        Progress,
         Reply,
         ReplyFormat,
         Request,
@@ -32,10 +33,12 @@ except PackageNotFoundError:  # running from a source tree without install
 _HOMES = {
     "LocalTool": "toolbus.backends.local.functions",
     "tool": "toolbus.backends.local.functions",
+    "progress": "toolbus.backends.local.functions",
     "BrokerUrl": "toolbus.wire.broker",
     "Client": "toolbus.client.client",
     "CallsReply": "toolbus.wire.contracts",
     "ErrorCode": "toolbus.wire.contracts",
+    "Progress": "toolbus.wire.contracts",
     "Reply": "toolbus.wire.contracts",
     "ReplyFormat": "toolbus.wire.contracts",
     "Request": "toolbus.wire.contracts",
@@ -66,6 +69,7 @@ __all__ = [
     "ErrorCode",
     "LocalTool",
     "NoReply",
+    "Progress",
     "Reply",
     "ReplyFormat",
     "Request",
@@ -73,5 +77,6 @@ __all__ = [
     "ToolbusError",
     "ToolsFormat",
     "__version__",
+    "progress",
     "tool",
 ]

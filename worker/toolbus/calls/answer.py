@@ -142,7 +142,14 @@ class Answerer:
                 # Found by its key from before its claim to its reply: a cancel that comes
                 # while the claim waits is not lost (the executor then does not start it).
                 key = Once.key(call.caller, call.reply_topic, call.id)
-                home = RunningCall(key, call.caller, call.id, call.deadline_at, sink)
+                home = RunningCall(
+                    key,
+                    call.caller,
+                    call.id,
+                    call.deadline_at,
+                    sink,
+                    extend_on_progress=call.extend_on_progress,
+                )
                 with self.running.running(home):
                     prepared.running = home
                     await self._executor.ready(prepared)

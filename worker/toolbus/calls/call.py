@@ -48,3 +48,5 @@ class Call:
     message_id: str | None = None  # a retry sends them again, a new turn anew
     redelivered: bool = False  # the broker's DUP flag: a copy of a message it sent before
     delivery: str | None = None  # which delivery (`Inbound.delivery_id`): a copy keeps it
+    progress: bool = False  # the caller asked for progress updates
+    extend_on_progress: bool = False  # each update restarts the deadline, up to the cap

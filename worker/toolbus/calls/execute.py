@@ -108,6 +108,11 @@ class Executor:
         )
         return _within(call, min(chosen, self._max_timeout_s))
 
+    def cap_s(self, call: Call, tool: Tool) -> float:
+        """The hard cap progress may extend a deadline to (`extend_on_progress`): the
+        tool's `max_timeout_s`, else the global one; cut to the sender's own deadline."""
+        return _within(call, tool.settings.max_timeout_s or self._max_timeout_s)
+
     def request_deadline_s(self, call: Call) -> float:
         """The deadline before the tool is known: the request's own, or the default."""
         return _within(call, min(call.timeout_s or self._default_timeout_s, self._max_timeout_s))
@@ -225,7 +230,11 @@ class Executor:
             outcome.invoked = True
             deadline_s = self.deadline_s(call, tool)
             context: CallContext = running if running is not None else DETACHED
-            outcome.result = await invoke_within(tool, prepared.arguments, deadline_s, context)
+            if running is not None:
+                running.span = trace.get_current_span()  # progress events land on it
+            outcome.result = await invoke_within(
+                tool, prepared.arguments, deadline_s, context, cap_s=self.cap_s(call, tool)
+            )
         except ToolbusError as error:
             self.refuse(prepared, error)
         except Exception as exc:

@@ -19,13 +19,21 @@ from toolbus.wire.errors import CallTimeout, Cancelled, InvalidArguments
 
 
 async def invoke_within(
-    tool: Tool, arguments: dict[str, Any], deadline_s: float, context: CallContext
+    tool: Tool,
+    arguments: dict[str, Any],
+    deadline_s: float,
+    context: CallContext,
+    *,
+    cap_s: float | None = None,
 ) -> ToolResult:
     """The tool's result, `CallTimeout` once `deadline_s` has passed, or `Cancelled`
     once its caller cancels it (the tool is cancelled either way). What
     `asyncio.timeout` does, in a third of its steps: one timer that cancels this task,
     and on the way out, telling our cancellations from anyone else's (a shutdown's)
-    by the task's count of pending cancellations."""
+    by the task's count of pending cancellations.
+
+    A caller that allows it (`extend_on_progress`) has each progress update restart the
+    deadline (`deadline_s` from the update), never past `cap_s` from the start."""
     task = asyncio.current_task()
     assert task is not None  # the pipeline runs every call in a task
     cancelling = task.cancelling()
@@ -36,10 +44,22 @@ async def invoke_within(
         expired = True
         task.cancel()
 
-    timer = asyncio.get_running_loop().call_later(deadline_s, expire)
+    loop = asyncio.get_running_loop()
+    timer = loop.call_later(deadline_s, expire)
     running = context if isinstance(context, RunningCall) else None
     if running is not None:
         running.arm(task)
+        if running.extend_on_progress and cap_s is not None and cap_s > deadline_s:
+            cap_at = loop.time() + cap_s
+
+            def extend() -> None:
+                nonlocal timer
+                if expired:
+                    return
+                timer.cancel()
+                timer = loop.call_at(min(loop.time() + deadline_s, cap_at), expire)
+
+            running.extending(extend)
     ours = False
     try:
         try:
@@ -49,6 +69,8 @@ async def invoke_within(
             by_caller = running is not None and running.delivered
             if running is not None:
                 running.disarm()
+                running.extending(None)
+                running.span = None  # a task the tool left behind reports to no ended span
             # Take back our cancellations, however the tool ended.
             for _ in range(expired + by_caller):
                 ours = task.uncancel() <= cancelling

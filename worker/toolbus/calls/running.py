@@ -16,10 +16,12 @@ noted and the executor does not start it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from opentelemetry import trace
 
 
 class ProgressSink(Protocol):
@@ -40,15 +42,31 @@ class RunningCall:
     sink: ProgressSink | None = None  # None: the caller did not ask for progress
     cancel_cause: str | None = None
     delivered: bool = False  # the cancel reached the tool's task (it had started)
+    extend_on_progress: bool = False  # the caller lets progress push the deadline
+    span: trace.Span | None = None  # the call's `execute_tool` span, once it runs
     _task: asyncio.Task[object] | None = field(default=None, repr=False)
+    _extend: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
     def wants_progress(self) -> bool:
         return self.sink is not None
 
     def progress(self, progress: float, total: float | None, message: str | None) -> None:
-        if self.sink is not None and self.cancel_cause is None:
-            self.sink(progress, total, message)
+        if self.sink is None or self.cancel_cause is not None:
+            return
+        if self.span is not None:
+            # Only how far: a message may quote what the tool works on (arguments).
+            attributes = {"toolbus.progress": progress}
+            if total is not None:
+                attributes["toolbus.progress.total"] = total
+            self.span.add_event("toolbus.progress", attributes)
+        if self._extend is not None:
+            self._extend()
+        self.sink(progress, total, message)
+
+    def extending(self, extend: Callable[[], None] | None) -> None:
+        """What pushes the deadline on each progress update (`invoke_within`'s timer)."""
+        self._extend = extend
 
     def arm(self, task: asyncio.Task[object]) -> None:
         """The tool runs in `task` now: a cancel cancels it."""

@@ -7,13 +7,15 @@ reach anyone becomes an exit code (`toolbus.worker.exit_codes`'s): 3 no reply in
 the broker unreachable within `--timeout`, refusing the login or the request (its ACL:
 PUBACK 0x87, said at once), or another command taking the client id, 5 no worker online
 (not sent). An error reply is one line on a terminal (`code: message`, and when to retry);
-piped, or with `--json-reply`, the whole reply as JSON, as ever.
+piped, or with `--json-reply`, the whole reply as JSON, as ever. `--progress` shows the
+call's progress on stderr (cli/progress_view.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from typing import Any
@@ -23,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from toolbus.cli import values as cli_values
+from toolbus.cli.progress_view import ProgressView
 from toolbus.cli.settings import _settings, client_id, refused
 from toolbus.client.client import Client, Retry
 from toolbus.transport import BrokerRefused, SessionTakenOver, TransportError
@@ -126,16 +129,24 @@ def call(args: argparse.Namespace) -> int:
     settings = _settings(args)
     client = _client(args, settings)
 
+    view = ProgressView(sys.stderr) if args.progress else None
+
     async def talk() -> Any:
         async with client:
             try:
-                return await client.call(args.tool, arguments)
+                return await client.call(
+                    args.tool,
+                    arguments,
+                    on_progress=view,
+                    extend_on_progress=args.extend_on_progress,
+                )
             except ToolbusError as error:
                 if error.reply is None:
                     raise
                 return error.reply  # the worker's own answer, printed as it came
 
-    reply = _talk(settings, client, talk())
+    with view or contextlib.nullcontext():
+        reply = _talk(settings, client, talk())
     if isinstance(reply, int):
         return reply
     if not reply.ok and not args.json_reply and sys.stdout.isatty():

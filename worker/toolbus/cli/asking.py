@@ -41,6 +41,18 @@ def asking_arguments(call: argparse.ArgumentParser, tools: argparse.ArgumentPars
         "it); connecting to the broker is bounded by it too, 10 s at most",
     )
     call.add_argument(
+        "--progress",
+        action="store_true",
+        help="ask for the call's progress and show it on stderr: a progress bar on a "
+        "terminal, a line per update when piped",
+    )
+    call.add_argument(
+        "--extend-on-progress",
+        action="store_true",
+        help="let each progress update restart the deadline on the worker (up to the "
+        "tool's max_timeout_s)",
+    )
+    call.add_argument(
         "--attempts",
         type=int,
         default=3,

@@ -5,10 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
+
+from toolbus.wire.contracts import Progress
+
+log = logging.getLogger("toolbus.client")
+
+# How a worker's progress update starts (`Progress.model_dump_json`: `type` comes first);
+# everything else on the reply topic is an answer.
+PROGRESS_START = b'{"type":"progress"'
+OnProgress = Callable[[Progress], object]
 
 
 class Said(IntEnum):
@@ -44,10 +54,15 @@ class Pending:
     # is safe; the other way round would end it early while a copy may still run.
     seen: set[bytes] = field(default_factory=set)
     closed: bool = False
+    on_progress: OnProgress | None = None  # the request's progress updates, in order
 
     def take(self, payload: bytes) -> None:
         if self.final is not None or self.closed:
             return  # answered already (a late original, a replay)
+        if payload.startswith(PROGRESS_START):  # an update, not an answer
+            if self.on_progress is not None:
+                self._progress(payload)
+            return
         digest = hashlib.blake2b(payload, digest_size=16).digest()
         if digest in self.seen:
             return
@@ -61,3 +76,12 @@ class Pending:
             if self.held is None or said > self.held_said:
                 self.held, self.held_said = answer, said
         self.arrived.set()
+
+    def _progress(self, payload: bytes) -> None:
+        """One update to the caller's callback: one it cannot read, or a callback that
+        raises, is logged and the request goes on."""
+        assert self.on_progress is not None
+        try:
+            self.on_progress(Progress.model_validate_json(payload))
+        except Exception:
+            log.exception("a progress update could not be handled")

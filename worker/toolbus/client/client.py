@@ -23,17 +23,18 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+from toolbus.client.answers import OnProgress
+from toolbus.client.bodies import provider_body
 from toolbus.client.presence import Presence
 from toolbus.client.refusals import explained
 from toolbus.client.requester import Requester, Retry, Said
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.contracts import CallsReply, ErrorBody, ErrorCode, Reply, ReplyFormat, ToolsFormat
 from toolbus.wire.errors import NoReply, RequestRefused, ToolbusError
-from toolbus.wire.formats.incoming import holder
 from toolbus.wire.topics import ANONYMOUS_CALLER, CallerIdentity, Topics
 
 # What `toolbus.client.client` offers (`Retry` lives in requester).
-__all__ = ["Client", "NoReply", "Retry"]
+__all__ = ["Client", "NoReply", "Retry", "provider_body"]
 
 DEFAULT_TIMEOUT_S = 30.0  # the workers' own `default_timeout_s`
 # Past a call's deadline, the wait for the worker's own `timeout` answer: the expiry that
@@ -170,6 +171,8 @@ class Client:
         *,
         timeout_s: float | None = None,
         id: str | None = None,
+        on_progress: OnProgress | None = None,
+        extend_on_progress: bool = False,
     ) -> Reply:
         """Run `tool` and return its reply (`reply.result.text`, `.structured`,
         `.content`). Raises the `toolbus.wire.errors` class of the worker's error code
@@ -179,6 +182,11 @@ class Client:
         by this client's retries or by you later, is answered from the first run.
         Arguments with no JSON form (NaN, infinities) raise `ValueError`, unsent;
         arguments that are not a mapping (`call("echo", "hi")`), `TypeError`.
+
+        `on_progress` asks for the call's progress: called with each `Progress` update
+        (`.progress`, `.total`, `.message`), in order, all before this returns.
+        `extend_on_progress`: each update restarts the deadline on the worker, up to
+        the tool's `max_timeout_s` (this client still waits `timeout_s` at most).
         """
         if arguments is not None and not isinstance(arguments, Mapping):
             raise TypeError(
@@ -187,12 +195,21 @@ class Client:
             )
         ident = id or uuid.uuid4().hex
         body: dict[str, Any] = {"id": ident, "arguments": dict(arguments or {})}
+        if on_progress is not None:
+            body["progress"] = True
+        if extend_on_progress:
+            body["extend_on_progress"] = True
         if self._in_topic and self.caller:
             topic = f"{self.prefix}/call/{self.caller}/{tool}"
         else:
             topic, body["tool"] = f"{self.prefix}/call", tool
         reply = await self._ask(
-            topic, self._claimed(body), timeout_s, ident, Reply.model_validate_json
+            topic,
+            self._claimed(body),
+            timeout_s,
+            ident,
+            Reply.model_validate_json,
+            on_progress=on_progress,
         )
         return _raise_failed(reply)
 
@@ -318,6 +335,8 @@ class Client:
         timeout_s: float | None,
         ident: str | None,
         parse: Callable[[bytes], T],
+        *,
+        on_progress: OnProgress | None = None,
     ) -> T:
         deadline_s = timeout_s if timeout_s is not None else self._timeout_s
         if deadline_s <= 0:
@@ -335,6 +354,7 @@ class Client:
                 correlation=uuid.uuid4().bytes,
                 ident=ident,
                 judge=said,
+                on_progress=on_progress,
             )
         except RequestRefused as exc:  # an ACL's "not authorized": say what to check
             raise explained(exc, self._in_topic, self.caller, self._login) from None
@@ -368,29 +388,6 @@ def read_answer(payload: bytes) -> Reply | CallsReply:
     if isinstance(data, dict) and "results" in data:
         return CallsReply.model_validate(data)
     return Reply.model_validate(data)
-
-
-def provider_body(message: Any) -> dict[str, Any]:
-    """A provider's message as the JSON object to publish: SDK objects as their
-    `model_dump(mode="json")`, wherever they sit (a dict holding a `content` list of
-    blocks, say); a bare list as the message that holds it."""
-    plain = _plain(message)
-    if isinstance(plain, dict):
-        return plain
-    if isinstance(plain, list):
-        return holder(plain)
-    raise TypeError(f"a provider message is an object or a list, not {type(message).__name__}")
-
-
-def _plain(value: Any) -> Any:
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        return dump(mode="json")
-    if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
-    return value
 
 
 def _raise_failed(reply: Reply) -> Reply:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Self, TypeVar
 
-from toolbus.client.answers import Pending, Said, final
+from toolbus.client.answers import OnProgress, Pending, Said, final
 from toolbus.client.refusals import refused
 from toolbus.transport import (
     MqttConnection,
@@ -176,16 +176,16 @@ class Requester:
         correlation: bytes,
         ident: str | None,
         judge: Callable[[T], Said] = final,
+        on_progress: OnProgress | None = None,
     ) -> T:
         """Publish `payload` and wait for its answer, re-sending it while none comes.
 
-        `timeout_s` is the request's deadline, sent as its expiry: no send after it, and
-        the worker stops then (and starts nothing after it). `grace_s` more is waited
-        for the worker's own answer at the deadline (a `timeout`) to arrive. `parse`
-        reads an answer; one it refuses (`ValueError`) is logged and waited past.
-        `judge` says what an answer tells of the request: one that says less than
-        `Said.FINAL` is held while copies sent are unanswered (see the module's
-        docstring). `ident` is the request's id, if it has one.
+        `timeout_s`: the request's deadline, sent as its expiry (no send after it; the
+        worker stops then). `grace_s` more is waited for the worker's own `timeout` at the
+        deadline. `parse` reads an answer; one it refuses (`ValueError`) is logged and
+        waited past. `judge` says what an answer tells of the request: less than
+        `Said.FINAL` is held while copies sent are unanswered (module docstring). `ident`:
+        the request's id, if any; `on_progress` gets its progress updates, in order.
         """
         if self._closed:
             raise NoReply("the client is closed", id=ident)
@@ -193,7 +193,7 @@ class Requester:
         deadline = loop.time() + timeout_s
         end = deadline + grace_s
         what = ident or "the request"
-        pending = Pending(parse, judge, self._retry.attempts)
+        pending = Pending(parse, judge, self._retry.attempts, on_progress=on_progress)
         self._pending[correlation] = pending
         sends, next_send = 0, deadline
         try:

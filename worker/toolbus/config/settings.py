@@ -167,6 +167,12 @@ class Settings(BaseSettings):
     default_timeout_s: float = Field(default=30.0, gt=0)
     max_timeout_s: float = Field(default=300.0, gt=0)
     slow_call_ms: float = Field(default=1000.0, ge=0)
+    progress_rate_per_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="The most progress updates per second sent for one call (0: no limit); "
+        "those coming faster are dropped, except the last before the reply.",
+    )
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     publish_timeout_s: float = Field(default=10.0, gt=0)
     reconnect_max_delay_s: float = Field(default=30.0, gt=0)

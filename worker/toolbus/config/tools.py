@@ -127,6 +127,12 @@ class ToolSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     timeout_s: float | None = Field(default=None, gt=0)
+    max_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="The hard cap on a call whose progress extends its deadline "
+        "(`extend_on_progress`); unset: the global `max_timeout_s`.",
+    )
     max_in_flight: int | None = Field(default=None, ge=1, description="MCP tools: own limit.")
     rename_arguments: bool | None = None
     skip_coercions: list[CoercionName] = Field(default_factory=list)

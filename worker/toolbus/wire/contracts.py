@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, JsonValue
 
 from toolbus.wire.model import McpServerState as McpServerState  # noqa: PLC0414 -- re-exported
 from toolbus.wire.model import WireModel as _Wire
+from toolbus.wire.progress import Progress as Progress  # noqa: PLC0414 -- re-exported
 
 # The tool list's models, imported from here as they always were (re-exported).
 from toolbus.wire.tool_list import PendingServer as PendingServer  # noqa: PLC0414 -- see above
@@ -138,6 +139,16 @@ class Options(_Wire):
     publish_trace: bool | None = Field(
         default=None,
         description="Publish this call's spans as OTLP JSON on `{reply_topic}/trace`.",
+    )
+    progress: bool | None = Field(
+        default=None,
+        description="Send this call's progress updates (`Progress` messages) to the reply "
+        "topic before its reply (MQTT v5: or the user property `toolbus-progress: 1`).",
+    )
+    extend_on_progress: bool | None = Field(
+        default=None,
+        description="Each progress update restarts the call's deadline, never past the "
+        "tool's `max_timeout_s` (nor the message's expiry).",
     )
 
 
@@ -347,6 +358,7 @@ class WorkerStatus(_Wire):
 WIRE_MODELS: dict[str, type[BaseModel]] = {
     "request": Request,
     "reply": Reply,
+    "progress": Progress,
     "calls-reply": CallsReply,
     "tool-list": ToolList,
     "dead-letter": DeadLetter,

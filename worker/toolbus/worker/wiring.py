@@ -221,6 +221,7 @@ def build_worker(
         quotas=Quotas(settings.callers),
         slots=slots,
         max_calls=settings.max_calls_per_message,
+        progress_rate_per_s=settings.progress_rate_per_s,
     )
     return Worker(
         broker=settings.broker,

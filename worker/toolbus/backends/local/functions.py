@@ -6,6 +6,10 @@
         return text
 
 The JSON schema comes from the type hints (through pydantic) unless one is given.
+
+A tool reports progress with `toolbus.progress(done, total, message)` from anywhere in
+its call (helpers included): the call's context is in a context variable while the
+function runs, so its signature and schema stay plain. Outside a call it does nothing.
 Other packages contribute tools through the `toolbus.tools` entry-point group:
 each entry point names a `LocalTool` or an iterable of them.
 """
@@ -18,6 +22,7 @@ import json
 import logging
 import traceback
 from collections.abc import Awaitable, Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, get_type_hints, overload
@@ -35,6 +40,17 @@ log = logging.getLogger("toolbus.local")
 ENTRY_POINT_GROUP = "toolbus.tools"
 
 AsyncToolFn = Callable[..., Awaitable[Any]]
+
+_CALL: ContextVar[CallContext | None] = ContextVar("toolbus_call", default=None)
+
+
+def progress(progress: float, total: float | None = None, message: str | None = None) -> None:
+    """Report the running call's progress to its caller (only if it asked; rate-limited,
+    the last update before the reply always sent). A no-op outside a tool's call.
+    `progress` should increase from one update to the next."""
+    context = _CALL.get()
+    if context is not None:
+        context.progress(float(progress), None if total is None else float(total), message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +74,7 @@ class LocalTool:
         """
 
         async def invoke(arguments: dict[str, Any], context: CallContext) -> ToolResult:
+            token = _CALL.set(context)
             try:
                 value = await self.fn(**arguments)
             except (ToolbusError, asyncio.CancelledError, GeneratorExit):
@@ -71,6 +88,8 @@ class LocalTool:
                 raise ToolFailed(
                     f"{self.name} failed: {type(exc).__name__}: {exc}", exception=type(exc).__name__
                 ) from exc
+            finally:
+                _CALL.reset(token)
             return to_result(value)
 
         return Tool(

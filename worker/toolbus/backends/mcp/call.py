@@ -95,10 +95,18 @@ async def _call(
     meta: RequestParamsMeta | None,
     context: CallContext,
 ) -> CallToolResult:
+    relay = _Relay(context) if context.wants_progress else None
     try:
         # No read timeout for the SDK: a call's deadline is the executor's (a cancellation),
         # so the SDK's own REQUEST_TIMEOUT never happens and a -32001 is the server's answer.
-        return await current.session.call_tool(plan.remote_name, arguments, meta=meta)
+        # A progress callback only when the caller asked: with it the SDK sends a
+        # `progressToken` (the request id), without it none.
+        return await current.session.call_tool(
+            plan.remote_name,
+            arguments,
+            progress_callback=relay.forward if relay is not None else None,
+            meta=meta,
+        )
     except MCPError as exc:
         raise await failure(current, exc, plan.server) from exc
     except TRANSPORT_ERRORS as exc:
@@ -106,6 +114,32 @@ async def _call(
         raise Unavailable(
             f"MCP server {plan.server} is unreachable: {describe(exc)}", server=plan.server
         ) from exc
+    finally:
+        if relay is not None:
+            relay.done = True
+
+
+class _Relay:
+    """A server's progress notifications for one call, on to the call's context.
+
+    The SDK runs each callback as a task of its own, so two may run out of wire order:
+    the body does not await before it hands the update on (asyncio starts the tasks in
+    wire order, and each then runs to its end). A notification whose task runs after
+    `call_tool` returned is dropped (the reply may be out already), and so is one that
+    does not increase (MCP: progress MUST increase)."""
+
+    __slots__ = ("context", "done", "last")
+
+    def __init__(self, context: CallContext) -> None:
+        self.context = context
+        self.done = False
+        self.last: float | None = None
+
+    async def forward(self, progress: float, total: float | None, message: str | None) -> None:
+        if self.done or (self.last is not None and progress <= self.last):
+            return
+        self.last = progress
+        self.context.progress(progress, total, message)
 
 
 async def failure(current: Session, exc: MCPError, server: str) -> ToolbusError:

@@ -13,7 +13,7 @@ from typing import Any
 from toolbus.cli.asyncapi import examples
 from toolbus.cli.asyncapi.providers import APPENDED, DEFINITIONS, REQUESTS
 from toolbus.cli.asyncapi.wire import COMPONENT_SCHEMAS, wire_ref
-from toolbus.doors.envelope.decode import PUBLISH_TRACE_PROPERTY
+from toolbus.doors.envelope.decode import PROGRESS_PROPERTY, PUBLISH_TRACE_PROPERTY
 from toolbus.observability.propagation import MAX_BAGGAGE_CHARS, MAX_HEADER_CHARS
 from toolbus.wire.contracts import ReplyFormat
 from toolbus.wire.untrusted import MAX_ECHO_BYTES
@@ -41,8 +41,12 @@ _REQUEST_HEADERS = {
     "description": "MQTT v5 user properties. W3C trace context and baggage (`traceparent`, "
     "`tracestate`, `baggage`; MQTT 3.1.1 callers put them in the body), and "
     f"`{PUBLISH_TRACE_PROPERTY}: 1` to have the call's spans published on "
-    "`{reply_topic}/trace`.",
-    "properties": {**_TRACE_CONTEXT, PUBLISH_TRACE_PROPERTY: {"const": "1"}},
+    f"`{{reply_topic}}/trace`; `{PROGRESS_PROPERTY}: 1` to get its progress updates.",
+    "properties": {
+        **_TRACE_CONTEXT,
+        PUBLISH_TRACE_PROPERTY: {"const": "1"},
+        PROGRESS_PROPERTY: {"const": "1"},
+    },
 }
 _REPLY_HEADERS = {
     "type": "object",
@@ -194,6 +198,19 @@ def reply_messages() -> dict[str, Message]:
             "(a list asked while they connect waits for them within its deadline).",
             {"allOf": [wire_ref("reply"), _listing()]},
         ),
+        "progress": {
+            **_reply(
+                "Progress",
+                "One progress update of a running call, when the request asked (`progress`, "
+                f"or the user property `{PROGRESS_PROPERTY}: 1`): before the reply, in "
+                "order, with the request's Correlation Data and the call's `id` (each "
+                "call's own in a message of many). It has no `ok`: the reply is the one "
+                "message that does. At most `progress_rate_per_s` a second per call; the "
+                "last before the reply is always sent.",
+                wire_ref("progress"),
+            ),
+            "headers": {"type": "object"},  # none: progress carries no trace context
+        },
         "callsReply": _reply(
             "CallsReply",
             "The answer to a message of many calls in our format: each call's `Reply`, in "

@@ -43,6 +43,7 @@ from toolbus.wire.topics import ANONYMOUS_CALLER, Route, Topics
 from toolbus.wire.untrusted import may_hold_surrogates, shown, surrogate_path, text_problem
 
 PUBLISH_TRACE_PROPERTY = "toolbus-publish-trace"
+PROGRESS_PROPERTY = "toolbus-progress"
 
 # Bounds on what a refusal echoes back: a hostile body must not make a huge reply.
 MAX_ID_CHARS = 200
@@ -325,7 +326,14 @@ def _template(
         message_id=request.id,  # (an envelope's call: its own id, not a provider's)
         redelivered=message.redelivered,
         delivery=message.delivery_id,
+        progress=bool(request.progress) or _property_set(message, PROGRESS_PROPERTY),
+        extend_on_progress=bool(request.extend_on_progress),
     )
+
+
+def _property_set(message: Inbound, name: str) -> bool:
+    """A v5 user property that switches an option on (`1` or `true`)."""
+    return any(k == name and v.lower() in ("1", "true") for k, v in message.user_properties)
 
 
 def _caller(topics: Topics, route: Route, request: Options) -> str | None:

@@ -24,6 +24,7 @@ from toolbus.calls.execute import Executor
 from toolbus.calls.inflight import Slots
 from toolbus.calls.quotas import Quotas
 from toolbus.calls.replies import INTERNAL, internal_reply
+from toolbus.calls.running import ProgressSink
 from toolbus.dedup import Once
 from toolbus.doors.envelope.decode import MAX_CALLS, Calls, Rejected, decode
 from toolbus.doors.envelope.encode import (
@@ -33,6 +34,7 @@ from toolbus.doors.envelope.encode import (
     outbound_reply,
     reply_for_rejected,
 )
+from toolbus.doors.envelope.progress import ProgressStream
 from toolbus.doors.envelope.together import run_together
 from toolbus.observability.export import COLLECTOR, TraceCollector, descendants, otlp_json
 from toolbus.observability.metrics import Metrics
@@ -71,6 +73,7 @@ class Pipeline:
         slots: the worker's message slots; a message of many calls borrows the free ones
             to run them at once (none: one after another).
         max_calls: the most calls one message may carry.
+        progress_rate_per_s: the most progress updates per second per call (0: no limit).
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class Pipeline:
         quotas: Quotas | None = None,
         slots: Slots | None = None,
         max_calls: int = MAX_CALLS,
+        progress_rate_per_s: float = 10.0,
     ) -> None:
         self.executor = executor
         self._once = once
@@ -111,6 +115,7 @@ class Pipeline:
         )
         self._slots = slots if slots is not None else Slots(0)
         self._max_calls = max_calls
+        self._progress_rate_per_s = progress_rate_per_s
         self.running = self._answerer.running  # what a cancel finds (calls/running.py)
 
     async def __aenter__(self) -> Self:
@@ -211,7 +216,7 @@ class Pipeline:
 
     async def _call(self, message: Inbound, call: Call) -> Unconfirmed | None:
         """One call: its reply, or its dead letter when it failed and has no address."""
-        reply = await self._answerer.answer(call)
+        reply = await self._answer(call, call.reply)
         if call.reply is None:
             await self._dead_if_failed(message, call.id, reply)
             return None
@@ -222,7 +227,7 @@ class Pipeline:
         room = self._answerer.room(calls.calls[0].caller)
         replies = await run_together(
             calls.calls,
-            self._answerer.answer,
+            lambda call: self._answer(call, calls.reply),
             self._slots,
             self._answerer.is_stopping,
             max_lanes=room,
@@ -240,6 +245,20 @@ class Pipeline:
             # One call's reply that cannot be encoded fails that call alone:
             instead=lambda: calls_reply(calls, replies, message.received_at, checked=True),
         )
+
+    async def _answer(self, call: Call, address: ReplyAddress | None) -> Reply:
+        """The call's reply; with its progress, when asked, published to `address` under
+        the call's own id, all of it before the reply (the stream closes first)."""
+        if not call.progress or address is None:
+            return await self._answerer.answer(call)
+        stream = ProgressStream(
+            self._publisher, address, call.id, rate_per_s=self._progress_rate_per_s
+        )
+        sink: ProgressSink = stream
+        try:
+            return await self._answerer.answer(call, sink)
+        finally:
+            await stream.close()
 
     async def _answer_with(
         self,
