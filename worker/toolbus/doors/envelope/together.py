@@ -12,9 +12,8 @@ the others run on.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
-from toolbus.calls.answer import Answer
 from toolbus.calls.call import Call
 from toolbus.calls.execute import Outcome
 from toolbus.calls.inflight import Slots
@@ -28,7 +27,7 @@ LANE_ANSWER_TIMEOUT_S = 5.0
 
 async def run_together(
     calls: Sequence[Call],
-    answer: Answer,
+    answer: Callable[[Call], Awaitable[Reply]],
     slots: Slots,
     stopping: Callable[[], bool],
     *,
