@@ -19,7 +19,7 @@ from tests.support.tools import Probe
 from toolbus.backends.local.functions import tool
 from toolbus.calls.call import ReplyAddress
 from toolbus.dedup import MemoryStore
-from toolbus.doors.envelope.progress import ProgressStream
+from toolbus.doors.envelope.progress import MAX_MESSAGE_CHARS, ProgressStream
 from toolbus.wire.messages import Outbound, Unconfirmed
 
 ADDRESS = ReplyAddress(topic=REPLY, correlation_data=b"c1")
@@ -75,6 +75,17 @@ async def test_without_a_limit_every_update_goes_out_in_order() -> None:
         stream(step, None, f"s{step}")
     await stream.close()
     assert values(sent.sent) == list(range(1, 51))
+
+
+async def test_a_servers_long_message_is_cut_to_a_status_line() -> None:
+    """An MCP server's progress text is untrusted: a megabyte of it queued per update
+    would let one server pin memory across many calls."""
+    sent = ListPublisher()
+    stream = ProgressStream(sent, ADDRESS, "c1", rate_per_s=0)
+    stream(1, 2, "x" * 1_000_000)
+    await stream.close()
+    [out] = sent.sent
+    assert len(json.loads(out.payload)["message"]) == MAX_MESSAGE_CHARS
 
 
 async def test_a_slow_broker_bounds_the_queue_and_the_newest_is_kept() -> None:

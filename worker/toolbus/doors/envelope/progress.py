@@ -31,6 +31,9 @@ log = logging.getLogger("toolbus.progress")
 
 QUEUE_BOUND = 64  # updates waiting to be published, per call
 FLUSH_S = 2.0  # the most the reply waits for a call's progress to go out
+# An update's message is a status line: an MCP server's longer text is cut, so a queue of
+# a call's updates holds kilobytes, never a server's megabytes.
+MAX_MESSAGE_CHARS = 1024
 
 
 class Update(NamedTuple):
@@ -81,6 +84,8 @@ class ProgressStream:
         """Queue one update: synchronous, never blocking, never raising."""
         if self._closed:
             return  # after the call ended (an MCP notification late): the reply is out
+        if message is not None and len(message) > MAX_MESSAGE_CHARS:
+            message = message[: MAX_MESSAGE_CHARS - 1] + "…"
         update = Update(progress, total, message)
         now = time.monotonic()
         if now < self._next_at:
