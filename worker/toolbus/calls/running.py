@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from opentelemetry import trace
+
 
 class ProgressSink(Protocol):
     """Where a call's progress goes: the door that received the call (synchronous,
@@ -40,6 +42,7 @@ class RunningCall:
     sink: ProgressSink | None = None  # None: the caller did not ask for progress
     cancel_cause: str | None = None
     delivered: bool = False  # the cancel reached the tool's task (it had started)
+    span: trace.Span | None = None  # the call's span: a cancel is an event on it
     _task: asyncio.Task[object] | None = field(default=None, repr=False)
 
     @property
@@ -63,6 +66,9 @@ class RunningCall:
         if self.cancel_cause is not None:
             return False
         self.cancel_cause = cause
+        if self.span is not None:
+            started = self._task is not None
+            self.span.add_event("toolbus.cancel", {"cause": cause, "started": started})
         if self._task is not None:
             self.delivered = True
             self._task.cancel()

@@ -26,18 +26,19 @@ import contextlib
 import logging
 import math
 import random
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Self
 
 from toolbus.calls.inflight import InFlight, Slots
 from toolbus.doors.envelope.pipeline import Pipeline
 from toolbus.observability.metrics import Metrics
 from toolbus.tools.registry import Registry
-from toolbus.transport import BrokerRefused, MqttConnection, TransportError
+from toolbus.transport import BrokerRefused, MqttConnection, SubscriptionRefused, TransportError
 from toolbus.wire.broker import BrokerUrl
+from toolbus.wire.messages import Inbound
 from toolbus.wire.tasks import cancel_and_wait
 from toolbus.wire.topics import Topics
-from toolbus.worker.fleet import Fleet
+from toolbus.worker.cancels import CancelIntake
 from toolbus.worker.handover import Handover
 from toolbus.worker.links import RECONNECT_FIRST_DELAY_S, Links, Takeovers
 from toolbus.worker.publisher import ConnectionPublisher
@@ -90,6 +91,8 @@ class Worker:
     ) -> None:
         self.broker, self.worker_id, self.topics = broker, worker_id, topics
         self.pipeline, self.mcp, self.metrics, self.fleet = pipeline, mcp, metrics, status.fleet
+        fleet_heard = self.fleet.received if self.fleet is not None else None
+        self.cancels = CancelIntake(pipeline, topics, fleet_heard)  # on the reply connection
         self._publisher, self._status = publisher, status
         self._grace_s, self._publish_timeout_s = shutdown_grace_s, publish_timeout_s
         self._reconnect_max_delay_s = reconnect_max_delay_s
@@ -192,6 +195,7 @@ class Worker:
                     # Acknowledges what arrives on it; a session not kept forgets the rest.
                     self.redeliveries.connected(conn, resumed=conn.session_present)
                     self._publisher.attach(out)
+                    await _hear_cancels(out, self.topics)
                     # Taking first: a resumed session's requests come before the SUBACK,
                     # which the request connection reads only as they are taken.
                     consumer = asyncio.create_task(self._consume(conn), name="consume")
@@ -202,7 +206,7 @@ class Worker:
                     if not self.draining.is_set():  # online: every status, then the heartbeat
                         self._status.resume(self.in_flight, out)  # and the fleet's watch
                     delay_s = RECONNECT_FIRST_DELAY_S
-                    if await _consume_until(consumer, out, stop, self.fleet):
+                    if await _consume_until(consumer, out, stop, self.cancels.received):
                         await self._drain(conn, out)
                         return
             except TransportError as exc:
@@ -295,12 +299,24 @@ async def _take_slot(in_flight: InFlight, conn: MqttConnection) -> None:
             return
 
 
+async def _hear_cancels(out: MqttConnection, topics: Topics) -> None:
+    """A plain subscription to every cancel (`worker/cancels.py`). A broker whose ACL
+    refuses it (one set up before cancels) leaves this worker deaf to cancels, said
+    once per connect, and serving calls as before."""
+    try:
+        await out.subscribe([topics.cancels], retained=False)
+    except SubscriptionRefused as exc:
+        log.warning("cancels will not be heard: %s (docs/topics.md, Cancel)", exc)
+
+
 async def _consume_until(
-    consumer: asyncio.Task[None], out: MqttConnection, stop: asyncio.Event, fleet: Fleet | None
+    consumer: asyncio.Task[None],
+    out: MqttConnection,
+    stop: asyncio.Event,
+    received: Callable[[Inbound], None],
 ) -> bool:
     """Consume until stop (True) or until either connection fails (raises). What comes on
-    the reply connection (statuses, when the fleet is watched) goes to `fleet`."""
-    received = fleet.received if fleet is not None else None
+    the reply connection (cancels; statuses, when the fleet is watched) goes to `received`."""
     replies_lost = asyncio.create_task(out.lost(received), name="replies-watch")
     stopper = asyncio.create_task(stop.wait(), name="stop-wait")
     done, _ = await asyncio.wait(
