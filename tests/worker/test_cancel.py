@@ -209,6 +209,9 @@ async def test_early_cancel_and_a_retry(
             await caller.subscribe(reply_topic)
             call, cancel, props = _shaped(shape, ident, reply_topic)
             await caller.publish(f"{prefix}/cancel", cancel, **props)
+            # Remembered before the call is sent: else the call may come first (two
+            # connections, no order between them) and run, as it should then.
+            await _logged(pool, f"cancel of {ident}: remembered", len(pool))
             answers = []
             for _ in range(2):
                 await caller.publish(f"{prefix}/call", call, **props)
@@ -223,6 +226,19 @@ async def test_early_cancel_and_a_retry(
         assert reply["error"]["details"] == {"started": False, "in_doubt": False, "cause": "caller"}
         assert bool(reply.get("replayed")) == (n == 1), answer
     assert executions.counts()[ident] == 0
+
+
+async def _logged(pool: list[WorkerProcess], text: str, count: int = 1) -> None:
+    """Until `count` workers of the pool have logged `text`."""
+    line = asyncio.Event()
+    for worker in pool:
+        worker.new_line = line
+    async with asyncio.timeout(20):
+        while True:
+            line.clear()
+            if sum(any(text in seen for seen in worker.log) for worker in pool) >= count:
+                return
+            await line.wait()
 
 
 def _shaped(shape: str, ident: str, reply_topic: str) -> tuple[str, str, dict[str, Any]]:

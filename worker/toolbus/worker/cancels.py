@@ -33,6 +33,8 @@ class CancelIntake:
         self._pipeline, self._topics, self._other = pipeline, topics, other
         self._pending: set[asyncio.Task[bool]] = set()
         self.dropped = 0
+        self.handled = 0  # cancels handled since start (what the tests wait for)
+        self._handled = asyncio.Condition()
 
     def received(self, message: Inbound) -> None:
         if message.topic != self._topics.cancel and not message.topic.startswith(
@@ -45,6 +47,19 @@ class CancelIntake:
             self.dropped += 1
             log.warning("too many cancels at once: one dropped (%d so far)", self.dropped)
             return
-        task = asyncio.create_task(self._pipeline.cancel(message), name="cancel")
+        task = asyncio.create_task(self._handle(message), name="cancel")
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+
+    async def _handle(self, message: Inbound) -> bool:
+        try:
+            return await self._pipeline.cancel(message)
+        finally:
+            async with self._handled:
+                self.handled += 1
+                self._handled.notify_all()
+
+    async def until_handled(self, count: int) -> None:
+        """Once `count` cancels have been handled since start (unbounded: bound it)."""
+        async with self._handled:
+            await self._handled.wait_for(lambda: self.handled >= count)

@@ -11,6 +11,8 @@ call already answered, someone else's id, a mistake) changes nothing but a bound
 tombstone under its own key (dedup/cancels.py).
 
 A cancel is never answered: its effect is the call's own final reply (`cancelled`).
+Every worker of a pool hears every cancel, and all but the one running the call would
+answer "not here": an acknowledgement would say nothing a caller could act on.
 """
 
 from __future__ import annotations
