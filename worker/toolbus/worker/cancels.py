@@ -17,6 +17,7 @@ from collections.abc import Callable
 from toolbus.doors.envelope.pipeline import Pipeline
 from toolbus.wire.messages import Inbound
 from toolbus.wire.topics import Topics
+from toolbus.worker.fleet import Fleet
 
 log = logging.getLogger("toolbus.service")
 
@@ -25,12 +26,11 @@ MAX_PENDING = 256  # cancels being handled at once (each: a store write and a lo
 
 class CancelIntake:
     """Routes what the reply connection receives: cancels to the pipeline, the rest
-    (statuses, when the fleet is watched) to `other`."""
+    (statuses, when the fleet is watched) to `fleet`."""
 
-    def __init__(
-        self, pipeline: Pipeline, topics: Topics, other: Callable[[Inbound], None] | None
-    ) -> None:
-        self._pipeline, self._topics, self._other = pipeline, topics, other
+    def __init__(self, pipeline: Pipeline, topics: Topics, fleet: Fleet | None) -> None:
+        self._pipeline, self._topics = pipeline, topics
+        self._other: Callable[[Inbound], None] | None = fleet.received if fleet else None
         self._pending: set[asyncio.Task[bool]] = set()
         self.dropped = 0
         self.handled = 0  # cancels handled since start (what the tests wait for)

@@ -91,14 +91,12 @@ class Worker:
     ) -> None:
         self.broker, self.worker_id, self.topics = broker, worker_id, topics
         self.pipeline, self.mcp, self.metrics, self.fleet = pipeline, mcp, metrics, status.fleet
-        fleet_heard = self.fleet.received if self.fleet is not None else None
-        self.cancels = CancelIntake(pipeline, topics, fleet_heard)  # on the reply connection
         self._publisher, self._status = publisher, status
+        self.cancels = CancelIntake(pipeline, topics, self.fleet)  # on the reply connection
         self._grace_s, self._publish_timeout_s = shutdown_grace_s, publish_timeout_s
         self._reconnect_max_delay_s = reconnect_max_delay_s
         self.client_ids, self._links = links.ids, links
-        self.subscribed = asyncio.Event()
-        self.draining = asyncio.Event()  # set once stopping has begun
+        self.subscribed, self.draining = asyncio.Event(), asyncio.Event()  # draining: stopping
         self.redeliveries = Redeliveries(
             pipeline.handle, publisher, slots.count, links.session_expiry_s
         )
@@ -194,8 +192,7 @@ class Worker:
                     self._conn = conn
                     # Acknowledges what arrives on it; a session not kept forgets the rest.
                     self.redeliveries.connected(conn, resumed=conn.session_present)
-                    self._publisher.attach(out)
-                    await _hear_cancels(out, self.topics)
+                    await _replies_on(out, self._publisher, self.topics)
                     # Taking first: a resumed session's requests come before the SUBACK,
                     # which the request connection reads only as they are taken.
                     consumer = asyncio.create_task(self._consume(conn), name="consume")
@@ -299,10 +296,12 @@ async def _take_slot(in_flight: InFlight, conn: MqttConnection) -> None:
             return
 
 
-async def _hear_cancels(out: MqttConnection, topics: Topics) -> None:
-    """A plain subscription to every cancel (`worker/cancels.py`). A broker whose ACL
-    refuses it (one set up before cancels) leaves this worker deaf to cancels, said
-    once per connect, and serving calls as before."""
+async def _replies_on(out: MqttConnection, publisher: ConnectionPublisher, topics: Topics) -> None:
+    """Replies go out on `out`, and cancels come in on it: a plain subscription to every
+    cancel (`worker/cancels.py`). A broker whose ACL refuses it (one set up before
+    cancels) leaves this worker deaf to cancels, said once per connect, and serving
+    calls as before."""
+    publisher.attach(out)
     try:
         await out.subscribe([topics.cancels], retained=False)
     except SubscriptionRefused as exc:
