@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import signal
 import statistics
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -20,9 +22,12 @@ from typing import Any
 
 import pytest
 
+from tests.cli.test_cli import cli_env
 from tests.support.fleet import Executions, WorkerProcess, recording_env
 from tests.support.harness import Broker, RedisServer, measured
 from tests.support.mqtt import Caller
+from toolbus.client.client import Client
+from toolbus.worker.exit_codes import EXIT_INTERRUPTED
 
 CALLER = "alice"
 
@@ -296,3 +301,60 @@ async def test_another_callers_cancel_is_a_no_op(
         await _stop(pool)
     assert reply["ok"] is True, reply
     assert executions.counts()["same"] == 1
+
+
+async def test_a_client_task_cancelled_cancels_its_call(
+    broker: Broker, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """`toolbus.Client`: the task awaiting `call` cancelled, the client publishes the
+    call's cancel, and the worker running it answers `cancelled` (`started: true`),
+    seen here by a listener on the client's reply topic (the client stopped waiting)."""
+    prefix, pool = await _pool(broker, redis_server, tmp_path)
+    try:
+        async with (
+            Client(broker.url, prefix=prefix, caller=CALLER) as client,
+            Caller(broker.url) as listener,
+        ):
+            await listener.subscribe(client.reply_topic)
+            call = asyncio.create_task(client.call("record", {"key": "cl1", "hold_s": 30}))
+            await _all_started(pool, ["cl1"])
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            async with asyncio.timeout(10):
+                reply = json.loads((await listener.next_message()).payload)
+    finally:
+        await _stop(pool)
+    assert reply["error"]["code"] == "cancelled"
+    assert reply["error"]["details"]["started"] is True
+
+
+async def test_ctrl_c_on_toolbus_call_cancels_the_call(
+    broker: Broker, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """`toolbus call` interrupted (SIGINT) while the call runs: the call is cancelled at
+    the worker (an anonymous client: the cancel names its reply topic) and the command
+    exits 130."""
+    prefix, pool = await _pool(broker, redis_server, tmp_path, workers=1)
+    env = cli_env(prefix)
+    try:
+        async with Caller(broker.url) as listener:
+            await listener.subscribe(f"{prefix}/reply/#")
+            command = await asyncio.create_subprocess_exec(
+                sys.executable,
+                *("-m", "toolbus", "call", "record", "key=cli1", "hold_s=30"),
+                *("--broker", broker.url),
+                env=env,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            await _all_started(pool, ["cli1"])
+            command.send_signal(signal.SIGINT)
+            async with asyncio.timeout(15):
+                _, err = await command.communicate()
+                reply = json.loads((await listener.next_message()).payload)
+    finally:
+        await _stop(pool)
+    assert command.returncode == EXIT_INTERRUPTED, err
+    assert reply["error"]["code"] == "cancelled"
+    assert reply["error"]["details"]["started"] is True

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
+
+from toolbus.wire.contracts import CallsReply, Reply
 
 
 class Said(IntEnum):
@@ -61,3 +64,11 @@ class Pending:
             if self.held is None or said > self.held_said:
                 self.held, self.held_said = answer, said
         self.arrived.set()
+
+
+def read_answer(payload: bytes) -> Reply | CallsReply:
+    """A worker's answer: a `CallsReply` (it has `results`) or a plain `Reply`."""
+    data = json.loads(payload)
+    if isinstance(data, dict) and "results" in data:
+        return CallsReply.model_validate(data)
+    return Reply.model_validate(data)
