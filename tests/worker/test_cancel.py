@@ -133,6 +133,7 @@ async def test_a_hundred_calls_cancelled_at_random_moments(
     assert not [i for i in not_started if runs[i]], "a call said not started, yet it ran"
     assert max(runs.values(), default=0) <= 1
     assert len(not_started) + len(started) + len(results) == calls, finals
+    assert started and not_started  # the moments hit both: while running, and before
     for ident in started:
         details = finals[ident]["error"]["details"]
         assert details["cause"] == "caller" and details["in_doubt"] is False  # a local tool
