@@ -100,6 +100,9 @@ class Observed:
             key, reply, ttl_s, fingerprint=fingerprint, summary=summary, delivery=delivery
         )
 
+    async def remember_cancel(self, key: str, ttl_s: float) -> None:
+        await self.store.remember_cancel(key, ttl_s)
+
     async def release(self, key: str, *, fingerprint: str = "") -> None:
         await self.store.release(key, fingerprint=fingerprint)
 

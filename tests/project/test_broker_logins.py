@@ -14,6 +14,7 @@ and left as it was (the worker's login once got a caller's role that way).
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import os
 import shutil
@@ -302,3 +303,31 @@ def test_add_caller_writes_a_callers_block_as_the_shipped_ones(tmp_path: Path) -
     assert acl.read_text().endswith(f"\n{kitchen}\n")
     again = run(str(SHIPPED / "add-caller"), "acl", str(acl), "kitchen")
     assert again.returncode == 2  # one block per login
+
+
+async def test_a_caller_cancels_on_its_own_cancel_topic(
+    dynsec_worker: Worker, dynsec_broker: Broker
+) -> None:
+    """dynsec-setup lets the worker hear `cancel/#`, add-caller lets each caller publish
+    on `cancel/{itself}` only: kitchen's cancel, heard before its call is sent, answers
+    that call `cancelled` unrun; garage's on kitchen's topic never reaches the worker."""
+    async with (
+        caller(dynsec_broker, "kitchen") as kitchen,
+        caller(dynsec_broker, "garage") as garage,
+    ):
+        handled = dynsec_worker.cancels.handled
+        await garage.publish("toolbus/cancel/kitchen", b'{"id": "k-theirs"}')  # dropped
+        await kitchen.publish("toolbus/cancel/kitchen", b'{"id": "k-mine"}')
+        async with asyncio.timeout(10):
+            await dynsec_worker.cancels.until_handled(handled + 1)
+        body = {"id": "k-mine", "arguments": {"text": "x"}}
+        mine, _ = await kitchen.call(
+            "toolbus/call/kitchen/echo", body, reply_topic="toolbus/reply/kitchen/c1"
+        )
+        body = {"id": "k-theirs", "arguments": {"text": "x"}}
+        theirs, _ = await kitchen.call(
+            "toolbus/call/kitchen/echo", body, reply_topic="toolbus/reply/kitchen/c2"
+        )
+    assert mine["error"]["code"] == "cancelled"
+    assert mine["error"]["details"]["started"] is False
+    assert theirs["ok"] is True

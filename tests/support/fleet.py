@@ -97,6 +97,8 @@ class WorkerProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
         self.log: list[str] = []
+        self.started: set[str] = set()  # the recording tool's keys, from its log lines
+        self.new_line = asyncio.Event()  # set at each line; workers may share one
 
     @property
     def pid(self) -> int:
@@ -132,6 +134,9 @@ class WorkerProcess:
             with contextlib.suppress(ValueError):  # not JSON: keep the raw line
                 text = str(json.loads(text).get("event", text))
             self.log = [*self.log[-50:], text]
+            if text.startswith("record started "):
+                self.started.add(text.removeprefix("record started ").strip())
+            self.new_line.set()
             if "subscribed to" in text and not subscribed.done():
                 subscribed.set_result(None)
         if not subscribed.done():

@@ -9,6 +9,7 @@ the same client does receive (the broker keeps each session's order).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import AsyncIterator, Iterator
@@ -212,3 +213,37 @@ async def test_a_login_named_anonymous_is_not_the_anonymous_caller(
         assert (await echo(kitchen, "kitchen", "toolbus/reply/kitchen/r5"))["ok"] is True
         assert [m.topic.value for m in operator.unclaimed()] == ["toolbus/call/kitchen/echo"]
         assert anonymous.unclaimed() == []
+
+
+async def test_a_caller_cancels_only_its_own_calls(
+    acl_worker: Worker, secured_broker: Broker
+) -> None:
+    """The shipped ACL lets the worker hear `cancel/#` and each caller publish only on
+    `cancel/{itself}`: kitchen's early cancel (heard before its call is sent) is
+    remembered and its call answered `cancelled` unrun; garage's cancel of the same id
+    on kitchen's topic never reaches the worker, and on its own topic names garage's
+    call, not kitchen's."""
+    async with (
+        login(secured_broker, "kitchen") as kitchen,
+        login(secured_broker, "garage") as garage,
+    ):
+        handled = acl_worker.cancels.handled
+        await garage.publish("toolbus/cancel/kitchen", b'{"id": "theirs"}')  # dropped
+        await garage.publish("toolbus/cancel/garage", b'{"id": "theirs"}')
+        await kitchen.publish("toolbus/cancel/kitchen", b'{"id": "mine"}')
+        async with asyncio.timeout(10):
+            await acl_worker.cancels.until_handled(handled + 2)
+        mine, _ = await kitchen.call(
+            "toolbus/call/kitchen/echo",
+            {"id": "mine", "arguments": {"text": "x"}},
+            reply_topic="toolbus/reply/kitchen/c1",
+        )
+        theirs, _ = await kitchen.call(
+            "toolbus/call/kitchen/echo",
+            {"id": "theirs", "arguments": {"text": "x"}},
+            reply_topic="toolbus/reply/kitchen/c2",
+        )
+    assert mine["error"]["code"] == "cancelled"
+    assert mine["error"]["details"] == {"started": False, "in_doubt": False, "cause": "caller"}
+    assert theirs["ok"] is True
+    assert acl_worker.cancels.handled == handled + 2  # garage's on kitchen's topic: dropped

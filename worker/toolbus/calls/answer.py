@@ -79,6 +79,18 @@ class Answerer:
     def is_stopping(self) -> bool:
         return self._stopping
 
+    async def cancel(self, key: str) -> bool:
+        """The caller cancels the call `key` names: remembered first (a call that comes
+        later, here or at another worker, is answered `cancelled` without running), then
+        looked for here. The order makes it race-free: a call registers in `running`
+        before it claims its key, and the claim sees the tombstone. True: it runs here."""
+        if self._once is not None:
+            try:
+                await self._once.remember_cancel(key)
+            except Exception as exc:  # a running call is still cancelled below
+                log.warning("dedup store failed remembering a cancel: %s", exc)
+        return self.running.cancel(key, "caller") > 0
+
     def room(self, caller: str | None) -> int | None:
         """How many more of `caller`'s calls its quota lets run at once (None: any)."""
         return self._quotas.room(caller)
@@ -151,7 +163,7 @@ class Answerer:
                     extend_on_progress=call.extend_on_progress,
                 )
                 with self.running.running(home):
-                    prepared.running = home
+                    prepared.running, home.span = home, prepared.span
                     await self._executor.ready(prepared)
                     verdict = await self._claim(call, prepared)
                     if verdict.reply is not None:  # a repeat of an answered request

@@ -43,7 +43,8 @@ class RunningCall:
     cancel_cause: str | None = None
     delivered: bool = False  # the cancel reached the tool's task (it had started)
     extend_on_progress: bool = False  # the caller lets progress push the deadline
-    span: trace.Span | None = None  # the call's `execute_tool` span, once it runs
+    # The call's `execute_tool` span: progress and a cancel are events on it.
+    span: trace.Span | None = None
     _task: asyncio.Task[object] | None = field(default=None, repr=False)
     _extend: Callable[[], None] | None = field(default=None, repr=False)
 
@@ -81,6 +82,9 @@ class RunningCall:
         if self.cancel_cause is not None:
             return False
         self.cancel_cause = cause
+        if self.span is not None:
+            started = self._task is not None
+            self.span.add_event("toolbus.cancel", {"cause": cause, "started": started})
         if self._task is not None:
             self.delivered = True
             self._task.cancel()

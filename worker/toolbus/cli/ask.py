@@ -35,6 +35,7 @@ from toolbus.wire.untrusted import printable
 from toolbus.worker.exit_codes import (
     EXIT_BROKER,
     EXIT_ERROR,
+    EXIT_INTERRUPTED,
     EXIT_NO_REPLY,
     EXIT_NO_WORKER,
     EXIT_OK,
@@ -67,7 +68,16 @@ def _tell_resend(send: int, sends: int) -> None:
 
 
 def _talk(settings: Any, client: Client, talk: Any) -> Any:
-    """Run `talk` (a coroutine), its failures to reach anyone as exit codes."""
+    """Run `talk` (a coroutine), its failures to reach anyone as exit codes. Ctrl-C
+    cancels it: the client tells the workers (`client/cancelling.py`), then 130."""
+    try:
+        return _reaching(settings, client, talk)
+    except KeyboardInterrupt:
+        print("toolbus: interrupted; the call was cancelled", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _reaching(settings: Any, client: Client, talk: Any) -> Any:
     try:
         return asyncio.run(talk)
     except (RequestRefused, SessionTakenOver) as exc:

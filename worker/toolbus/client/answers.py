@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from toolbus.wire.contracts import Progress
+from toolbus.wire.contracts import CallsReply, Progress, Reply
 
 log = logging.getLogger("toolbus.client")
 
@@ -85,3 +86,11 @@ class Pending:
             self.on_progress(Progress.model_validate_json(payload))
         except Exception:
             log.exception("a progress update could not be handled")
+
+
+def read_answer(payload: bytes) -> Reply | CallsReply:
+    """A worker's answer: a `CallsReply` (it has `results`) or a plain `Reply`."""
+    data = json.loads(payload)
+    if isinstance(data, dict) and "results" in data:
+        return CallsReply.model_validate(data)
+    return Reply.model_validate(data)

@@ -7,24 +7,26 @@
 
 One connection and one private reply topic for the client's lifetime, re-made across
 broker restarts, and every request re-sent unchanged (the same id) while no answer comes:
-that is `toolbus.client.requester`. This module knows what is asked and what comes back: which
-topic a call goes to for the caller it names, errors as the `toolbus.wire.errors` classes of
-their codes, which answers say only that their own delivery did not run (`said`: the
-requester then waits for the other copies' answers), and a provider's message sent as the
-SDK made it, its answer a `CallsReply` whose `append` goes back into the conversation.
-docs/client.md shows it in agent loops.
+that is `toolbus.client.requester`; a call whose task is cancelled is cancelled at the
+workers (`cancelling`). This module knows which topic a call goes to for its caller,
+errors as the `toolbus.wire.errors` classes of their codes, which answers say only that
+their own delivery did not run (`said`: the requester waits for the other copies'), and
+a provider's message sent as its SDK made it, answered by a `CallsReply` whose `append`
+goes back into the conversation. docs/client.md shows it in agent loops.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from toolbus.client.answers import OnProgress
+from toolbus.client.answers import OnProgress, read_answer
 from toolbus.client.bodies import provider_body
+from toolbus.client.cancelling import Canceller
 from toolbus.client.presence import Presence
 from toolbus.client.refusals import explained
 from toolbus.client.requester import Requester, Retry, Said
@@ -101,12 +103,12 @@ class Client:
         self.prefix = prefix
         self.caller = caller
         self._in_topic = caller_identity == "topic"
+        self._cancels = Canceller(prefix, caller, self._in_topic)
         broker = broker if isinstance(broker, BrokerUrl) else BrokerUrl.from_url(broker)
         self._login = broker.username
         self._timeout_s = timeout_s
         client_id = client_id or f"toolbus-client-{uuid.uuid4().hex[:12]}"
-        # In `topic` mode a reply must sit under the caller's own level (`anonymous`
-        # for a client that names none); elsewhere the level is only tidy.
+        # In `topic` mode a reply sits under the caller's level (`anonymous` without one).
         level = caller or (ANONYMOUS_CALLER if self._in_topic else None)
         replies = reply_prefix if reply_prefix is not None else f"{prefix}/reply/"
         topics = Topics(prefix, "", (replies,))
@@ -358,6 +360,9 @@ class Client:
             )
         except RequestRefused as exc:  # an ACL's "not authorized": say what to check
             raise explained(exc, self._in_topic, self.caller, self._login) from None
+        except asyncio.CancelledError:  # not wanted any more: the workers hear so
+            await self._cancels.send(self._requester.connection, ident, self.reply_topic)
+            raise
 
 
 def said(answer: Reply | CallsReply) -> Said:
@@ -380,14 +385,6 @@ def said(answer: Reply | CallsReply) -> Said:
         # stopping (it may have): the other copies' answers say which.
         return Said.UNKNOWN
     return Said.FINAL
-
-
-def read_answer(payload: bytes) -> Reply | CallsReply:
-    """A worker's answer: a `CallsReply` (it has `results`) or a plain `Reply`."""
-    data = json.loads(payload)
-    if isinstance(data, dict) and "results" in data:
-        return CallsReply.model_validate(data)
-    return Reply.model_validate(data)
 
 
 def _raise_failed(reply: Reply) -> Reply:

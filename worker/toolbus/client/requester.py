@@ -17,13 +17,11 @@ to the deadline: a later answer that says more wins; once every copy has said it
 run, that is true of the request and is the answer; copies still unanswered at the end
 leave the outcome unknown (`NoReply`, with the held answer).
 
-The connection is kept for the requester's lifetime and re-made when the broker goes
-away, so requests made across a broker restart are sent again once it is back; after
-another connection took the client id over (MQTT v5 0x8E) only after a doubling delay,
-or never (`fail_when_taken_over`: the requests fail with `SessionTakenOver`). A request
-the broker refuses to take (its PUBACK's reason code, an ACL's "not authorized") fails
-at once with `RequestRefused`: a repeat would be refused alike.
-`toolbus.Client` builds on this; it knows what the bytes mean.
+The connection is kept and re-made when the broker goes away, so requests made across
+a broker restart are sent again once it is back; after another connection took the
+client id over (v5 0x8E) only after a doubling delay, or never (`fail_when_taken_over`:
+`SessionTakenOver`). A request the broker refuses (its PUBACK's reason code, an ACL's
+"not authorized") fails at once with `RequestRefused`. `toolbus.Client` builds on this.
 """
 
 from __future__ import annotations
@@ -126,7 +124,7 @@ class Requester:
         self.reply_topic = reply_topic
         self._connect_timeout_s = connect_timeout_s
         self._pending: dict[bytes, Pending] = {}
-        self._connection: MqttConnection | None = None
+        self.connection: MqttConnection | None = None  # the one up now, if any
         self._connected = asyncio.Event()
         self._closed = False  # after `__aexit__`: no request may wait for a connection
         self._reader: asyncio.Task[None] | None = None
@@ -160,7 +158,7 @@ class Requester:
         for pending in self._pending.values():
             pending.closed = True  # each waiting request raises `NoReply`
             pending.arrived.set()
-        connection, self._connection = self._connection, None
+        connection, self.connection = self.connection, None
         if connection is not None:
             with contextlib.suppress(TransportError):
                 await connection.__aexit__(None, None, None)
@@ -275,7 +273,7 @@ class Requester:
                     await self._connected.wait()
             except TimeoutError:
                 raise NoReply("the broker connection did not come back in time", id=ident) from None
-            connection = self._connection
+            connection = self.connection
             if self._failed is not None:
                 raise self._failed
             if self._closed:
@@ -313,13 +311,13 @@ class Requester:
                 raise SessionTakenOver(self.client_id) from exc
             raise
         self.connects += 1
-        self._connection = connection
+        self.connection = connection
         self._connected.set()
         return connection
 
     def _lost(self, connection: MqttConnection) -> None:
-        if self._connection is connection and not self._closed:
-            self._connection = None
+        if self.connection is connection and not self._closed:
+            self.connection = None
             self._connected.clear()
 
     async def _read(self, connection: MqttConnection) -> None:

@@ -127,6 +127,13 @@ class Settings(BaseSettings):
         description="The bytes all dedup records may hold; beyond it the oldest replies of "
         "the caller holding the most give way to summaries.",
     )
+    cancel_remember_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long a cancel that came before its call is remembered (in the "
+        "dedup store): the call, if it comes within that time, is answered `cancelled` "
+        "without running.",
+    )
     session_expiry_s: int = Field(
         default=3600,
         ge=0,

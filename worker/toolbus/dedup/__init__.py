@@ -52,7 +52,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from toolbus.dedup.kept import KeptReplies
 from toolbus.dedup.ledger import Bounds
@@ -60,7 +60,14 @@ from toolbus.dedup.memory import MemoryStore
 from toolbus.dedup.store import KEY_SEP, Claim, DedupStore, Started, described, fingerprint
 from toolbus.dedup.summary import kept_for_repeats
 from toolbus.wire.contracts import Reply
-from toolbus.wire.errors import BadRequest, CallTimeout, InDoubt, ToolbusError, Unavailable
+from toolbus.wire.errors import (
+    BadRequest,
+    CallTimeout,
+    Cancelled,
+    InDoubt,
+    ToolbusError,
+    Unavailable,
+)
 
 __all__ = [
     "RUN_UNCLAIMED",
@@ -99,6 +106,7 @@ class Once:
         ttl_s: how long a record is kept after its call.
         idempotent: whether a tool name (as requested) is safe to run twice.
         max_reply_bytes: the largest reply a record keeps whole (else its summary).
+        cancel_remember_s: how long a cancel that came before its call is remembered.
     """
 
     def __init__(
@@ -108,9 +116,16 @@ class Once:
         idempotent: Callable[[str], bool],
         *,
         max_reply_bytes: int = 64 << 10,
+        cancel_remember_s: float = 60.0,
     ) -> None:
         self.store, self._ttl_s, self._idempotent = store, ttl_s, idempotent
         self._max_reply_bytes = max_reply_bytes
+        self._cancel_remember_s = cancel_remember_s
+
+    async def remember_cancel(self, key: str) -> None:
+        """The caller cancelled `key`, maybe before its call came: a claim of it within
+        `cancel_remember_s` is answered `cancelled` without a run (`cancels.py`)."""
+        await self.store.remember_cancel(key, self._cancel_remember_s)
 
     @staticmethod
     def key(caller: str | None, reply_topic: str | None, ident: str) -> str | None:
@@ -277,6 +292,10 @@ class Once:
         """Ours to run; unless claimed in a store emptied lately, which may have held a run
         of this id: then a tool safe to repeat runs, and any other is refused, the claim
         withdrawn, until the lost records would have expired anyway."""
+        if claim.cancelled:
+            # Cancelled before it came: claimed, so its answer is recorded and replayed.
+            log.info("%s was cancelled before it came: not run", described(key))
+            return replace(mine.verdict(key), error=_cancelled_early())
         if claim.kind == "fresh" or self._idempotent(tool):
             return mine.verdict(key)
         await self.store.release(key, fingerprint=mine.fingerprint)
@@ -321,6 +340,15 @@ class _Asked:
     def verdict(self, key: str) -> Verdict:
         """Run it, claimed under `key`."""
         return Verdict(key=key, fingerprint=self.fingerprint, delivery=self.delivery)
+
+
+def _cancelled_early() -> Cancelled:
+    return Cancelled(
+        "the caller cancelled the call before it started; it was not run",
+        started=False,
+        in_doubt=False,
+        cause="caller",
+    )
 
 
 def _in_doubt(started: Started) -> InDoubt:

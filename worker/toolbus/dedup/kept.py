@@ -251,6 +251,9 @@ class KeptReplies:
             del self._kept[key]
             self._kept_bytes -= kept.size()
 
+    async def remember_cancel(self, key: str, ttl_s: float) -> None:
+        await self.store.remember_cancel(key, ttl_s)
+
     async def wait(self, key: str, timeout_s: float, *, fingerprint: str = UNKNOWN) -> bytes | None:
         if self._live(key) is not None:
             return self._kept_reply(key, fingerprint)

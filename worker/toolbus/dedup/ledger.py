@@ -31,6 +31,9 @@ class Bounds:
     max_records: int = 10_000
     caller_max_bytes: int = 16 << 20
     max_bytes: int = 64 << 20
+    # Early cancels (`cancels.py`): per caller, and in all (the memory store's).
+    cancel_caller_max_bytes: int = 64 << 10
+    cancel_max_bytes: int = 4 << 20
 
 
 @dataclass(slots=True)

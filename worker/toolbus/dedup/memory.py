@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Self
 
+from toolbus.dedup.cancels import Tombstones
 from toolbus.dedup.ledger import Bounds, Ledger
 from toolbus.dedup.store import UNKNOWN, Claim, Started, described, owner_of, record_size
 
@@ -51,6 +52,8 @@ class MemoryStore:
         self._me = Started(worker_id, uuid.uuid4().hex, 0.0)
         self._records: dict[str, _Record] = {}
         self.ledger = Ledger(bounds or Bounds(max_records=max_records))
+        kept = self.ledger.bounds
+        self.tombstones = Tombstones(kept.cancel_caller_max_bytes, kept.cancel_max_bytes)
         self._claims = 0
         self._gave_way = {"shrunk": 0, "forgotten": 0}
 
@@ -146,7 +149,7 @@ class MemoryStore:
                 fingerprint=fingerprint,
                 delivery=delivery,
             )
-            return Claim("fresh")
+            return Claim("fresh", cancelled=self.tombstones.cancelled(key))
         held = record.fingerprint, record.delivery
         if record.reply is not None:
             return Claim("done", reply=record.reply, fingerprint=held[0], delivery=held[1])
@@ -218,6 +221,10 @@ class MemoryStore:
         if record is not None and _ours(record, fingerprint):
             self._forget(key)
             record.close()  # waiters look again and run the call themselves
+
+    async def remember_cancel(self, key: str, ttl_s: float) -> None:
+        if not self.tombstones.remember(key, ttl_s):
+            log.warning("early cancels at their bound: %s not remembered", described(key))
 
     async def wait(self, key: str, timeout_s: float, *, fingerprint: str = UNKNOWN) -> bytes | None:
         record = self._live(key)

@@ -31,6 +31,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
+from toolbus.dedup.cancels import REMEMBER, TOMBSTONE_OVERHEAD_BYTES, tombstones_key
 from toolbus.dedup.ledger import Bounds
 from toolbus.dedup.recovery import GRACE_S, Journal
 from toolbus.dedup.redis_fleet import HEARTBEAT_S, Fleet
@@ -60,9 +61,8 @@ REDIS_RECORD_OVERHEAD_BYTES = 600
 
 # Policies under which Redis, at its `maxmemory`, deletes records it holds: a finished
 # call's record gone runs its repeat again, another caller's as soon as one's.
-_EVICTING = (
-    "allkeys-lru allkeys-lfu allkeys-random volatile-lru volatile-lfu volatile-random volatile-ttl"
-)
+_EVICTING = "allkeys-lru allkeys-lfu allkeys-random volatile-lru volatile-lfu volatile-random "
+_EVICTING += "volatile-ttl"
 
 
 class RedisStore:
@@ -102,6 +102,7 @@ class RedisStore:
         self._release = self._redis.register_script(RELEASE)
         self._unclaim = self._redis.register_script(UNCLAIM)
         self._write_run = self._redis.register_script(WRITE_RUN)
+        self._remember = self._redis.register_script(REMEMBER)
         self._heartbeat: asyncio.Task[None] | None = None
         # What this worker wrote that still lives, to write back to an emptied store.
         self._journal = Journal(self._bounds.max_bytes // 2)  # docs/reliability.md, sizing
@@ -192,13 +193,13 @@ class RedisStore:
         self, key: str, ttl_s: float, *, fingerprint: str = UNKNOWN, delivery: str | None = None
     ) -> Claim:
         started = self._started(fingerprint, delivery)
-        mine = started.to_json()
+        mine, tombs = started.to_json(), tombstones_key(self._prefix, key)
         for _ in range(3):  # the store emptied under the claim, or the record expired meanwhile
             await self._fleet.settled(GRACE_S)  # after a loss, once live workers wrote back
             try:
                 found = await self._claim(
-                    keys=[self._key(key), self._fleet.epoch_key()],
-                    args=[mine, int(ttl_s * 1000), self._fleet.epoch or ""],
+                    keys=[self._key(key), self._fleet.epoch_key(), tombs],
+                    args=[mine, int(ttl_s * 1000), self._fleet.epoch or "", key],
                 )
             except Exception:
                 # Sent, maybe: a stalled Redis runs it once it resumes (`failed_claim`).
@@ -211,18 +212,23 @@ class RedisStore:
                 continue
             if found is None:  # expired in between: try once more
                 continue
-            if found == 1 or _text(found) == mine:  # ours (a lost answer to our SET too)
-                return await self._fresh(key, mine, ttl_s)
+            if found in (1, 2) or _text(found) == mine:  # ours (a lost answer to our SET too)
+                return await self._fresh(key, mine, ttl_s, cancelled=found == 2)
             return await self._found(_text(found) or "")
         raise RedisError("the dedup store changed under three claims in a row")
 
-    async def _fresh(self, key: str, claimed: str, ttl_s: float) -> Claim:
+    async def _fresh(self, key: str, claimed: str, ttl_s: float, *, cancelled: bool) -> Claim:
         """Ours: new, unless the store was emptied and `key` may be a call that ran then."""
         self._journal.wrote(key, claimed, time.time() + ttl_s)
         doubt_until = self._fleet.doubt_until()
         if doubt_until:
-            return Claim("doubtful", doubt_until=doubt_until)
-        return Claim("fresh")
+            return Claim("doubtful", doubt_until=doubt_until, cancelled=cancelled)
+        return Claim("fresh", cancelled=cancelled)
+
+    async def remember_cancel(self, key: str, ttl_s: float) -> None:
+        zkey, bound = tombstones_key(self._prefix, key), self._bounds.cancel_caller_max_bytes
+        args: list[str | int] = [key, max(1, int(ttl_s * 1000)), bound, TOMBSTONE_OVERHEAD_BYTES]
+        await self._remember(keys=[zkey, zkey + ":bytes"], args=args)
 
     async def _found(self, raw: str) -> Claim:
         record = parse(raw)

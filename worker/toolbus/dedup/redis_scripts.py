@@ -18,6 +18,8 @@ number of steps per close, so no script holds Redis long.
 
 from __future__ import annotations
 
+from toolbus.dedup.cancels import CANCELLED_LUA
+
 # Is the record under KEYS[1] this incarnation's run (ARGV[1..3]: worker id, incarnation,
 # fingerprint)?
 _OURS = """
@@ -135,13 +137,20 @@ end
 
 # Claim KEYS[1] with ARGV[1] for ARGV[2] ms (SET NX), if the store's epoch (KEYS[2]) is
 # still ARGV[3]: another epoch is a store emptied or replaced, where the claim must not
-# land unnoticed. Answers 1 (claimed), the record there (a string), false (gone between
-# the two: expired) or {'emptied'} (nothing written).
-CLAIM = """
+# land unnoticed. Answers 1 (claimed), 2 (claimed, and the caller's tombstones, KEYS[3],
+# hold an early cancel of ARGV[4]: `cancels.py`), the record there (a string), false
+# (gone between the two: expired) or {'emptied'} (nothing written).
+CLAIM = (
+    CANCELLED_LUA
+    + """
 if redis.call('GET', KEYS[2]) ~= ARGV[3] then return {'emptied'} end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if cancelled(KEYS[3], ARGV[4]) then return 2 end
+  return 1
+end
 return redis.call('GET', KEYS[1])
 """
+)
 
 # Replace the record only if it still is ARGV[1] (compare and set): an orphaned run, or a
 # reply to another request under the same key (ARGV[4]: the store key, ARGV[5]: the

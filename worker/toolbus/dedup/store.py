@@ -149,6 +149,9 @@ class Claim:
     # with its summary, or one the store's books shrank, is no string Python rebuilds).
     stored: str | None = None
     delivery: str | None = None  # the MQTT delivery that made the record (not for `fresh`)
+    # For `fresh` and `doubtful`: the caller cancelled this id before it came (a
+    # tombstone, `cancels.py`): claimed, and to be answered `cancelled` without a run.
+    cancelled: bool = False
 
     def asks(self, fingerprint: str) -> bool:
         """Does the record hold a call that asked for the same thing as `fingerprint`?"""
@@ -246,6 +249,10 @@ class DedupStore(Protocol):
     async def release(self, key: str, *, fingerprint: str = UNKNOWN) -> None:
         """Forget this worker's claim of `key` (`fingerprint`'s), whose call never reached
         its tool: a repeat may run afresh. Another run's record there is left alone."""
+        ...
+
+    async def remember_cancel(self, key: str, ttl_s: float) -> None:
+        """The caller cancelled `key`: a claim of it within `ttl_s` says so (`cancels.py`)."""
         ...
 
     async def wait(self, key: str, timeout_s: float, *, fingerprint: str = UNKNOWN) -> bytes | None:

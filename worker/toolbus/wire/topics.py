@@ -6,6 +6,8 @@
 {prefix}/call/{caller}/{tool}   request from a named caller
 {prefix}/tools             list tool definitions (answered like a call)
 {prefix}/tools/{caller}    list the tool definitions that caller may use
+{prefix}/cancel            cancel a call; the body names its `id` (and `caller`, claim mode)
+{prefix}/cancel/{caller}   cancel one of {caller}'s calls (caller_identity = "topic")
 {prefix}/dead              dead letters: requests that could not be answered
 {prefix}/status/workers/{worker_id}           retained worker status, last will `offline`
 {prefix}/status/servers/{name}/{worker_id}    retained state of one MCP server at one worker
@@ -60,6 +62,24 @@ class Topics:
     @property
     def tools(self) -> str:
         return f"{self.prefix}/tools"
+
+    @property
+    def cancel(self) -> str:
+        return f"{self.prefix}/cancel"
+
+    @property
+    def cancels(self) -> str:
+        """Every worker's plain (never shared) filter: whichever runs the call hears it."""
+        return f"{self.cancel}/#"  # matches `cancel` itself too
+
+    def cancel_caller(self, topic: str) -> str | None:
+        """The caller level of a cancel topic ("" for none); None: not a usable one."""
+        if topic == self.cancel:
+            return ""
+        caller = topic.removeprefix(self.cancel + "/")
+        if caller == topic or not caller or "/" in caller or len(caller) > MAX_NAME_CHARS:
+            return None
+        return caller if text_problem(caller) is None else None
 
     @property
     def dead(self) -> str:
@@ -150,7 +170,8 @@ class Topics:
 
     def _is_ours(self, topic: str) -> bool:
         status = f"{self.prefix}/status"
-        return topic in (self.dead, status) or topic.startswith((self.dead + "/", status + "/"))
+        bases = (self.dead, status, self.cancel)
+        return topic in bases or topic.startswith(tuple(base + "/" for base in bases))
 
     @functools.lru_cache(maxsize=TOPIC_CACHE_SIZE)  # noqa: B019 -- as for `route`
     def reply_problem(self, topic: str, caller: str | None) -> str | None:

@@ -26,18 +26,19 @@ import contextlib
 import logging
 import math
 import random
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Self
 
 from toolbus.calls.inflight import InFlight, Slots
 from toolbus.doors.envelope.pipeline import Pipeline
 from toolbus.observability.metrics import Metrics
 from toolbus.tools.registry import Registry
-from toolbus.transport import BrokerRefused, MqttConnection, TransportError
+from toolbus.transport import BrokerRefused, MqttConnection, SubscriptionRefused, TransportError
 from toolbus.wire.broker import BrokerUrl
+from toolbus.wire.messages import Inbound
 from toolbus.wire.tasks import cancel_and_wait
 from toolbus.wire.topics import Topics
-from toolbus.worker.fleet import Fleet
+from toolbus.worker.cancels import CancelIntake
 from toolbus.worker.handover import Handover
 from toolbus.worker.links import RECONNECT_FIRST_DELAY_S, Links, Takeovers
 from toolbus.worker.publisher import ConnectionPublisher
@@ -91,11 +92,11 @@ class Worker:
         self.broker, self.worker_id, self.topics = broker, worker_id, topics
         self.pipeline, self.mcp, self.metrics, self.fleet = pipeline, mcp, metrics, status.fleet
         self._publisher, self._status = publisher, status
+        self.cancels = CancelIntake(pipeline, topics, self.fleet)  # on the reply connection
         self._grace_s, self._publish_timeout_s = shutdown_grace_s, publish_timeout_s
         self._reconnect_max_delay_s = reconnect_max_delay_s
         self.client_ids, self._links = links.ids, links
-        self.subscribed = asyncio.Event()
-        self.draining = asyncio.Event()  # set once stopping has begun
+        self.subscribed, self.draining = asyncio.Event(), asyncio.Event()  # draining: stopping
         self.redeliveries = Redeliveries(
             pipeline.handle, publisher, slots.count, links.session_expiry_s
         )
@@ -191,7 +192,7 @@ class Worker:
                     self._conn = conn
                     # Acknowledges what arrives on it; a session not kept forgets the rest.
                     self.redeliveries.connected(conn, resumed=conn.session_present)
-                    self._publisher.attach(out)
+                    await _replies_on(out, self._publisher, self.topics)
                     # Taking first: a resumed session's requests come before the SUBACK,
                     # which the request connection reads only as they are taken.
                     consumer = asyncio.create_task(self._consume(conn), name="consume")
@@ -202,7 +203,7 @@ class Worker:
                     if not self.draining.is_set():  # online: every status, then the heartbeat
                         self._status.resume(self.in_flight, out)  # and the fleet's watch
                     delay_s = RECONNECT_FIRST_DELAY_S
-                    if await _consume_until(consumer, out, stop, self.fleet):
+                    if await _consume_until(consumer, out, stop, self.cancels.received):
                         await self._drain(conn, out)
                         return
             except TransportError as exc:
@@ -295,12 +296,26 @@ async def _take_slot(in_flight: InFlight, conn: MqttConnection) -> None:
             return
 
 
+async def _replies_on(out: MqttConnection, publisher: ConnectionPublisher, topics: Topics) -> None:
+    """Replies go out on `out`, and cancels come in on it: a plain subscription to every
+    cancel (`worker/cancels.py`). A broker whose ACL refuses it (one set up before
+    cancels) leaves this worker deaf to cancels, said once per connect, and serving
+    calls as before."""
+    publisher.attach(out)
+    try:
+        await out.subscribe([topics.cancels], retained=False)
+    except SubscriptionRefused as exc:
+        log.warning("cancels will not be heard: %s (docs/topics.md, Cancel)", exc)
+
+
 async def _consume_until(
-    consumer: asyncio.Task[None], out: MqttConnection, stop: asyncio.Event, fleet: Fleet | None
+    consumer: asyncio.Task[None],
+    out: MqttConnection,
+    stop: asyncio.Event,
+    received: Callable[[Inbound], None],
 ) -> bool:
     """Consume until stop (True) or until either connection fails (raises). What comes on
-    the reply connection (statuses, when the fleet is watched) goes to `fleet`."""
-    received = fleet.received if fleet is not None else None
+    the reply connection (cancels; statuses, when the fleet is watched) goes to `received`."""
     replies_lost = asyncio.create_task(out.lost(received), name="replies-watch")
     stopper = asyncio.create_task(stop.wait(), name="stop-wait")
     done, _ = await asyncio.wait(

@@ -204,6 +204,7 @@ def build_worker(
         settings.dedup_ttl_s,
         executor.idempotent,
         max_reply_bytes=settings.dedup_max_reply_bytes,
+        cancel_remember_s=settings.cancel_remember_s,
     )
     slots = Slots(settings.concurrency)
     pipeline = Pipeline(

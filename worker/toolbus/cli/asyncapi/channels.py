@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from toolbus.cli.asyncapi.messages import (
+    cancel_message,
     operator_messages,
     reply_messages,
     request_messages,
@@ -102,6 +103,7 @@ def components() -> dict[str, Any]:
         "toolsRequest": tools_request(),
         **reply_messages(),
         "trace": trace_message(),
+        "cancel": cancel_message(),
         **operator_messages(),
     }
     return {key: {"name": key, **message} for key, message in messages.items()}
@@ -145,6 +147,17 @@ def channels() -> dict[str, Any]:
             "A call's spans, after its reply, when the request asked (`publish_trace`, the "
             "user property `toolbus-publish-trace: 1`, or `publish_traces` for all).",
             {"trace": None},
+        ),
+        "cancel": _channel(
+            _LAYOUT.cancel,
+            "A caller's cancel of its call (`caller` in the body).",
+            {"cancel": None},
+        ),
+        "cancelCaller": _channel(
+            f"{_LAYOUT.cancel}/{{caller}}",
+            "A cancel from the caller the topic names (`caller_identity = topic`: the ACL's "
+            "`cancel/{caller}`).",
+            {"cancel": None},
         ),
         "dead": _channel(_LAYOUT.dead, "Dead letters, for operators.", {"deadLetter": None}),
         "workerStatus": _channel(
@@ -198,6 +211,18 @@ def operations() -> dict[str, Any]:
             "messages": [{"$ref": f"#/channels/{channel}/messages/{key}"}],
         }
 
+    def cancel(channel: str) -> Any:
+        return {
+            "action": "receive",
+            "channel": {"$ref": f"#/channels/{channel}"},
+            "summary": "Cancel a caller's call, if it runs here.",
+            "description": "Every worker subscribes to `{prefix}/cancel/#` plainly (not "
+            "shared), so the one running the call hears it. No reply: the call's own final "
+            "reply says `cancelled`.",
+            "bindings": {"$ref": _OPERATION_BINDINGS + "qos1"},
+            "messages": [{"$ref": f"#/channels/{channel}/messages/cancel"}],
+        }
+
     calls = list(request_messages())
     return {
         "receiveCall": receive("call", "Run the call(s) a message holds.", calls, replies),
@@ -210,6 +235,8 @@ def operations() -> dict[str, Any]:
         "receiveCallerToolsRequest": receive(
             "toolsCaller", "List a caller's tools.", ["toolsRequest"], tools_replies
         ),
+        "receiveCancel": cancel("cancel"),
+        "receiveCallerCancel": cancel("cancelCaller"),
         "sendTrace": send("trace", "Publish a call's spans.", "trace", "qos1"),
         "sendDeadLetter": send("dead", "Dead-letter a request.", "deadLetter", "qos1"),
         "sendWorkerStatus": send(

@@ -304,3 +304,36 @@ def operator_messages() -> dict[str, Message]:
             "bindings": {"$ref": _BINDINGS + "plain"},
         },
     }
+
+
+def cancel_message() -> Message:
+    """A caller's cancel of its call (`doors/envelope/cancel.py`)."""
+    return {
+        "title": "Cancel",
+        "summary": "Cancel the call with this id: only the caller that made it can.",
+        "description": "The call is named as its dedup key names it: by `caller` (the "
+        "body's, in `claim` mode, or the topic's) and `id`; a client without a caller adds "
+        "the call's reply topic (the same Response Topic, or `reply_to`). Never answered: "
+        "the call's own final reply is `cancelled` (`details.started`, `in_doubt`, "
+        "`cause`). One that comes before its call is remembered for `cancel_remember_s`.",
+        "contentType": CONTENT_TYPE,
+        "payload": {
+            "type": "object",
+            "required": ["id"],
+            "properties": {
+                "id": {"type": "string", "minLength": 1, "description": "The call's id."},
+                "caller": {"type": "string", "description": "`claim` mode: who made it."},
+                "reply_to": {
+                    "type": "string",
+                    "description": "A caller without a name: the call's reply topic.",
+                },
+            },
+        },
+        "bindings": {"$ref": _BINDINGS + "plain"},
+        "examples": _examples(
+            [
+                ("named", {"id": "req-42", "caller": "kitchen"}),
+                ("anonymous", {"id": "req-42", "reply_to": "toolbus/reply/my-client"}),
+            ]
+        ),
+    }

@@ -26,6 +26,7 @@ from toolbus.calls.quotas import Quotas
 from toolbus.calls.replies import INTERNAL, internal_reply
 from toolbus.calls.running import ProgressSink
 from toolbus.dedup import Once
+from toolbus.doors.envelope.cancel import decode_cancel
 from toolbus.doors.envelope.decode import MAX_CALLS, Calls, Rejected, decode
 from toolbus.doors.envelope.encode import (
     calls_failure,
@@ -131,6 +132,23 @@ class Pipeline:
     def stopping(self) -> None:
         """From now on a call cancelled mid-way answers `unavailable` (the worker stops)."""
         self._answerer.stopping()
+
+    async def cancel(self, message: Inbound) -> bool:
+        """A cancel message (`doors/envelope/cancel.py`): never answered, never raising.
+        True when the call it names runs here and was cancelled. What it names is logged
+        by the request id only (a caller's reply topic may say who it is)."""
+        order = decode_cancel(message, self.topics)
+        if isinstance(order, str):
+            log.info("ignored a cancel on %s: %s", shown(message.topic), order)
+            return False
+        try:
+            found = await self._answerer.cancel(order.key)
+        except Exception:
+            log.exception("failed cancelling %s", shown(order.ident))
+            return False
+        # Not here: at another worker, early, answered already, or someone else's id.
+        log.info("cancel of %s: %s", shown(order.ident), "running here" if found else "remembered")
+        return found
 
     async def handle(self, message: Inbound) -> Unconfirmed | None:
         """Answer one message: a reply, a dead letter, or (last resort) `internal`.
