@@ -190,3 +190,22 @@ async def test_redis_tombstones_answer_a_fresh_claim_and_stay_in_their_bound(
         assert held == [f"g\x1f{n:04}".encode() for n in range(20, 30)]
         counted = await store._redis.get(f"{prefix}:dedup-cancels:g:bytes")
         assert counted == str(10 * size).encode()
+
+
+async def test_redis_tombstones_of_all_callers_stay_in_a_window_budget(
+    redis_server: RedisServer,
+) -> None:
+    """In claim mode a caller's name is a claim: a flood may invent a name per cancel, so
+    the per-caller bound alone would not bound Redis. All callers' new tombstones share
+    `cancel_max_bytes` per window: beyond it a cancel is not remembered (the call, if it
+    runs somewhere, is still cancelled there), and Redis holds at most twice that."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    size = TOMBSTONE_OVERHEAD_BYTES + len("c0000\x1fx")
+    bounds = Bounds(cancel_max_bytes=50 * size)
+    async with RedisStore(redis_server.url, "w1", prefix=prefix, bounds=bounds) as store:
+        for n in range(200):
+            await store.remember_cancel(f"c{n:04}\x1fx", 60)
+        kept = [n for n in range(200) if (await store.claim(f"c{n:04}\x1fx", 60)).cancelled]
+    # 50 in one window; up to 50 more only if the loop crossed into the next window.
+    assert 50 <= len(kept) <= 100 and kept[:50] == list(range(50))
+

@@ -14,7 +14,10 @@ by bytes and per caller: one caller's tombstones hold at most
 `Bounds.cancel_caller_max_bytes` (its oldest give way), and in the memory store all
 of them at most `Bounds.cancel_max_bytes` (beyond it a new one is not kept: the call
 still gets cancelled if it is running here). In Redis each caller's tombstones are one
-sorted set by expiry, expiring as a whole with its newest member.
+sorted set by expiry, expiring as a whole with its newest member; and all callers'
+together get `Bounds.cancel_max_bytes` of new tombstones per `cancel_remember_s` window
+(a counter per window), so what they hold in all stays under twice that, however many
+caller names a claim-mode flood invents.
 """
 
 from __future__ import annotations
@@ -30,6 +33,22 @@ TOMBSTONE_OVERHEAD_BYTES = 120  # a dict entry and its float, measured roughly
 def tombstones_key(prefix: str, key: str) -> str:
     """The Redis sorted set of the tombstones of `key`'s owner."""
     return f"{prefix}:dedup-cancels:{owner_of(key)}"
+
+
+def budget_key(prefix: str, ttl_s: float) -> str:
+    """The Redis counter of the bytes all callers' new tombstones took in this window
+    (windows of `ttl_s`; workers' clocks only need to agree to within a window)."""
+    return f"{prefix}:dedup-cancels-budget:{int(time.time() // max(ttl_s, 1.0))}"
+
+
+def remember_call(
+    prefix: str, key: str, ttl_s: float, caller_max_bytes: int, max_bytes: int
+) -> tuple[list[str], list[str | int]]:
+    """The keys and arguments of `REMEMBER` for a cancel of `key` kept `ttl_s`."""
+    zkey = tombstones_key(prefix, key)
+    keys = [zkey, zkey + ":bytes", budget_key(prefix, ttl_s)]
+    ttl_ms = max(1, int(ttl_s * 1000))
+    return keys, [key, ttl_ms, caller_max_bytes, TOMBSTONE_OVERHEAD_BYTES, max_bytes]
 
 
 def tombstone_size(key: str) -> int:
@@ -93,13 +112,20 @@ class Tombstones:
 
 
 # KEYS[1]: the owner's tombstones (a sorted set, scored by expiry in ms), KEYS[2]: the
-# bytes they hold. ARGV[1]: the store key, ARGV[2]: ttl ms, ARGV[3]: the owner's bound,
-# ARGV[4]: the overhead counted per tombstone. Expired ones go first, then the oldest
+# bytes they hold, KEYS[3]: the bytes all owners' new tombstones took in this window.
+# ARGV[1]: the store key, ARGV[2]: ttl ms, ARGV[3]: the owner's bound, ARGV[4]: the
+# overhead counted per tombstone, ARGV[5]: the window's bound for all owners. A new one
+# beyond the window's bound is not kept (0). Expired ones go first, then the oldest
 # until the owner is within its bound; both keys expire with the newest tombstone.
 REMEMBER = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local over = tonumber(ARGV[4])
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  local spent = redis.call('INCRBY', KEYS[3], #ARGV[1] + over)
+  redis.call('PEXPIRE', KEYS[3], 2 * tonumber(ARGV[2]))
+  if spent > tonumber(ARGV[5]) then return 0 end
+end
 local bytes = tonumber(redis.call('GET', KEYS[2]) or '0')
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
   bytes = bytes - #m - over

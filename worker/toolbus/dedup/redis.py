@@ -31,7 +31,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from toolbus.dedup.cancels import REMEMBER, TOMBSTONE_OVERHEAD_BYTES, tombstones_key
+from toolbus.dedup.cancels import REMEMBER, remember_call, tombstones_key
 from toolbus.dedup.ledger import Bounds
 from toolbus.dedup.recovery import GRACE_S, Journal
 from toolbus.dedup.redis_fleet import HEARTBEAT_S, Fleet
@@ -226,9 +226,9 @@ class RedisStore:
         return Claim("fresh", cancelled=cancelled)
 
     async def remember_cancel(self, key: str, ttl_s: float) -> None:
-        zkey, bound = tombstones_key(self._prefix, key), self._bounds.cancel_caller_max_bytes
-        args: list[str | int] = [key, max(1, int(ttl_s * 1000)), bound, TOMBSTONE_OVERHEAD_BYTES]
-        await self._remember(keys=[zkey, zkey + ":bytes"], args=args)
+        bounds = self._bounds.cancel_caller_max_bytes, self._bounds.cancel_max_bytes
+        keys, args = remember_call(self._prefix, key, ttl_s, *bounds)
+        await self._remember(keys=keys, args=args)
 
     async def _found(self, raw: str) -> Claim:
         record = parse(raw)
