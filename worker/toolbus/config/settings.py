@@ -127,6 +127,12 @@ class Settings(BaseSettings):
         description="The bytes all dedup records may hold; beyond it the oldest replies of "
         "the caller holding the most give way to summaries.",
     )
+    task_ttl_s: float = Field(
+        default=3600.0, gt=0, description="How long a task's record and result are kept."
+    )
+    task_caller_max_bytes: int = Field(
+        default=4 << 20, ge=64 << 10, description="The bytes one caller's task records hold."
+    )
     session_expiry_s: int = Field(
         default=3600,
         ge=0,

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, JsonValue
 
 from toolbus.wire.model import McpServerState as McpServerState  # noqa: PLC0414 -- re-exported
 from toolbus.wire.model import WireModel as _Wire
+from toolbus.wire.task_wire import TASK_MODELS
 
 # The tool list's models, imported from here as they always were (re-exported).
 from toolbus.wire.tool_list import PendingServer as PendingServer  # noqa: PLC0414 -- see above
@@ -55,6 +56,8 @@ class ErrorCode(StrEnum):
     CANCELLED = "cancelled"
     """The caller cancelled the call (or its message expired while it ran). `details.started`
     says whether the tool had started; `details.in_doubt` that it may have taken effect."""
+    UNKNOWN_TASK = "unknown_task"
+    """`tasks/get` named no task of this caller's (none, another's, or past `task_ttl_s`)."""
 
 
 TraceUnavailable = Literal["not_recording", "not_sampled"]
@@ -138,6 +141,11 @@ class Options(_Wire):
     publish_trace: bool | None = Field(
         default=None,
         description="Publish this call's spans as OTLP JSON on `{reply_topic}/trace`.",
+    )
+    task: bool | None = Field(
+        default=None,
+        description="Run the call as a task: a first reply (`task_id`, `status: working`) at "
+        "once, the final reply (`ok`, `task_id`, `status`) pushed when it ends.",
     )
 
 
@@ -229,6 +237,8 @@ class Reply(_Wire):
     baggage: str | None = Field(
         default=None, description="W3C baggage of the reply, for MQTT 3.1.1 callers."
     )
+    task_id: str | None = Field(default=None, description="The task this reply ends.")
+    status: str | None = Field(default=None, description="The task's final status.")
     replayed: bool = Field(
         default=False,
         description="True when this answers a repeat (the same request id, from the same "
@@ -352,6 +362,7 @@ WIRE_MODELS: dict[str, type[BaseModel]] = {
     "dead-letter": DeadLetter,
     "worker-status": WorkerStatus,
     "server-status": ServerStatus,
+    **TASK_MODELS,
 }
 
 

@@ -43,6 +43,7 @@ from toolbus.wire.topics import ANONYMOUS_CALLER, Route, Topics
 from toolbus.wire.untrusted import may_hold_surrogates, shown, surrogate_path, text_problem
 
 PUBLISH_TRACE_PROPERTY = "toolbus-publish-trace"
+TASK_PROPERTY = "toolbus-task"
 
 # Bounds on what a refusal echoes back: a hostile body must not make a huge reply.
 MAX_ID_CHARS = 200
@@ -297,6 +298,7 @@ def _template(
     """What every call of a message shares: caller, deadline, reply address, trace; with
     the call's own id, tool and arguments for the envelope's one call (built once)."""
     deadline = deadline_at(message, request)
+    properties = message.user_properties
     if reply is not None and deadline is not None:
         reply = replace(reply, expires_at=deadline)
     return Call(
@@ -325,6 +327,8 @@ def _template(
         message_id=request.id,  # (an envelope's call: its own id, not a provider's)
         redelivered=message.redelivered,
         delivery=message.delivery_id,
+        task=bool(request.task)
+        or any(k == TASK_PROPERTY and v.lower() in ("1", "true") for k, v in properties),
     )
 
 

@@ -12,6 +12,7 @@ collects into a list.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Self
@@ -24,7 +25,9 @@ from toolbus.calls.execute import Executor
 from toolbus.calls.inflight import Slots
 from toolbus.calls.quotas import Quotas
 from toolbus.calls.replies import INTERNAL, internal_reply
+from toolbus.calls.tasks import Tasks
 from toolbus.dedup import Once
+from toolbus.dedup.tasks import TaskBoundExceeded, TaskStore
 from toolbus.doors.envelope.decode import MAX_CALLS, Calls, Rejected, decode
 from toolbus.doors.envelope.encode import (
     calls_failure,
@@ -33,6 +36,7 @@ from toolbus.doors.envelope.encode import (
     outbound_reply,
     reply_for_rejected,
 )
+from toolbus.doors.envelope.tasks_get import TaskDoor, refusal
 from toolbus.doors.envelope.together import run_together
 from toolbus.observability.export import COLLECTOR, TraceCollector, descendants, otlp_json
 from toolbus.observability.metrics import Metrics
@@ -47,6 +51,7 @@ from toolbus.observability.spans import (
     trace_id_of,
 )
 from toolbus.wire.contracts import CallsReply, ErrorBody, ErrorCode, Reply
+from toolbus.wire.errors import RateLimited
 from toolbus.wire.messages import Inbound, Outbound, Publisher, Unconfirmed
 from toolbus.wire.topics import MAX_REPLY_TOPIC_BYTES, Topics
 from toolbus.wire.untrusted import shown
@@ -71,6 +76,7 @@ class Pipeline:
         slots: the worker's message slots; a message of many calls borrows the free ones
             to run them at once (none: one after another).
         max_calls: the most calls one message may carry.
+        task_store, task_ttl_s: where calls run as tasks are kept, and how long.
     """
 
     def __init__(
@@ -90,6 +96,8 @@ class Pipeline:
         quotas: Quotas | None = None,
         slots: Slots | None = None,
         max_calls: int = MAX_CALLS,
+        task_store: TaskStore | None = None,
+        task_ttl_s: float = 3600.0,
     ) -> None:
         self.executor = executor
         self._once = once
@@ -112,16 +120,31 @@ class Pipeline:
         self._slots = slots if slots is not None else Slots(0)
         self._max_calls = max_calls
         self.running = self._answerer.running  # what a cancel finds (calls/running.py)
+        self._task_door = TaskDoor(topics, publisher, self._reply, self._dead)
+        push = self._task_door.push
+        self.tasks = None if task_store is None else Tasks(task_store, push, ttl_s=task_ttl_s)
 
     async def __aenter__(self) -> Self:
         """Open what the pipeline keeps across messages (the dedup store)."""
         if self._once is not None:
             await self._once.store.__aenter__()
+        if self.tasks is not None:
+            await self.tasks.store.__aenter__()
+            self.tasks.sweeping()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self.tasks is not None:
+            await self.tasks.drain(0.0)  # ended failed already unless `drain_tasks` ran
+            await self.tasks.store.__aexit__(*exc)
         if self._once is not None:
             await self._once.store.__aexit__(*exc)
+
+    async def drain_tasks(self, deadline: float) -> None:
+        """The worker stops: tasks not done by `deadline` (loop time) end failed in doubt."""
+        if self.tasks is not None:
+            within_s = deadline - asyncio.get_running_loop().time()
+            await self.tasks.drain(max(0.0, within_s))
 
     def stopping(self) -> None:
         """From now on a call cancelled mid-way answers `unavailable` (the worker stops)."""
@@ -137,6 +160,11 @@ class Pipeline:
         answered = False
         unconfirmed: Unconfirmed | None = None
         try:
+            is_get, topic_caller = self.topics.task_caller(message.topic)
+            if is_get:
+                answered = True  # a refusal to answer is logged, never `internal`
+                await self._task_door.get(message, topic_caller, self.tasks)
+                return None
             decoded = decode(message, self.topics, self._max_payload_bytes, self._max_calls)
             context = extract_context(message.user_properties, decoded.trace_fields)
             if context is None and records_nothing(self._tracer):
@@ -210,7 +238,15 @@ class Pipeline:
         return None
 
     async def _call(self, message: Inbound, call: Call) -> Unconfirmed | None:
-        """One call: its reply, or its dead letter when it failed and has no address."""
+        """One call: its reply, or its dead letter when it failed and has no address; as
+        a task, `working` now and the final reply pushed when it ends (calls/tasks.py)."""
+        if call.task and call.reply is not None and self.tasks is not None:
+            try:
+                await self.tasks.start(call, lambda: self._answerer.answer(call))
+            except TaskBoundExceeded:
+                refused = RateLimited("the caller's tasks fill its bound", limit="task_bytes")
+                return await self._reply(call.reply, refusal(call.id, refused))
+            return None
         reply = await self._answerer.answer(call)
         if call.reply is None:
             await self._dead_if_failed(message, call.id, reply)
