@@ -29,6 +29,12 @@ class ProgressSink(Protocol):
     def __call__(self, progress: float, total: float | None, message: str | None) -> None: ...
 
 
+class StatusSink(Protocol):
+    """Where an upstream task's status changes go (synchronous, never blocking)."""
+
+    def __call__(self, status: str, message: str | None) -> None: ...
+
+
 @dataclass(eq=False, slots=True)
 class RunningCall:
     """One call from its claim to its reply; its tool's `CallContext`."""
@@ -40,6 +46,7 @@ class RunningCall:
     sink: ProgressSink | None = None  # None: the caller did not ask for progress
     cancel_cause: str | None = None
     delivered: bool = False  # the cancel reached the tool's task (it had started)
+    status_sink: StatusSink | None = None  # None: not run as a toolbus task
     _task: asyncio.Task[object] | None = field(default=None, repr=False)
 
     @property
@@ -49,6 +56,10 @@ class RunningCall:
     def progress(self, progress: float, total: float | None, message: str | None) -> None:
         if self.sink is not None and self.cancel_cause is None:
             self.sink(progress, total, message)
+
+    def task_status(self, status: str, message: str | None) -> None:
+        if self.status_sink is not None and self.cancel_cause is None:
+            self.status_sink(status, message)
 
     def arm(self, task: asyncio.Task[object]) -> None:
         """The tool runs in `task` now: a cancel cancels it."""

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from toolbus.calls.call import Call, ReplyAddress
+from toolbus.calls.running import StatusSink
 from toolbus.dedup import Once
 from toolbus.dedup.redis_fleet import HEARTBEAT_S
 from toolbus.dedup.tasks import TaskRecord, TaskStore, orphaned, task_id_of
@@ -28,6 +29,9 @@ from toolbus.wire.contracts import Reply
 from toolbus.wire.task_wire import TaskState, TaskStatus
 
 log = logging.getLogger("toolbus.tasks")
+
+MAX_QUEUED = 64  # status changes waiting to be relayed, per task
+FINISHED_VALUES = frozenset({"completed", "failed", "cancelled"})  # the final reply says so
 
 DRAIN_GRACE_S = 2.0  # a stopping worker's wait for its tasks' ends to be kept
 
@@ -83,7 +87,7 @@ class Tasks:
     def in_flight(self) -> int:
         return len(self._running)
 
-    async def start(self, call: Call, run: Callable[[], Awaitable[Reply]]) -> None:
+    async def start(self, call: Call, run: Callable[[StatusSink], Awaitable[Reply]]) -> None:
         """Answer `working` at once and run the call; a retry gets its task's state."""
         assert call.reply is not None  # the door runs tasks only for calls with an address
         key = Once.key(call.caller, call.reply_topic, call.id) or call.id
@@ -111,10 +115,22 @@ class Tasks:
         self._running[record.task_id] = (task, record)
 
     async def _run(
-        self, record: TaskRecord, address: ReplyAddress, run: Callable[[], Awaitable[Reply]]
+        self,
+        record: TaskRecord,
+        address: ReplyAddress,
+        run: Callable[[StatusSink], Awaitable[Reply]],
     ) -> None:
+        # Status changes in order, each kept and pushed before the next and before the end.
+        changes: asyncio.Queue[tuple[str, str | None]] = asyncio.Queue(maxsize=MAX_QUEUED)
+
+        def sink(status: str, message: str | None) -> None:
+            with contextlib.suppress(asyncio.QueueFull):  # a flood: the latest still polled
+                changes.put_nowait((status, message))
+
+        relay = asyncio.create_task(self._relay(record, changes), name="task-status")
         try:
-            reply = await run()
+            reply = await run(sink)
+            await changes.join()
             status = status_of(reply)
             reply = reply.model_copy(update={"task_id": record.task_id, "status": status.value})
             if record.task_id in self._drained:
@@ -128,7 +144,21 @@ class Tasks:
                 log.warning("task store failed keeping the end of %s: %s", record.ident, exc)
             await self._push(address, reply)
         finally:
+            relay.cancel()
             self._running.pop(record.task_id, None)
+
+    async def _relay(
+        self, record: TaskRecord, changes: asyncio.Queue[tuple[str, str | None]]
+    ) -> None:
+        while True:
+            status, message = await changes.get()
+            try:
+                if status in {s.value for s in TaskStatus} and status not in FINISHED_VALUES:
+                    await self.status(record.task_id, TaskStatus(status), message)
+            except Exception as exc:  # a status lost is not the task lost
+                log.warning("task %s: could not relay a status: %s", record.ident, exc)
+            finally:
+                changes.task_done()
 
     async def status(self, task_id: str, status: TaskStatus, message: str | None) -> None:
         """A running task's new status (an upstream task's), kept and pushed."""

@@ -242,7 +242,9 @@ class Pipeline:
         a task, `working` now and the final reply pushed when it ends (calls/tasks.py)."""
         if call.task and call.reply is not None and self.tasks is not None:
             try:
-                await self.tasks.start(call, lambda: self._answerer.answer(call))
+                await self.tasks.start(
+                    call, lambda status: self._answerer.answer(call, None, status)
+                )
             except TaskBoundExceeded:
                 refused = RateLimited("the caller's tasks fill its bound", limit="task_bytes")
                 return await self._reply(call.reply, refusal(call.id, refused))
