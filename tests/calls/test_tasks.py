@@ -253,3 +253,12 @@ async def test_a_dead_owners_task_is_failed_in_doubt_by_another_worker(
         assert seen is not None and seen.status == "failed"
         assert json.loads(seen.reply or "{}")["error"]["details"]["in_doubt"] is True
         assert await two.orphans() == []  # marked once: nothing left working
+
+
+async def test_a_tool_configured_as_a_task_runs_as_one_unasked(tasks_store: TaskStore) -> None:
+    rig = task_rig(tasks_store, tools={"echo": {"task": True}})
+    async with rig.pipeline:
+        await rig.request({"id": "t1", "tool": "echo", "arguments": {"text": "hi"}})
+        final = await rig.final()
+        assert final["status"] == "completed" and final["task_id"]
+        assert rig.pipeline.tasks is not None and rig.pipeline.tasks.in_flight() == 0

@@ -240,7 +240,8 @@ class Pipeline:
     async def _call(self, message: Inbound, call: Call) -> Unconfirmed | None:
         """One call: its reply, or its dead letter when it failed and has no address; as
         a task, `working` now and the final reply pushed when it ends (calls/tasks.py)."""
-        if call.task and call.reply is not None and self.tasks is not None:
+        as_task = call.task or (not call.list_tools and self.executor.runs_as_task(call.tool))
+        if as_task and call.reply is not None and self.tasks is not None:
             try:
                 await self.tasks.start(
                     call, lambda status: self._answerer.answer(call, None, status)
