@@ -192,6 +192,7 @@ async def test_a_running_task_counts_against_the_in_flight_quota(tasks_store: Ta
         )
         (refused,) = rig.taken()
         assert refused["error"]["code"] == "rate_limited"
+        assert rig.pipeline.tasks_in_flight() == 1  # what `toolbus status` shows
         rig.probe.release.set()
         assert (await rig.final())["ok"] is True
 

@@ -139,7 +139,7 @@ class ToolSettings(BaseModel):
     )
     task: bool = Field(
         default=False,
-        description="Always run its calls as tasks (as if each asked `\"task\": true`).",
+        description='Always run its calls as tasks (as if each asked `"task": true`).',
     )
     guards: GuardSettings = Field(default_factory=GuardSettings)
     parameters: dict[str, ParameterSettings] = Field(default_factory=dict)

@@ -340,6 +340,7 @@ class WorkerStatus(_Wire):
         "stopping since the stop began, offline since it ended; null on the last will.",
     )
     in_flight: int = Field(default=0, description="Requests being handled now.")
+    tasks: int = Field(default=0, description="Calls run as tasks running here now.")
     handled: int = Field(
         default=0,
         description="Requests handled since the worker started (a message carrying many "

@@ -229,6 +229,7 @@ def build_worker(
         ),
         task_ttl_s=settings.task_ttl_s,
     )
+    status.tasks = pipeline.tasks_in_flight  # `toolbus status`: tasks in flight
     return Worker(
         broker=settings.broker,
         worker_id=worker_id,

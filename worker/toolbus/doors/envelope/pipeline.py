@@ -140,6 +140,9 @@ class Pipeline:
         if self._once is not None:
             await self._once.store.__aexit__(*exc)
 
+    def tasks_in_flight(self) -> int:
+        return 0 if self.tasks is None else self.tasks.in_flight()
+
     async def drain_tasks(self, deadline: float) -> None:
         """The worker stops: tasks not done by `deadline` (loop time) end failed in doubt."""
         if self.tasks is not None:
