@@ -178,6 +178,16 @@ def tools_request() -> Message:
     )
 
 
+def task_get_request() -> Message:
+    return _request(
+        "tasks/get request",
+        "Asks how a task stands, by the `task_id` its first reply gave; only the caller "
+        "that started it is told (anyone else: `unknown_task`).",
+        wire_ref("task-get"),
+        correlationId=_BY_ID,
+    )
+
+
 def reply_messages() -> dict[str, Message]:
     """Key -> message: every answer on a caller's reply topic."""
     messages = {
@@ -193,6 +203,13 @@ def reply_messages() -> dict[str, Message]:
             "(`result.text`: the names), and the MCP servers not ready when it was made "
             "(a list asked while they connect waits for them within its deadline).",
             {"allOf": [wire_ref("reply"), _listing()]},
+        ),
+        "taskState": _reply(
+            "TaskState",
+            "A call run as a task (`task: true`, or the tool's `task = true`): its first "
+            "reply (`status: working`, no `ok`), each status change, and `tasks/get`'s "
+            "answer while it runs. Its end is a `Reply` with `task_id` and `status`.",
+            wire_ref("task-state"),
         ),
         "callsReply": _reply(
             "CallsReply",
