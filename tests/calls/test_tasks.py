@@ -17,6 +17,9 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.support.harness import ListPublisher, RedisServer
 from tests.support.tools import Probe, probe_tools
@@ -73,11 +76,13 @@ class TaskRig:
                 await asyncio.sleep(0.01)  # polling what the pipeline publishes, bounded
 
 
-def task_rig(store: TaskStore, *, ttl_s: float = 60.0, **overrides: Any) -> TaskRig:
+def task_rig(
+    store: TaskStore, *, ttl_s: float = 60.0, tracer: Any = None, **overrides: Any
+) -> TaskRig:
     settings = Settings.model_validate({"topic_prefix": "tb", **overrides})
     probe = Probe()
     registry = build_registry([*BUILTIN_TOOLS, *probe_tools(probe)], settings)
-    executor = build_executor(settings, registry)
+    executor = build_executor(settings, registry, **({"tracer": tracer} if tracer else {}))
     sent = ListPublisher()
     pipeline = Pipeline(
         executor,
@@ -90,6 +95,7 @@ def task_rig(store: TaskStore, *, ttl_s: float = 60.0, **overrides: Any) -> Task
         quotas=Quotas(settings.callers),
         task_store=store,
         task_ttl_s=ttl_s,
+        **({"tracer": tracer} if tracer else {}),
     )
     return TaskRig(pipeline, sent, probe)
 
@@ -263,3 +269,22 @@ async def test_a_tool_configured_as_a_task_runs_as_one_unasked(tasks_store: Task
         final = await rig.final()
         assert final["status"] == "completed" and final["task_id"]
         assert rig.pipeline.tasks is not None and rig.pipeline.tasks.in_flight() == 0
+
+
+async def test_one_trace_from_the_request_to_the_tasks_final_reply() -> None:
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    rig = task_rig(MemoryTasks("w1"), tracer=provider.get_tracer("test"))
+    async with rig.pipeline:
+        await rig.request({"id": "t1", "tool": "gate", "task": True})
+        await rig.probe.wait_active(1)
+        (first,) = rig.taken()
+        rig.probe.release.set()
+        final = await rig.final()
+    [process] = [s for s in spans.get_finished_spans() if s.name.startswith("process ")]
+    trace_id = process.context.trace_id
+    sends = [s for s in spans.get_finished_spans() if s.name == f"send {REPLY}"]
+    assert sends and all(s.context.trace_id == trace_id for s in sends)
+    assert final["trace_id"] == format(trace_id, "032x")
+    assert first["task_id"] == final["task_id"]

@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Protocol
 
+from opentelemetry import trace
+
 from toolbus.calls.call import Call, ReplyAddress
 from toolbus.calls.running import StatusSink
 from toolbus.dedup import Once
@@ -76,8 +78,11 @@ class Tasks:
         ttl_s: how long a task's record (its result too) is kept (`task_ttl_s`).
     """
 
-    def __init__(self, store: TaskStore, push: Push, *, ttl_s: float) -> None:
+    def __init__(
+        self, store: TaskStore, push: Push, *, ttl_s: float, tracer: trace.Tracer | None = None
+    ) -> None:
         self.store = store
+        self._tracer = tracer or trace.get_tracer("toolbus")
         self._push = push
         self._ttl_s = ttl_s
         self._running: dict[str, tuple[asyncio.Task[None], TaskRecord]] = {}
@@ -110,9 +115,29 @@ class Tasks:
         await self._push(
             call.reply, TaskState(id=call.id, task_id=record.task_id, status=TaskStatus.WORKING)
         )
-        running = self._run(record, call.reply, run)
+        # The run outlives the message's span: its own span, a child of it, carries the
+        # trace to the final reply (one trace from the request to the task's end).
+        under = trace.get_current_span()
+        span = (
+            self._tracer.start_span(
+                f"task {call.tool}", attributes={"toolbus.task_id": record.task_id}
+            )
+            if under.is_recording()
+            else under
+        )
+        running = self._run_in(span, record, call.reply, run)
         task = asyncio.create_task(running, name=f"task-{record.task_id}")
         self._running[record.task_id] = (task, record)
+
+    async def _run_in(
+        self,
+        span: trace.Span,
+        record: TaskRecord,
+        address: ReplyAddress,
+        run: Callable[[StatusSink], Awaitable[Reply]],
+    ) -> None:
+        with trace.use_span(span, end_on_exit=span.is_recording()):
+            await self._run(record, address, run)
 
     async def _run(
         self,

@@ -122,7 +122,11 @@ class Pipeline:
         self.running = self._answerer.running  # what a cancel finds (calls/running.py)
         self._task_door = TaskDoor(topics, publisher, self._reply, self._dead)
         push = self._task_door.push
-        self.tasks = None if task_store is None else Tasks(task_store, push, ttl_s=task_ttl_s)
+        self.tasks = (
+            None
+            if task_store is None
+            else Tasks(task_store, push, ttl_s=task_ttl_s, tracer=self._tracer)
+        )
 
     async def __aenter__(self) -> Self:
         """Open what the pipeline keeps across messages (the dedup store)."""
