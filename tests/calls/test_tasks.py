@@ -288,3 +288,36 @@ async def test_one_trace_from_the_request_to_the_tasks_final_reply() -> None:
     assert sends and all(s.context.trace_id == trace_id for s in sends)
     assert final["trace_id"] == format(trace_id, "032x")
     assert first["task_id"] == final["task_id"]
+
+
+async def test_a_provider_shaped_call_runs_as_a_task_under_toolbus(tasks_store: TaskStore) -> None:
+    """One Anthropic `tool_use` block, its options under `toolbus` (a reply in our format:
+    a message of many calls answered in a provider's format is one reply, not a task)."""
+    rig = task_rig(tasks_store)
+    async with rig.pipeline:
+        block = {"type": "tool_use", "id": "toolu_1", "name": "echo", "input": {"text": "hi"}}
+        await rig.request({**block, "toolbus": {"task": True, "reply_format": "toolbus"}})
+        final = await rig.final()
+        assert final["id"] == "toolu_1" and final["status"] == "completed" and final["task_id"]
+
+
+async def test_redis_keeps_a_callers_task_bytes_within_its_bound(redis_server: RedisServer) -> None:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    async with RedisTasks(
+        redis_server.url, "w1", prefix=prefix, caller_max_bytes=64 << 10
+    ) as tasks:
+        assert await tasks.create(record("b1", "bob", tasks.owner)) is None
+        kept_whole = 0
+        for n in range(20):  # 20 results of 16 KiB from one caller, bound 64 KiB
+            result = {"id": f"a{n}", "ok": True, "result": {"text": "y" * (16 << 10)}}
+            started = record(f"a{n}", "alice", tasks.owner)
+            assert await tasks.create(started) is None
+            kept = await tasks.finish(
+                replace(started, status="completed", reply=json.dumps(result))
+            )
+            kept_whole += "reply_not_kept" not in (kept.reply or "")
+        assert kept_whole < 5  # the bound: the rest kept without their results
+        late = await tasks.get("a19")
+        assert late is not None and "reply_not_kept" in (late.reply or "")
+        assert await tasks.get("b1") is not None  # another caller's record untouched
+        assert await tasks.create(record("b2", "bob", tasks.owner)) is None

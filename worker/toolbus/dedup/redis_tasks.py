@@ -67,9 +67,16 @@ return ''
 """
 )
 
-# ARGV: json, task id, size, limit, now ms, expires ms, stripped json, its size
+# ARGV: json, task id, size, limit, now ms, expires ms, stripped json, its size. A record
+# gone (past its TTL while it ran) is not written again: it would never expire.
 FINISH = (
-    _COUNT
+    """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('SREM', KEYS[2], ARGV[2])
+  return 2
+end
+"""
+    + _COUNT
     + """
 local body, size = ARGV[1], ARGV[3]
 if not fits then body, size = ARGV[7], ARGV[8] end
@@ -220,7 +227,7 @@ class RedisTasks:
         args = [*self._args(record), stripped.to_json(), stripped.size()]
         kept = await self._finish(keys=keys, args=args)
         self._mine.discard(record.task_id)
-        return record if kept else stripped
+        return stripped if kept == 0 else record
 
     async def orphans(self) -> list[TaskRecord]:
         ids = [_text(i) for i in await self._redis.smembers(self._working())]
