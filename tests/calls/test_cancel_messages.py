@@ -208,4 +208,3 @@ async def test_redis_tombstones_of_all_callers_stay_in_a_window_budget(
         kept = [n for n in range(200) if (await store.claim(f"c{n:04}\x1fx", 60)).cancelled]
     # 50 in one window; up to 50 more only if the loop crossed into the next window.
     assert 50 <= len(kept) <= 100 and kept[:50] == list(range(50))
-

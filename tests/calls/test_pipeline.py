@@ -800,6 +800,22 @@ async def test_rate_limited_beyond_max_in_flight_without_waiting() -> None:
 
 
 # Every wire code has a case above; a new code fails here until it has one too.
+async def test_unknown_task_from_a_worker_that_keeps_no_tasks(rig: Rig) -> None:
+    """tasks/get is answered on the asker's reply topic (the cases with task records:
+    tests/calls/test_tasks.py)."""
+    await rig.pipeline.handle(
+        Inbound(
+            topic="tb/tasks/get",
+            payload=json.dumps({"task_id": "nope", "id": "q1"}).encode(),
+            response_topic=REPLY,
+            correlation_data=CORRELATION,
+        )
+    )
+    answer = rig.reply()
+    assert answer["id"] == "q1" and answer["ok"] is False
+    assert answer["error"]["code"] == "unknown_task"
+
+
 CODES_WITH_A_CASE = {
     "bad_request": test_bad_request,
     "unknown_tool": test_unknown_tool_with_candidates,
@@ -813,6 +829,7 @@ CODES_WITH_A_CASE = {
     "rate_limited": test_rate_limited_beyond_the_caller_quota_and_only_that_caller,
     "reply_not_kept": test_reply_not_kept_for_a_repeat_of_a_reply_over_the_bound,
     "cancelled": test_cancelled_while_running_and_before_it_started,
+    "unknown_task": test_unknown_task_from_a_worker_that_keeps_no_tasks,
 }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import json
 import os
 import shutil
 import subprocess
@@ -188,6 +189,31 @@ async def test_a_caller_login_cannot_take_the_workers_client_id(
         assert (await echo(kitchen, "kitchen", "toolbus/reply/kitchen/r2"))["ok"] is True
     assert dynsec_worker._conn is before
     assert before.connected
+
+
+async def test_a_callers_tasks_under_its_own_levels(
+    dynsec_worker: Worker, dynsec_broker: Broker
+) -> None:
+    """The shipped roles let a caller start a task and read it on `tasks/get/{itself}`;
+    another caller, on its own level, is told `unknown_task`."""
+    async with (
+        caller(dynsec_broker, "kitchen") as kitchen,
+        caller(dynsec_broker, "garage") as garage,
+    ):
+        reply = "toolbus/reply/kitchen/t1"
+        await kitchen.subscribe(reply)
+        body = {"id": "task-1", "task": True, "arguments": {"text": "kitchen"}}
+        first, _ = await kitchen.call("toolbus/call/kitchen/echo", body, reply_topic=reply)
+        assert first["status"] == "working"
+        final = json.loads((await kitchen.next_message()).payload)
+        assert final["ok"] is True and final["task_id"] == first["task_id"]
+        asked = {"task_id": first["task_id"]}
+        mine, _ = await kitchen.call("toolbus/tasks/get/kitchen", asked, reply_topic=reply)
+        assert mine["status"] == "completed" and mine["ok"] is True
+        theirs, _ = await garage.call(
+            "toolbus/tasks/get/garage", asked, reply_topic="toolbus/reply/garage/t1"
+        )
+        assert theirs["error"]["code"] == "unknown_task"
 
 
 def compose_healthcheck(port: int) -> list[str]:

@@ -21,7 +21,7 @@ from toolbus.calls.execute import Executor, Outcome
 from toolbus.calls.preparation import Prepared
 from toolbus.calls.quotas import Quotas
 from toolbus.calls.replies import internal_reply, reply_for_call
-from toolbus.calls.running import ProgressSink, RunningCall, RunningCalls
+from toolbus.calls.running import ProgressSink, RunningCall, RunningCalls, StatusSink
 from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict, fingerprint
 from toolbus.observability.metrics import Metrics
 from toolbus.observability.spans import DEDUP_REPLAYED, mark_failed
@@ -95,20 +95,25 @@ class Answerer:
         """How many more of `caller`'s calls its quota lets run at once (None: any)."""
         return self._quotas.room(caller)
 
-    async def answer(self, call: Call, sink: ProgressSink | None = None) -> Reply:
+    async def answer(
+        self, call: Call, sink: ProgressSink | None = None, status: StatusSink | None = None
+    ) -> Reply:
         """One call's reply, never raising: refused, replayed, or run and classified.
 
         Nothing is published here: a message of many calls answers them all at once.
-        `sink`: where the door sends the call's progress (None: the caller did not ask).
+        `sink`: where the door sends the call's progress (None: the caller did not ask);
+        `status`: where an upstream task's status goes (a call run as a toolbus task).
         """
         try:
-            return await self._reply_to_call(call, sink)
+            return await self._reply_to_call(call, sink, status)
         except Exception:
             log.exception("failed answering %s (%s)", call.id, shown(call.tool))
             self._metrics.internal_error("answer")
             return internal_reply(call.id, call.id_generated)
 
-    async def _reply_to_call(self, call: Call, sink: ProgressSink | None) -> Reply:
+    async def _reply_to_call(
+        self, call: Call, sink: ProgressSink | None, status: StatusSink | None = None
+    ) -> Reply:
         if call.problem is not None:  # what the call itself got wrong (a provider shape's)
             return self._refused(call, call.problem)
         # The caller as quotas, dedup and access will see it (`call/{a}/{b}` may name one).
@@ -126,14 +131,16 @@ class Answerer:
             self._metrics.rate_limited(str(error.details.get("limit")))
             return self._refused(call, error)
         with ticket:
-            return await self._admitted(call, sink)
+            return await self._admitted(call, sink, status)
 
     def _refused(self, call: Call, error: ToolbusError) -> Reply:
         """Answered at once, nothing claimed or run."""
         mark_failed(trace.get_current_span(), error.code.value)
         return reply_for_call(call, Outcome(tool=None, error=error))
 
-    async def _admitted(self, call: Call, sink: ProgressSink | None) -> Reply:
+    async def _admitted(
+        self, call: Call, sink: ProgressSink | None, status: StatusSink | None = None
+    ) -> Reply:
         """Prepared once, claimed with what was prepared, then run, replayed or refused.
 
         A stop cancels whatever this is waiting for (MCP servers starting, a repeat's
@@ -162,6 +169,7 @@ class Answerer:
                     sink,
                     extend_on_progress=call.extend_on_progress,
                 )
+                home.status_sink = status
                 with self.running.running(home):
                     prepared.running, home.span = home, prepared.span
                     await self._executor.ready(prepared)

@@ -124,6 +124,13 @@ class Executor:
         except ToolbusError:
             return False
 
+    def runs_as_task(self, name: str) -> bool:
+        """Is the tool this name resolves to configured to run as a task (`task = true`)?"""
+        try:
+            return self.registry.resolve(name).tool.settings.task
+        except ToolbusError:
+            return False
+
     def list_tools(
         self,
         caller: str | None,

@@ -31,6 +31,12 @@ class ProgressSink(Protocol):
     def __call__(self, progress: float, total: float | None, message: str | None) -> None: ...
 
 
+class StatusSink(Protocol):
+    """Where an upstream task's status changes go (synchronous, never blocking)."""
+
+    def __call__(self, status: str, message: str | None) -> None: ...
+
+
 @dataclass(eq=False, slots=True)
 class RunningCall:
     """One call from its claim to its reply; its tool's `CallContext`."""
@@ -45,6 +51,7 @@ class RunningCall:
     extend_on_progress: bool = False  # the caller lets progress push the deadline
     # The call's `execute_tool` span: progress and a cancel are events on it.
     span: trace.Span | None = None
+    status_sink: StatusSink | None = None  # None: not run as a toolbus task
     _task: asyncio.Task[object] | None = field(default=None, repr=False)
     _extend: Callable[[], None] | None = field(default=None, repr=False)
 
@@ -68,6 +75,10 @@ class RunningCall:
     def extending(self, extend: Callable[[], None] | None) -> None:
         """What pushes the deadline on each progress update (`invoke_within`'s timer)."""
         self._extend = extend
+
+    def task_status(self, status: str, message: str | None) -> None:
+        if self.status_sink is not None and self.cancel_cause is None:
+            self.status_sink(status, message)
 
     def arm(self, task: asyncio.Task[object]) -> None:
         """The tool runs in `task` now: a cancel cancels it."""

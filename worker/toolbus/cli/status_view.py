@@ -107,7 +107,9 @@ def render(pool: Pool, topics: Topics, note: str = "") -> RenderableType:
     now = datetime.now(UTC)
     workers = pool.workers()
     offline = {w.worker_id for w in workers if w.state == "offline"}
-    table = Table("worker", "state", "since", "version", "in flight", "handled", title="workers")
+    table = Table(
+        "worker", "state", "since", "version", "in flight", "tasks", "handled", title="workers"
+    )
     for worker in workers:
         state = Text(worker.state, style=STATE_STYLES.get(worker.state, "red"))
         since = _since(worker.since, now) if worker.since else "lost (last will)"
@@ -117,6 +119,7 @@ def render(pool: Pool, topics: Topics, note: str = "") -> RenderableType:
             since,
             _plain(worker.version or "-"),  # a status from before versions were reported
             str(worker.in_flight),
+            str(worker.tasks),
             str(worker.handled),
         )
     servers = Table(

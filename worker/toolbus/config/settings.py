@@ -12,9 +12,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from toolbus.config.callers import CallerProfile
+from toolbus.config.records import RecordSettings
 from toolbus.config.servers import McpPolicy, McpServerConfig
 from toolbus.config.tools import DEFAULT_GUARDS, GuardSettings, ToolSettings, complete_guards
 from toolbus.wire.broker import BrokerUrl as BrokerUrl  # noqa: PLC0414 -- re-exported: its former home
@@ -30,7 +31,7 @@ MIN_CLIENT_ID_SECRET_BYTES = 16
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-class Settings(BaseSettings):
+class Settings(RecordSettings):
     """Everything the worker can be told. Units are in the names."""
 
     model_config = SettingsConfigDict(
@@ -94,45 +95,6 @@ class Settings(BaseSettings):
         max_length=65535,
         description="The MQTT client id of `toolbus call`, `tools` and `status` (not the "
         "worker's): unset, the login when caller_identity is `topic`, else random.",
-    )
-    dedup_store: str = Field(
-        default="memory",
-        description="Where request ids are deduplicated: `memory` (this worker) or "
-        "`redis://host:port/db` (shared by replicas; needs `toolbus[redis]`).",
-    )
-    dedup_ttl_s: float = Field(
-        default=600.0, gt=0, description="How long a request id's reply is kept for repeats."
-    )
-    dedup_max_records: int = Field(
-        default=10_000,
-        ge=1,
-        description="The memory store's bound on finished calls: beyond it the oldest of the "
-        "caller holding the most is forgotten (its repeat runs again).",
-    )
-    dedup_max_reply_bytes: int = Field(
-        default=64 << 10,
-        ge=1024,
-        description="The largest reply a dedup record keeps whole; a larger one is kept as a "
-        "summary, and its repeats get `reply_not_kept` (never a second run).",
-    )
-    dedup_caller_max_bytes: int = Field(
-        default=16 << 20,
-        ge=64 << 10,
-        description="The bytes one caller's dedup records may hold (memory store: this "
-        "worker; Redis: the fleet); beyond it its oldest replies give way to summaries.",
-    )
-    dedup_max_bytes: int = Field(
-        default=64 << 20,
-        ge=64 << 10,
-        description="The bytes all dedup records may hold; beyond it the oldest replies of "
-        "the caller holding the most give way to summaries.",
-    )
-    cancel_remember_s: float = Field(
-        default=60.0,
-        gt=0,
-        description="How long a cancel that came before its call is remembered (in the "
-        "dedup store): the call, if it comes within that time, is answered `cancelled` "
-        "without running.",
     )
     session_expiry_s: int = Field(
         default=3600,
@@ -263,13 +225,6 @@ class Settings(BaseSettings):
     def _broker_complete(self) -> Self:
         _ = self.broker  # the credentials and TLS files fit together and with the URL
         return self
-
-    @field_validator("dedup_store")
-    @classmethod
-    def _store_url(cls, value: str) -> str:
-        if value != "memory" and not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("dedup_store is `memory` or a redis:// URL")
-        return value
 
     @field_validator("topic_prefix")
     @classmethod

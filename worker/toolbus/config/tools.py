@@ -143,6 +143,10 @@ class ToolSettings(BaseModel):
         "dead worker runs again instead of answering `in_doubt`. Unset: the MCP tool's "
         "readOnlyHint/idempotentHint annotations decide; local tools are not.",
     )
+    task: bool = Field(
+        default=False,
+        description='Always run its calls as tasks (as if each asked `"task": true`).',
+    )
     guards: GuardSettings = Field(default_factory=GuardSettings)
     parameters: dict[str, ParameterSettings] = Field(default_factory=dict)
 

@@ -59,6 +59,7 @@ from toolbus.dedup.ledger import Bounds
 from toolbus.dedup.memory import MemoryStore
 from toolbus.dedup.store import KEY_SEP, Claim, DedupStore, Started, described, fingerprint
 from toolbus.dedup.summary import kept_for_repeats
+from toolbus.dedup.tasks import TASK_CALLER_MAX_BYTES, MemoryTasks, TaskStore
 from toolbus.wire.contracts import Reply
 from toolbus.wire.errors import (
     BadRequest,
@@ -385,3 +386,14 @@ def open_store(
         ),
         bounds=bounds,
     )
+
+
+def open_tasks(
+    url: str, worker_id: str, *, prefix: str, caller_max_bytes: int = TASK_CALLER_MAX_BYTES
+) -> TaskStore:
+    """The task records beside the dedup store: `memory`, or the same Redis."""
+    if url == "memory":
+        return MemoryTasks(worker_id, caller_max_bytes=caller_max_bytes)
+    from toolbus.dedup.redis_tasks import RedisTasks  # noqa: PLC0415 -- only with Redis
+
+    return RedisTasks(url, worker_id, prefix=prefix, caller_max_bytes=caller_max_bytes)

@@ -37,6 +37,10 @@ class CallContext(Protocol):
         """One progress update for the caller. Never blocks and never raises: the door
         queues, orders and rate-limits; a call whose caller did not ask drops it."""
 
+    def task_status(self, status: str, message: str | None) -> None:
+        """An upstream task's new status (`working`, `input_required`, ...) and message.
+        Never blocks: relayed to a caller running the call as a task, else dropped."""
+
 
 class Detached:
     """The context of a call no door waits on (a tool invoked directly, in a test or a
@@ -48,6 +52,9 @@ class Detached:
     cancel_cause: str | None = None
 
     def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """Nobody listens."""
+
+    def task_status(self, status: str, message: str | None) -> None:
         """Nobody listens."""
 
 

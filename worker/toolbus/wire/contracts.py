@@ -17,6 +17,8 @@ from pydantic import BaseModel, Field, JsonValue
 from toolbus.wire.model import McpServerState as McpServerState  # noqa: PLC0414 -- re-exported
 from toolbus.wire.model import WireModel as _Wire
 from toolbus.wire.progress import Progress as Progress  # noqa: PLC0414 -- re-exported
+from toolbus.wire.progress import Steering
+from toolbus.wire.task_wire import TASK_MODELS
 
 # The tool list's models, imported from here as they always were (re-exported).
 from toolbus.wire.tool_list import PendingServer as PendingServer  # noqa: PLC0414 -- see above
@@ -56,6 +58,8 @@ class ErrorCode(StrEnum):
     CANCELLED = "cancelled"
     """The caller cancelled the call (or its message expired while it ran). `details.started`
     says whether the tool had started; `details.in_doubt` that it may have taken effect."""
+    UNKNOWN_TASK = "unknown_task"
+    """`tasks/get` named no task of this caller's (none, another's, or past `task_ttl_s`)."""
 
 
 TraceUnavailable = Literal["not_recording", "not_sampled"]
@@ -88,7 +92,7 @@ class ToolsFormat(StrEnum):
     OLLAMA = "ollama"
 
 
-class Options(_Wire):
+class Options(Steering):
     """How to answer a request, under a `toolbus` object beside any provider shape.
 
     A provider's own fields (an Anthropic block's `caller`, say) never mean anything to
@@ -139,16 +143,6 @@ class Options(_Wire):
     publish_trace: bool | None = Field(
         default=None,
         description="Publish this call's spans as OTLP JSON on `{reply_topic}/trace`.",
-    )
-    progress: bool | None = Field(
-        default=None,
-        description="Send this call's progress updates (`Progress` messages) to the reply "
-        "topic before its reply (MQTT v5: or the user property `toolbus-progress: 1`).",
-    )
-    extend_on_progress: bool | None = Field(
-        default=None,
-        description="Each progress update restarts the call's deadline, never past the "
-        "tool's `max_timeout_s` (nor the message's expiry).",
     )
 
 
@@ -240,6 +234,8 @@ class Reply(_Wire):
     baggage: str | None = Field(
         default=None, description="W3C baggage of the reply, for MQTT 3.1.1 callers."
     )
+    task_id: str | None = Field(default=None, description="The task this reply ends.")
+    status: str | None = Field(default=None, description="The task's final status.")
     replayed: bool = Field(
         default=False,
         description="True when this answers a repeat (the same request id, from the same "
@@ -341,6 +337,7 @@ class WorkerStatus(_Wire):
         "stopping since the stop began, offline since it ended; null on the last will.",
     )
     in_flight: int = Field(default=0, description="Requests being handled now.")
+    tasks: int = Field(default=0, description="Calls run as tasks running here now.")
     handled: int = Field(
         default=0,
         description="Requests handled since the worker started (a message carrying many "
@@ -364,6 +361,7 @@ WIRE_MODELS: dict[str, type[BaseModel]] = {
     "dead-letter": DeadLetter,
     "worker-status": WorkerStatus,
     "server-status": ServerStatus,
+    **TASK_MODELS,
 }
 
 

@@ -145,6 +145,11 @@ class Cancelled(ToolbusError):
     summary = "the caller cancelled the call"
 
 
+class UnknownTask(ToolbusError):
+    code = ErrorCode.UNKNOWN_TASK
+    summary = "no such task for this caller"
+
+
 class NoReply(TimeoutError):
     """No reply arrived within the deadline, after every send (see the tree above); or
     only replies that each say their own delivery did not run, while another copy of the

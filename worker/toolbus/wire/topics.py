@@ -8,6 +8,8 @@
 {prefix}/tools/{caller}    list the tool definitions that caller may use
 {prefix}/cancel            cancel a call; the body names its `id` (and `caller`, claim mode)
 {prefix}/cancel/{caller}   cancel one of {caller}'s calls (caller_identity = "topic")
+{prefix}/tasks/get         a task's state; the caller in the body (`claim`)
+{prefix}/tasks/get/{caller}   a task's state for {caller} (`topic`)
 {prefix}/dead              dead letters: requests that could not be answered
 {prefix}/status/workers/{worker_id}           retained worker status, last will `offline`
 {prefix}/status/servers/{name}/{worker_id}    retained state of one MCP server at one worker
@@ -82,6 +84,20 @@ class Topics:
         return caller if text_problem(caller) is None else None
 
     @property
+    def tasks_get(self) -> str:
+        return f"{self.prefix}/tasks/get"
+
+    def task_caller(self, topic: str) -> tuple[bool, str | None]:
+        """Is `topic` a `tasks/get` one, and which caller its topic names (topic mode)."""
+        if topic == self.tasks_get:
+            return True, None
+        if not topic.startswith(self.tasks_get + "/"):
+            return False, None
+        caller = topic[len(self.tasks_get) + 1 :]
+        usable = len(caller) <= MAX_NAME_CHARS and text_problem(caller) is None
+        return True, caller if usable and "/" not in caller else ""
+
+    @property
     def dead(self) -> str:
         return f"{self.prefix}/dead"
 
@@ -112,7 +128,7 @@ class Topics:
 
     def subscriptions(self) -> tuple[str, ...]:
         # `call/#` also matches `call` itself (MQTT 3.1.1 §4.7.1.2).
-        filters = (f"{self.call}/#", f"{self.tools}/#")
+        filters = (f"{self.call}/#", f"{self.tools}/#", f"{self.tasks_get}/#")
         if not self.shared_group:
             return filters
         return tuple(f"$share/{self.shared_group}/{f}" for f in filters)
@@ -165,7 +181,8 @@ class Topics:
     def is_request(self, topic: str) -> bool:
         """Is `topic` one the worker takes requests on (well-formed or not)?"""
         return any(
-            topic == base or topic.startswith(base + "/") for base in (self.call, self.tools)
+            topic == base or topic.startswith(base + "/")
+            for base in (self.call, self.tools, f"{self.prefix}/tasks")
         )
 
     def _is_ours(self, topic: str) -> bool:

@@ -117,6 +117,7 @@ class Fleet:
                 "since": status.since.isoformat() if status.since else None,
                 "version": status.version,
                 "in_flight": status.in_flight,
+                "tasks": status.tasks,
                 "handled": status.handled,
                 "servers": {name: s.state for name, s in status.servers.items()},
                 "heard_s_ago": round(now - at, 1),

@@ -270,9 +270,9 @@ class Worker:
     async def _finish_handlers(self, deadline: float | None = None) -> None:
         """Let running calls finish until the deadline; answer the rest `unavailable`."""
         await self._begin_stopping()
-        if deadline is None:
-            deadline = asyncio.get_running_loop().time() + self._grace_s
+        deadline = deadline or asyncio.get_running_loop().time() + self._grace_s
         await self.in_flight.finish(deadline, self._publish_timeout_s)
+        await self.pipeline.drain_tasks(deadline)  # tasks not done by then end failed
 
 
 async def _take_slot(in_flight: InFlight, conn: MqttConnection) -> None:

@@ -117,6 +117,7 @@ class StatusReporter:
         self._online_since = clock()
         self._handled_before = 0  # for the will: what a crash would leave to say
         self._heartbeat: asyncio.Task[None] | None = None
+        self.tasks: Callable[[], int] = lambda: 0  # the pipeline's, once built (wiring)
         self._changes: set[asyncio.Task[None]] = set()
 
     # -- the worker's lifecycle ----------------------------------------------------
@@ -219,6 +220,7 @@ class StatusReporter:
             worker_id=self._worker_id,
             since=since,
             in_flight=counts.count,
+            tasks=self.tasks(),
             handled=counts.handled,
             servers={
                 name: ServerSummary(state=s.state, last_error=s.last_error)

@@ -22,7 +22,7 @@ from toolbus.calls.execute import Executor, Startup
 from toolbus.calls.inflight import Slots
 from toolbus.calls.quotas import Quotas
 from toolbus.config import Settings, tool_settings
-from toolbus.dedup import Bounds, Once, open_store
+from toolbus.dedup import Bounds, Once, open_store, open_tasks
 from toolbus.doors.envelope.pipeline import Pipeline
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
@@ -223,7 +223,15 @@ def build_worker(
         slots=slots,
         max_calls=settings.max_calls_per_message,
         progress_rate_per_s=settings.progress_rate_per_s,
+        task_store=open_tasks(
+            settings.dedup_store,
+            worker_id,
+            prefix=settings.topic_prefix,
+            caller_max_bytes=settings.task_caller_max_bytes,
+        ),
+        task_ttl_s=settings.task_ttl_s,
     )
+    status.tasks = pipeline.tasks_in_flight  # `toolbus status`: tasks in flight
     return Worker(
         broker=settings.broker,
         worker_id=worker_id,

@@ -30,6 +30,7 @@ from opentelemetry import trace
 
 from toolbus.backends.mcp.convert import call_error, describe
 from toolbus.backends.mcp.session import Session
+from toolbus.backends.mcp.tasks import call_as_task
 from toolbus.observability.propagation import inject_headers
 from toolbus.observability.spans import step_span
 from toolbus.tools.context import CallContext
@@ -48,6 +49,7 @@ class CallPlan:
     slots: asyncio.Semaphore  # the tool's own, or the server's, shared by its tools
     span_name: str
     span_attributes: Mapping[str, Any]
+    as_task: bool = False  # the server lists it `execution.taskSupport: required`
 
 
 def call_plan(
@@ -55,9 +57,12 @@ def call_plan(
     remote_name: str,
     slots: tuple[int, asyncio.Semaphore],
     server_span_attributes: Mapping[str, Any],
+    *,
+    as_task: bool = False,
 ) -> CallPlan:
     limit, semaphore = slots
     return CallPlan(
+        as_task=as_task,
         server=server,
         remote_name=remote_name,
         limit=limit,
@@ -99,6 +104,8 @@ async def _call(
     try:
         # No read timeout for the SDK: a call's deadline is the executor's (a cancellation),
         # so the SDK's own REQUEST_TIMEOUT never happens and a -32001 is the server's answer.
+        if plan.as_task:  # it runs only as a task: polled to its end (tasks.py)
+            return await call_as_task(current, plan.remote_name, arguments, meta, context)
         # A progress callback only when the caller asked: with it the SDK sends a
         # `progressToken` (the request id), without it none.
         return await current.session.call_tool(

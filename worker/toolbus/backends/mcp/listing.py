@@ -119,8 +119,10 @@ class ToolListing:
         settings = tool_settings(self._tool_settings, name, self.server)
         limit = settings.max_in_flight
         slots = (limit, asyncio.Semaphore(limit)) if limit else self._slots
+        execution = listed.execution
+        required = execution is not None and execution.task_support == "required"
         plans[remote_name] = planned = call_plan(
-            self.server, remote_name, slots, self._span_attributes
+            self.server, remote_name, slots, self._span_attributes, as_task=required
         )
         return to_tool(
             listed,

@@ -19,6 +19,7 @@ from toolbus.cli.asyncapi.messages import (
     operator_messages,
     reply_messages,
     request_messages,
+    task_get_request,
     tools_request,
     trace_message,
 )
@@ -101,6 +102,7 @@ def components() -> dict[str, Any]:
     messages = {
         **request_messages(),
         "toolsRequest": tools_request(),
+        "taskGetRequest": task_get_request(),
         **reply_messages(),
         "trace": trace_message(),
         "cancel": cancel_message(),
@@ -134,6 +136,16 @@ def channels() -> dict[str, Any]:
         "tools": _channel(_LAYOUT.tools, "A tools request.", tools),
         "toolsCaller": _channel(
             f"{_LAYOUT.tools}/{{caller}}", "A tools request: the tools that caller may use.", tools
+        ),
+        "tasksGet": _channel(
+            _LAYOUT.tasks_get,
+            "A tasks/get request; the body may name the caller (`caller_identity = claim`).",
+            {"taskGetRequest": None},
+        ),
+        "tasksGetCaller": _channel(
+            f"{_LAYOUT.tasks_get}/{{caller}}",
+            "A tasks/get request from the caller the topic names (`caller_identity = topic`).",
+            {"taskGetRequest": None},
         ),
         "reply": _channel(
             None,
@@ -179,6 +191,7 @@ def operations() -> dict[str, Any]:
 
     replies = answers(*(key for key in reply_messages() if key != "toolsReply"))
     tools_replies = answers("reply", "toolsReply")
+    task_answers = answers("taskState", "reply")
     reply_address = {
         "description": "The Response Topic (MQTT v5), else the body's `reply_to` (beside a "
         "provider's shape: `toolbus.reply_to`). Without one, a failed call is dead-lettered.",
@@ -237,6 +250,12 @@ def operations() -> dict[str, Any]:
         ),
         "receiveCancel": cancel("cancel"),
         "receiveCallerCancel": cancel("cancelCaller"),
+        "receiveTaskGet": receive(
+            "tasksGet", "Tell a task's state.", ["taskGetRequest"], task_answers
+        ),
+        "receiveCallerTaskGet": receive(
+            "tasksGetCaller", "Tell a caller's task's state.", ["taskGetRequest"], task_answers
+        ),
         "sendTrace": send("trace", "Publish a call's spans.", "trace", "qos1"),
         "sendDeadLetter": send("dead", "Dead-letter a request.", "deadLetter", "qos1"),
         "sendWorkerStatus": send(

@@ -182,6 +182,16 @@ def tools_request() -> Message:
     )
 
 
+def task_get_request() -> Message:
+    return _request(
+        "tasks/get request",
+        "Asks how a task stands, by the `task_id` its first reply gave; only the caller "
+        "that started it is told (anyone else: `unknown_task`).",
+        wire_ref("task-get"),
+        correlationId=_BY_ID,
+    )
+
+
 def reply_messages() -> dict[str, Message]:
     """Key -> message: every answer on a caller's reply topic."""
     messages = {
@@ -211,6 +221,13 @@ def reply_messages() -> dict[str, Message]:
             ),
             "headers": {"type": "object"},  # none: progress carries no trace context
         },
+        "taskState": _reply(
+            "TaskState",
+            "A call run as a task (`task: true`, or the tool's `task = true`): its first "
+            "reply (`status: working`, no `ok`), each status change, and `tasks/get`'s "
+            "answer while it runs. Its end is a `Reply` with `task_id` and `status`.",
+            wire_ref("task-state"),
+        ),
         "callsReply": _reply(
             "CallsReply",
             "The answer to a message of many calls in our format: each call's `Reply`, in "

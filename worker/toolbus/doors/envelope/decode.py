@@ -44,6 +44,7 @@ from toolbus.wire.untrusted import may_hold_surrogates, shown, surrogate_path, t
 
 PUBLISH_TRACE_PROPERTY = "toolbus-publish-trace"
 PROGRESS_PROPERTY = "toolbus-progress"
+TASK_PROPERTY = "toolbus-task"
 
 # Bounds on what a refusal echoes back: a hostile body must not make a huge reply.
 MAX_ID_CHARS = 200
@@ -328,6 +329,7 @@ def _template(
         delivery=message.delivery_id,
         progress=bool(request.progress) or _property_set(message, PROGRESS_PROPERTY),
         extend_on_progress=bool(request.extend_on_progress),
+        task=bool(request.task) or _property_set(message, TASK_PROPERTY),
     )
 
 

@@ -12,6 +12,7 @@ collects into a list.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Self
@@ -24,34 +25,36 @@ from toolbus.calls.execute import Executor
 from toolbus.calls.inflight import Slots
 from toolbus.calls.quotas import Quotas
 from toolbus.calls.replies import INTERNAL, internal_reply
-from toolbus.calls.running import ProgressSink
+from toolbus.calls.running import ProgressSink, StatusSink
+from toolbus.calls.tasks import Tasks
 from toolbus.dedup import Once
+from toolbus.dedup.tasks import TaskBoundExceeded, TaskStore
 from toolbus.doors.envelope.cancel import decode_cancel
 from toolbus.doors.envelope.decode import MAX_CALLS, Calls, Rejected, decode
 from toolbus.doors.envelope.encode import (
     calls_failure,
     calls_reply,
-    dead_letter,
     outbound_reply,
     reply_for_rejected,
 )
+from toolbus.doors.envelope.outbox import Outbox
 from toolbus.doors.envelope.progress import ProgressStream
+from toolbus.doors.envelope.tasks_get import TaskDoor, refusal
 from toolbus.doors.envelope.together import run_together
-from toolbus.observability.export import COLLECTOR, TraceCollector, descendants, otlp_json
+from toolbus.observability.export import COLLECTOR, TraceCollector
 from toolbus.observability.metrics import Metrics
-from toolbus.observability.propagation import carrying_baggage, extract_context, inject_headers
+from toolbus.observability.propagation import carrying_baggage, extract_context
 from toolbus.observability.sampling import call_context
 from toolbus.observability.spans import (
-    child_span,
     default_tracer,
     mark_failed,
     messaging_attributes,
     records_nothing,
-    trace_id_of,
 )
-from toolbus.wire.contracts import CallsReply, ErrorBody, ErrorCode, Reply
-from toolbus.wire.messages import Inbound, Outbound, Publisher, Unconfirmed
-from toolbus.wire.topics import MAX_REPLY_TOPIC_BYTES, Topics
+from toolbus.wire.contracts import CallsReply, Reply
+from toolbus.wire.errors import RateLimited
+from toolbus.wire.messages import Inbound, Publisher, Unconfirmed
+from toolbus.wire.topics import Topics
 from toolbus.wire.untrusted import shown
 
 log = logging.getLogger("toolbus.pipeline")
@@ -75,6 +78,7 @@ class Pipeline:
             to run them at once (none: one after another).
         max_calls: the most calls one message may carry.
         progress_rate_per_s: the most progress updates per second per call (0: no limit).
+        task_store, task_ttl_s: where calls run as tasks are kept, and how long.
     """
 
     def __init__(
@@ -95,6 +99,8 @@ class Pipeline:
         slots: Slots | None = None,
         max_calls: int = MAX_CALLS,
         progress_rate_per_s: float = 10.0,
+        task_store: TaskStore | None = None,
+        task_ttl_s: float = 3600.0,
     ) -> None:
         self.executor = executor
         self._once = once
@@ -102,11 +108,20 @@ class Pipeline:
         self._publisher = publisher
         self._worker_id = worker_id
         self._max_payload_bytes = max_payload_bytes
-        self._dead_letter_max_bytes = dead_letter_max_bytes
         self._publish_traces = publish_traces
         self._tracer = tracer or default_tracer()
         self._collector = collector or COLLECTOR
         self._metrics = metrics or executor.metrics
+        self._outbox = Outbox(
+            publisher,
+            tracer=self._tracer,
+            collector=self._collector,
+            metrics=self._metrics,
+            worker_id=worker_id,
+            dead_topic=topics.dead,
+            dead_letter_max_bytes=dead_letter_max_bytes,
+        )
+        self._reply, self._dead = self._outbox.reply, self._outbox.dead
         self._answerer = Answerer(
             executor,
             self._metrics,
@@ -118,16 +133,38 @@ class Pipeline:
         self._max_calls = max_calls
         self._progress_rate_per_s = progress_rate_per_s
         self.running = self._answerer.running  # what a cancel finds (calls/running.py)
+        self._task_door = TaskDoor(topics, publisher, self._reply, self._dead)
+        push = self._task_door.push
+        self.tasks = (
+            None
+            if task_store is None
+            else Tasks(task_store, push, ttl_s=task_ttl_s, tracer=self._tracer)
+        )
 
     async def __aenter__(self) -> Self:
         """Open what the pipeline keeps across messages (the dedup store)."""
         if self._once is not None:
             await self._once.store.__aenter__()
+        if self.tasks is not None:
+            await self.tasks.store.__aenter__()
+            self.tasks.sweeping()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self.tasks is not None:
+            await self.tasks.drain(0.0)  # ended failed already unless `drain_tasks` ran
+            await self.tasks.store.__aexit__(*exc)
         if self._once is not None:
             await self._once.store.__aexit__(*exc)
+
+    def tasks_in_flight(self) -> int:
+        return 0 if self.tasks is None else self.tasks.in_flight()
+
+    async def drain_tasks(self, deadline: float) -> None:
+        """The worker stops: tasks not done by `deadline` (loop time) end failed in doubt."""
+        if self.tasks is not None:
+            within_s = deadline - asyncio.get_running_loop().time()
+            await self.tasks.drain(max(0.0, within_s))
 
     def stopping(self) -> None:
         """From now on a call cancelled mid-way answers `unavailable` (the worker stops)."""
@@ -160,6 +197,11 @@ class Pipeline:
         answered = False
         unconfirmed: Unconfirmed | None = None
         try:
+            is_get, topic_caller = self.topics.task_caller(message.topic)
+            if is_get:
+                answered = True  # a refusal to answer is logged, never `internal`
+                await self._task_door.get(message, topic_caller, self.tasks)
+                return None
             decoded = decode(message, self.topics, self._max_payload_bytes, self._max_calls)
             context = extract_context(message.user_properties, decoded.trace_fields)
             if context is None and records_nothing(self._tracer):
@@ -193,7 +235,7 @@ class Pipeline:
                 unconfirmed = await self._dispatch(message, decoded)
                 answered = True
             if traced and not isinstance(decoded, Rejected) and decoded.reply is not None:
-                await self._publish_trace(decoded.id, decoded.reply, span)
+                await self._outbox.trace(decoded.id, decoded.reply, span)
         except Exception:
             log.exception("failed handling a message on %s", shown(message.topic))
             # After the answer only the trace could fail: the caller has heard already.
@@ -233,7 +275,16 @@ class Pipeline:
         return None
 
     async def _call(self, message: Inbound, call: Call) -> Unconfirmed | None:
-        """One call: its reply, or its dead letter when it failed and has no address."""
+        """One call: its reply, or its dead letter when it failed and has no address; as
+        a task, `working` now and the final reply pushed when it ends (calls/tasks.py)."""
+        as_task = call.task or (not call.list_tools and self.executor.runs_as_task(call.tool))
+        if as_task and call.reply is not None and self.tasks is not None:
+            try:
+                await self.tasks.start(call, lambda status: self._answer(call, call.reply, status))
+            except TaskBoundExceeded:
+                refused = RateLimited("the caller's tasks fill its bound", limit="task_bytes")
+                return await self._reply(call.reply, refusal(call.id, refused))
+            return None
         reply = await self._answer(call, call.reply)
         if call.reply is None:
             await self._dead_if_failed(message, call.id, reply)
@@ -264,17 +315,20 @@ class Pipeline:
             instead=lambda: calls_reply(calls, replies, message.received_at, checked=True),
         )
 
-    async def _answer(self, call: Call, address: ReplyAddress | None) -> Reply:
+    async def _answer(
+        self, call: Call, address: ReplyAddress | None, status: StatusSink | None = None
+    ) -> Reply:
         """The call's reply; with its progress, when asked, published to `address` under
-        the call's own id, all of it before the reply (the stream closes first)."""
+        the call's own id, all of it before the reply (the stream closes first). `status`:
+        a task's status pushes (calls/tasks.py), whose final push follows the progress."""
         if not call.progress or address is None:
-            return await self._answerer.answer(call)
+            return await self._answerer.answer(call, None, status)
         stream = ProgressStream(
             self._publisher, address, call.id, rate_per_s=self._progress_rate_per_s
         )
         sink: ProgressSink = stream
         try:
-            return await self._answerer.answer(call, sink)
+            return await self._answerer.answer(call, sink, status)
         finally:
             await stream.close()
 
@@ -336,53 +390,3 @@ class Pipeline:
         except Exception:
             log.exception("could not answer a message on %s at all", shown(message.topic))
         return None
-
-    async def _publish_trace(self, ident: str, address: ReplyAddress, span: trace.Span) -> None:
-        """This call's finished spans, as OTLP JSON, after its reply (on `{reply}/trace`)."""
-        context = span.get_span_context()
-        mine = descendants(self._collector.take(context.trace_id), context.span_id)
-        if not mine:
-            return
-        await self._publisher.publish(
-            Outbound(
-                topic=f"{address.topic}/trace",
-                payload=otlp_json(mine),
-                correlation_data=address.correlation_data,
-                user_properties=(("toolbus-id", ident),),
-            )
-        )
-
-    async def _reply(self, address: ReplyAddress, reply: Reply | CallsReply) -> Unconfirmed | None:
-        """Publish a reply in a PRODUCER span whose context travels with it (a span only
-        when the message's span records; the caller's context travels regardless)."""
-        current = trace.get_current_span()
-        if not current.get_span_context().is_valid:  # untraced: nothing to add or pass on
-            return await self._publisher.publish(outbound_reply(address, reply))
-        reply = reply.model_copy(update={"trace_id": trace_id_of(current)})
-        with child_span(
-            self._tracer,
-            f"send {address.topic}",
-            messaging_attributes("send", address.topic, reply.id, self._worker_id),
-            kind=trace.SpanKind.PRODUCER,
-        ):
-            out = outbound_reply(address, reply, inject_headers())
-            return await self._publisher.publish(out)
-
-    async def _dead(self, message: Inbound, error: ErrorBody, ident: str | None) -> None:
-        quiet = error.code is ErrorCode.RATE_LIMITED  # a flood must not flood the log
-        log.log(
-            logging.DEBUG if quiet else logging.WARNING,
-            "dead letter",
-            extra={"topic": shown(message.topic), "code": error.code.value},
-        )
-        self._metrics.dead_lettered(error.code.value)
-        await self._publisher.publish(
-            dead_letter(
-                dead_topic=self.topics.dead,
-                topic=shown(message.topic, MAX_REPLY_TOPIC_BYTES),
-                payload=message.payload,
-                error=error,
-                ident=ident,
-                max_payload_bytes=self._dead_letter_max_bytes,
-            )
-        )

@@ -1,0 +1,64 @@
+"""What the worker keeps per request, and for how long: the dedup store's records, early
+cancels and tasks (part of the settings model: `settings.Settings` inherits them)."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings
+
+
+class RecordSettings(BaseSettings):
+    """The dedup store and what it keeps: records, tombstones of early cancels, tasks."""
+
+    dedup_store: str = Field(
+        default="memory",
+        description="Where request ids are deduplicated: `memory` (this worker) or "
+        "`redis://host:port/db` (shared by replicas; needs `toolbus[redis]`).",
+    )
+    dedup_ttl_s: float = Field(
+        default=600.0, gt=0, description="How long a request id's reply is kept for repeats."
+    )
+    dedup_max_records: int = Field(
+        default=10_000,
+        ge=1,
+        description="The memory store's bound on finished calls: beyond it the oldest of the "
+        "caller holding the most is forgotten (its repeat runs again).",
+    )
+    dedup_max_reply_bytes: int = Field(
+        default=64 << 10,
+        ge=1024,
+        description="The largest reply a dedup record keeps whole; a larger one is kept as a "
+        "summary, and its repeats get `reply_not_kept` (never a second run).",
+    )
+    dedup_caller_max_bytes: int = Field(
+        default=16 << 20,
+        ge=64 << 10,
+        description="The bytes one caller's dedup records may hold (memory store: this "
+        "worker; Redis: the fleet); beyond it its oldest replies give way to summaries.",
+    )
+    dedup_max_bytes: int = Field(
+        default=64 << 20,
+        ge=64 << 10,
+        description="The bytes all dedup records may hold; beyond it the oldest replies of "
+        "the caller holding the most give way to summaries.",
+    )
+    cancel_remember_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long a cancel that came before its call is remembered (in the "
+        "dedup store): the call, if it comes within that time, is answered `cancelled` "
+        "without running.",
+    )
+    task_ttl_s: float = Field(
+        default=3600.0, gt=0, description="How long a task's record and result are kept."
+    )
+    task_caller_max_bytes: int = Field(
+        default=4 << 20, ge=64 << 10, description="The bytes one caller's task records hold."
+    )
+
+    @field_validator("dedup_store")
+    @classmethod
+    def _store_url(cls, value: str) -> str:
+        if value != "memory" and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("dedup_store is `memory` or a redis:// URL")
+        return value
