@@ -118,7 +118,12 @@ async def test_first_reply_at_once_then_the_final_reply_and_tasks_get(
         await rig.request({"id": "t1", "tool": "gate", "task": True})
         await rig.probe.wait_active(1)
         (first,) = rig.taken()
-        assert first == {"id": "t1", "task_id": first["task_id"], "status": "working"}
+        assert first == {
+            "type": "task",
+            "id": "t1",
+            "task_id": first["task_id"],
+            "status": "working",
+        }
         await rig.get(first["task_id"])
         (state,) = rig.taken()
         assert state["status"] == "working" and "ok" not in state
@@ -321,3 +326,27 @@ async def test_redis_keeps_a_callers_task_bytes_within_its_bound(redis_server: R
         assert late is not None and "reply_not_kept" in (late.reply or "")
         assert await tasks.get("b1") is not None  # another caller's record untouched
         assert await tasks.create(record("b2", "bob", tasks.owner)) is None
+
+
+async def test_a_running_task_cancelled_by_its_caller_ends_cancelled(
+    tasks_store: TaskStore,
+) -> None:
+    """Cancel meets tasks: the cancel names the call's id as for any call; the task's end
+    is pushed `cancelled` (started, the tool stopped) and `tasks/get` says so after."""
+    rig = task_rig(tasks_store)
+    async with rig.pipeline:
+        await rig.request({"id": "t9", "tool": "gate", "task": True})
+        await rig.probe.wait_active(1)
+        (first,) = rig.taken()
+        cancel = Inbound(
+            topic="tb/cancel", payload=json.dumps({"id": "t9"}).encode(), response_topic=REPLY
+        )
+        assert await rig.pipeline.cancel(cancel) is True
+        final = await rig.final()
+        assert final["ok"] is False and final["error"]["code"] == "cancelled"
+        assert final["error"]["details"]["started"] is True
+        assert (final["status"], final["task_id"]) == ("cancelled", first["task_id"])
+        await rig.get(first["task_id"])
+        (state,) = rig.taken()
+        assert state["status"] == "cancelled" and state["ok"] is False
+        assert rig.probe.calls == 1 and rig.probe.active == 0

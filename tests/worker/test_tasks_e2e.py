@@ -86,7 +86,12 @@ async def test_a_task_survives_its_caller_leaving_and_3_1_1_callers_get_theirs(
             }
             await old.publish(f"{prefix}/call/record", json.dumps(body))
             got = await messages_until(old, lambda seen: any("ok" in m for m in seen), 20)
-        assert got[0] == {"id": "v3-job", "task_id": got[0]["task_id"], "status": "working"}
+        assert got[0] == {
+            "type": "task",
+            "id": "v3-job",
+            "task_id": got[0]["task_id"],
+            "status": "working",
+        }
         assert got[-1]["ok"] is True and got[-1]["task_id"] == got[0]["task_id"]
         assert got[-1]["status"] == "completed"
     finally:

@@ -19,6 +19,7 @@ log = logging.getLogger("toolbus.client")
 # How a worker's progress update starts (`Progress.model_dump_json`: `type` comes first);
 # everything else on the reply topic is an answer.
 PROGRESS_START = b'{"type":"progress"'
+TASK_START = b'{"type":"task"'  # a task's state (`TaskState`): `working`, a status change
 OnProgress = Callable[[Progress], object]
 
 
@@ -67,7 +68,12 @@ class Pending:
         digest = hashlib.blake2b(payload, digest_size=16).digest()
         if digest in self.seen:
             return
-        answer = self.parse(payload)  # raises for an answer we cannot read: not counted
+        try:
+            answer = self.parse(payload)  # raises for an answer we cannot read: not counted
+        except (ValueError, RecursionError):
+            if payload.startswith(TASK_START):
+                return  # a task's state where its final reply is awaited (`run_task`)
+            raise
         said = self.judge(answer)
         if said is Said.FINAL:
             self.final = answer

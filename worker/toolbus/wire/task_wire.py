@@ -6,6 +6,7 @@ A call run as a task (`"task": true`) gets a `TaskState` at once (`status: worki
 """
 
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -30,6 +31,8 @@ class TaskState(_Wire):
     `tasks/get` answers meanwhile (no `ok`). Once it has ended, both get its final `Reply`
     (with `ok`, `result` or `error`, `task_id` and `status`)."""
 
+    # First, as a progress update's `type`: a reader tells it from a reply by its start.
+    type: Literal["task"] = Field(default="task", description="Always `task`: no reply.")
     id: str = Field(description="The id of the call the task runs.")
     task_id: str
     status: TaskStatus
