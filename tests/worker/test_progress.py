@@ -303,7 +303,7 @@ async def test_two_workers_on_share_send_each_caller_its_own_progress(
                     f"{prefix}/reply/c{n}",
                 )
                 updates, reply = split(got)
-                assert reply["ok"], reply
+                assert reply["ok"], reply.get("error")
                 assert [(u["id"], u["progress"]) for u in updates] == [
                     (f"s{n}", float(step)) for step in range(1, steps + 1)
                 ]
@@ -366,3 +366,24 @@ async def test_toolbus_call_prints_progress_lines_when_piped(
     assert json.loads(out)["ok"]
     lines = [line for line in err.splitlines() if line.startswith("progress ")]
     assert lines == ["progress 1/3 step 1", "progress 2/3 step 2", "progress 3/3 step 3"]
+
+
+async def test_toolbus_call_runs_a_task_with_its_progress(broker: Broker, worker: Worker) -> None:
+    """`toolbus call --task`: the call runs as a task on the worker; the command reads past
+    its `working` state and prints the final reply, with the task's id and status, and
+    the task's progress before it (progress meets tasks)."""
+    code, out, err = await run_cli(
+        "call",
+        "count",
+        "steps:=2",
+        "--task",
+        "--progress",
+        "--broker",
+        broker.url,
+        env=cli_env(worker.topics.prefix),
+    )
+    assert code == 0, err
+    reply = json.loads(out)
+    assert reply["ok"] and reply["status"] == "completed" and reply["task_id"]
+    lines = [line for line in err.splitlines() if line.startswith("progress ")]
+    assert lines == ["progress 1/2 step 1", "progress 2/2 step 2"]

@@ -28,6 +28,7 @@ from toolbus.cli import values as cli_values
 from toolbus.cli.progress_view import ProgressView
 from toolbus.cli.settings import _settings, client_id, refused
 from toolbus.client.client import Client, Retry
+from toolbus.client.tasks import run_task
 from toolbus.transport import BrokerRefused, SessionTakenOver, TransportError
 from toolbus.wire.contracts import Reply, ToolsFormat
 from toolbus.wire.errors import NoReply, NoWorker, RequestRefused, ToolbusError
@@ -144,7 +145,9 @@ def call(args: argparse.Namespace) -> int:
     async def talk() -> Any:
         async with client:
             try:
-                return await client.call(
+                asking = run_task if args.task else Client.call
+                return await asking(
+                    client,
                     args.tool,
                     arguments,
                     on_progress=view,

@@ -47,6 +47,12 @@ def asking_arguments(call: argparse.ArgumentParser, tools: argparse.ArgumentPars
         "terminal, a line per update when piped",
     )
     call.add_argument(
+        "--task",
+        action="store_true",
+        help="run the call as a task on the worker (it survives this command's connection "
+        "dropping; re-sent under the same id it is the same task) and wait for its end",
+    )
+    call.add_argument(
         "--extend-on-progress",
         action="store_true",
         help="let each progress update restart the deadline on the worker (up to the "

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from toolbus.client.answers import final
+from toolbus.client.answers import OnProgress, final
 from toolbus.client.client import REPLY_GRACE_S, Client, _raise_failed
 from toolbus.wire.contracts import Reply
 from toolbus.wire.task_wire import TaskState
@@ -29,16 +29,25 @@ async def run_task(
     *,
     id: str | None = None,
     timeout_s: float | None = None,
+    on_progress: OnProgress | None = None,
+    extend_on_progress: bool = False,
 ) -> Reply:
-    """Run `tool` as a task and return its final reply (raising as `Client.call` does)."""
+    """Run `tool` as a task and return its final reply (raising as `Client.call` does);
+    `on_progress` and `extend_on_progress` as for `Client.call`. Cancelling the awaiting
+    task cancels the task on the worker (as it does a call)."""
     ident = id or uuid.uuid4().hex
     body: dict[str, Any] = {"id": ident, "task": True, "arguments": dict(arguments or {})}
+    if on_progress is not None:
+        body["progress"] = True
+    if extend_on_progress:
+        body["extend_on_progress"] = True
     if client._in_topic and client.caller:
         topic = f"{client.prefix}/call/{client.caller}/{tool}"
     else:
         topic, body["tool"] = f"{client.prefix}/call", tool
     body = client._claimed(body)
-    reply = await client._ask(topic, body, timeout_s, ident, Reply.model_validate_json)
+    parse = Reply.model_validate_json
+    reply = await client._ask(topic, body, timeout_s, ident, parse, on_progress=on_progress)
     return _raise_failed(reply)
 
 
