@@ -306,6 +306,21 @@ async def test_a_provider_shaped_call_runs_as_a_task_under_toolbus(tasks_store: 
         assert final["id"] == "toolu_1" and final["status"] == "completed" and final["task_id"]
 
 
+async def test_a_task_in_a_providers_format_is_refused_not_ignored(
+    tasks_store: TaskStore,
+) -> None:
+    """A provider's message answered in its own format is one reply for all its calls:
+    no task. Asked for one, it is refused at once, never run as if it had not asked."""
+    rig = task_rig(tasks_store)
+    async with rig.pipeline:
+        block = {"type": "tool_use", "id": "toolu_2", "name": "gate", "input": {}}
+        await rig.request({**block, "toolbus": {"task": True}})
+        (refused,) = rig.taken()
+        assert refused["ok"] is False and refused["error"]["code"] == "bad_request"
+        assert refused["error"]["details"]["reason"] == "task_needs_one_call"
+        assert rig.probe.calls == 0
+
+
 async def test_redis_keeps_a_callers_task_bytes_within_its_bound(redis_server: RedisServer) -> None:
     prefix = f"t{uuid.uuid4().hex[:8]}"
     async with RedisTasks(

@@ -192,7 +192,11 @@ def _provided(
 def _together(
     template: Call, ident: str, generated: bool, fmt: ReplyFormat, calls: tuple[Call, ...]
 ) -> Calls:
-    """The message's calls, with what they share (topic, reply address, trace)."""
+    """The message's calls, with what they share (topic, reply address, trace). A task is
+    one call answered in our format: a message of many, or in a provider's format, that
+    asks for one is refused rather than answered as if it had not asked."""
+    if template.task:
+        raise BadRequest("a task is one call in the toolbus format", reason="task_needs_one_call")
     return Calls(
         id=ident,
         id_generated=generated,
