@@ -25,8 +25,7 @@ from opentelemetry import trace
 from toolbus.calls.call import Call, ReplyAddress
 from toolbus.calls.running import StatusSink
 from toolbus.dedup import Once
-from toolbus.dedup.redis_fleet import HEARTBEAT_S
-from toolbus.dedup.tasks import TaskRecord, TaskStore, orphaned, task_id_of
+from toolbus.dedup.tasks import SWEEP_S, TaskRecord, TaskStore, orphaned, task_id_of
 from toolbus.wire.contracts import Reply
 from toolbus.wire.task_wire import TaskState, TaskStatus
 
@@ -208,7 +207,7 @@ class Tasks:
 
     async def _sweep_forever(self) -> None:
         while True:
-            await asyncio.sleep(HEARTBEAT_S)  # a period, not a synchronisation
+            await asyncio.sleep(SWEEP_S)  # a period, not a synchronisation
             try:
                 await self.sweep()
             except Exception as exc:  # the store away for a moment: sweep again next beat

@@ -23,6 +23,10 @@ from typing import Protocol, Self
 from toolbus.wire.contracts import ErrorBody, ErrorCode, Reply
 
 WORKING = "working"
+# How often a worker looks for tasks whose owner died (calls/tasks.py): the owners'
+# heartbeat period (`redis_fleet.HEARTBEAT_S`), here where no Redis client is imported, so
+# a worker without the `redis` extra still runs tasks in memory.
+SWEEP_S = 2.0
 FINISHED = frozenset({"completed", "failed", "cancelled"})
 TASK_CALLER_MAX_BYTES = 4 * 1024 * 1024
 
