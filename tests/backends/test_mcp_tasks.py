@@ -10,7 +10,11 @@ augmentation" error); called as a toolbus task, the server's status changes (wit
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.acceptance.conftest import everything_server  # noqa: F401 -- the fixture
 from tests.support.harness import Broker, make_settings, running_worker
@@ -55,3 +59,32 @@ async def test_a_required_task_tool_answers_a_plain_call_and_relays_a_tasks_stat
     messages = [s.get("message") for s in states]
     assert "Gathering sources..." in messages or "Analyzing content..." in messages, seen
     assert len(messages) == len(set(messages))  # each change once (the server sends twice)
+
+
+CLAIMER = Path(__file__).parents[1] / "support" / "servers" / "task_claimer.py"
+
+
+@pytest.mark.parametrize(("answer", "expected"), [("plain", None), ("garbage", "tool_error")])
+async def test_a_server_that_answers_a_task_call_its_own_way(
+    broker: Broker, answer: str, expected: str | None
+) -> None:
+    """Tell the peer's words from the transport's: a server listing a tool as task-only
+    that answers the task's `tools/call` with a plain result has answered (its result is
+    the reply); one that answers with neither a task nor a result has answered badly
+    (`tool_error`), and the server stays up for the next call."""
+    server = {"command": sys.executable, "args": [str(CLAIMER)], "env": {"TB_TASK_ANSWER": answer}}
+    settings = make_settings(broker, mcpServers={"claimer": server})
+    async with running_worker(settings, []), Caller(broker.url) as caller:
+        prefix = settings.topic_prefix
+        for n in range(2):
+            reply, _ = await caller.call(
+                f"{prefix}/call/report",
+                {"id": f"r{n}", "arguments": {"topic": "bees"}},
+                reply_topic=f"{prefix}/reply/claimer",
+                timeout_s=CALL_S,
+            )
+            if expected is None:
+                assert reply["ok"] is True and "report on bees" in json.dumps(reply["result"])
+            else:
+                assert reply["error"]["code"] == expected
+                assert reply["error"]["details"]["reason"] == "bad_task_answer"

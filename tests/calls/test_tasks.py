@@ -241,7 +241,7 @@ async def test_a_callers_flood_of_large_results_does_not_pin_others() -> None:
             record(f"a{n}", "alice", tasks.owner), status="completed", reply=json.dumps(result)
         )
         kept = await tasks.finish(ended)
-        assert kept.finished
+        assert kept is not None and kept.finished
     assert tasks.held_bytes("alice") <= 64 << 10
     assert await tasks.get("b1") is not None
     assert await tasks.get("a49") is not None  # the newest kept, the oldest gave way
@@ -335,6 +335,7 @@ async def test_redis_keeps_a_callers_task_bytes_within_its_bound(redis_server: R
             kept = await tasks.finish(
                 replace(started, status="completed", reply=json.dumps(result))
             )
+            assert kept is not None
             kept_whole += "reply_not_kept" not in (kept.reply or "")
         assert kept_whole < 5  # the bound: the rest kept without their results
         late = await tasks.get("a19")
@@ -365,3 +366,48 @@ async def test_a_running_task_cancelled_by_its_caller_ends_cancelled(
         (state,) = rig.taken()
         assert state["status"] == "cancelled" and state["ok"] is False
         assert rig.probe.calls == 1 and rig.probe.active == 0
+
+
+async def test_a_task_failed_in_doubt_stays_failed_when_its_stalled_owner_finishes(
+    redis_server: RedisServer,
+) -> None:
+    """An answer must stay true: a worker whose heartbeat lapsed (a stalled loop, Redis
+    out of reach) is taken for dead and its task failed in doubt by another worker, which
+    tells the caller. When the stalled owner's run then ends, its end is neither kept nor
+    pushed: the caller gets one final reply, and tasks/get keeps saying failed."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    store = RedisTasks(redis_server.url, "w1", prefix=prefix)
+    rig = task_rig(store)
+    async with rig.pipeline, RedisTasks(redis_server.url, "w2", prefix=prefix) as other:
+        await rig.request({"id": "stall", "tool": "gate", "task": True})
+        await rig.probe.wait_active(1)
+        (first,) = rig.taken()
+        task_id = first["task_id"]
+        await store._redis.delete(store._alive("w1"))  # its heartbeat lapsed, as if stalled
+        [failed] = await other.orphans()
+        assert failed.status == "failed"
+        assert await store.update(task_id, "working", "late news") is False
+        rig.probe.release.set()
+        async with asyncio.timeout(5):
+            while rig.pipeline.tasks is not None and rig.pipeline.tasks.in_flight():
+                await asyncio.sleep(0.01)  # polled, bounded: the stalled run has ended
+        assert [m for m in rig.taken() if "ok" in m] == []  # no second final reply
+        kept = await other.get(task_id)
+        assert kept is not None and kept.status == "failed"
+
+
+async def test_an_anonymous_callers_task_is_its_reply_topics(tasks_store: TaskStore) -> None:
+    """Without a caller name a task is its reply topic's, as its call's dedup key is: a
+    task id is no secret, so another reply topic asking for it hears `unknown_task`."""
+    rig = task_rig(tasks_store)
+    async with rig.pipeline:
+        await rig.request(
+            {"id": "anon", "tool": "echo", "arguments": {"text": "mine"}, "task": True}
+        )
+        final = await rig.final()
+        await rig.get(final["task_id"], reply="tb/reply/other")
+        (other,) = rig.taken("tb/reply/other")
+        assert other["error"]["code"] == "unknown_task"
+        await rig.get(final["task_id"])
+        (mine,) = rig.taken()
+        assert mine["ok"] is True and mine["result"]["structured"]["text"] == "mine"

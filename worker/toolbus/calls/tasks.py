@@ -32,6 +32,9 @@ from toolbus.wire.task_wire import TaskState, TaskStatus
 log = logging.getLogger("toolbus.tasks")
 
 MAX_QUEUED = 64  # status changes waiting to be relayed, per task
+# An upstream task's status message is a status line: a server's longer text is cut, as a
+# progress update's is (doors/envelope/progress.py), before it is kept and pushed.
+MAX_STATUS_MESSAGE_CHARS = 1024
 FINISHED_VALUES = frozenset({"completed", "failed", "cancelled"})  # the final reply says so
 
 DRAIN_GRACE_S = 2.0  # a stopping worker's wait for its tasks' ends to be kept
@@ -163,9 +166,13 @@ class Tasks:
                 record, status=status.value, reply=reply.model_dump_json(exclude_none=True)
             )
             try:
-                await self.store.finish(ended)
+                kept = await self.store.finish(ended)
             except Exception as exc:  # the caller still hears; `tasks/get` may not
                 log.warning("task store failed keeping the end of %s: %s", record.ident, exc)
+            else:
+                if kept is None:  # failed in doubt meanwhile (its owner looked dead): told
+                    log.warning("task %s ended after it was failed in doubt", record.task_id)
+                    return
             await self._push(address, reply)
         finally:
             relay.cancel()
@@ -190,14 +197,23 @@ class Tasks:
         if entry is None:
             return
         _, record = entry
-        await self.store.update(task_id, status.value, message)
+        if message is not None and len(message) > MAX_STATUS_MESSAGE_CHARS:
+            message = message[: MAX_STATUS_MESSAGE_CHARS - 1] + "…"  # a status line
+        if not await self.store.update(task_id, status.value, message):
+            return  # ended meanwhile (failed in doubt by a sweep): its end was told
         state = TaskState(id=record.ident, task_id=task_id, status=status, message=message)
         await self._push(address_of(record), state)
 
-    async def get(self, task_id: str, caller: str | None) -> TaskState | Reply | None:
-        """A task's state for `caller`; None: no such task of theirs (`unknown_task`)."""
+    async def get(
+        self, task_id: str, caller: str | None, reply_topic: str | None = None
+    ) -> TaskState | Reply | None:
+        """A task's state for `caller`; None: no such task of theirs (`unknown_task`). An
+        anonymous caller's task is its reply topic's, as its call's dedup key is: asked
+        from another reply topic, it is unknown (a task id is no secret)."""
         record = await self.store.get(task_id)
         if record is None or record.caller != caller or record.expires_at <= time.time():
+            return None
+        if caller is None and record.reply_topic != reply_topic:
             return None
         return state_of(record)
 

@@ -68,12 +68,20 @@ return ''
 )
 
 # ARGV: json, task id, size, limit, now ms, expires ms, stripped json, its size. A record
-# gone (past its TTL while it ran) is not written again: it would never expire.
+# gone (past its TTL while it ran) is not written again: it would never expire (2). One
+# ended already (another worker's sweep found this one's owner silent and failed it in
+# doubt) or another owner's is left as it is (3): its end was told, and stays true.
 FINISH = (
     """
-if redis.call('EXISTS', KEYS[1]) == 0 then
+local kept = redis.call('GET', KEYS[1])
+if not kept then
   redis.call('SREM', KEYS[2], ARGV[2])
   return 2
+end
+local stored = cjson.decode(kept)
+if stored.owner ~= cjson.decode(ARGV[1]).owner or stored.status == 'completed'
+   or stored.status == 'failed' or stored.status == 'cancelled' then
+  return 3
 end
 """
     + _COUNT
@@ -211,22 +219,25 @@ class RedisTasks:
         alive = await self._redis.get(self._alive(worker_id))
         return alive is not None and _text(alive) == incarnation
 
-    async def update(self, task_id: str, status: str, message: str | None) -> None:
+    async def update(self, task_id: str, status: str, message: str | None) -> bool:
         kept = await self._redis.get(self._key(task_id))
         if kept is None:
-            return
+            return False
         changed = replace(TaskRecord.from_json(kept), status=status, message=message)
-        await self._mark(
+        marked = await self._mark(
             keys=[self._key(task_id), self._working()],
             args=[self.owner, changed.to_json(), task_id],
         )
+        return bool(marked)
 
-    async def finish(self, record: TaskRecord) -> TaskRecord:
+    async def finish(self, record: TaskRecord) -> TaskRecord | None:
         stripped = replace(record, reply=not_kept(record))
         keys = [self._key(record.task_id), self._working(), self._bytes(record.caller)]
         args = [*self._args(record), stripped.to_json(), stripped.size()]
         kept = await self._finish(keys=keys, args=args)
         self._mine.discard(record.task_id)
+        if kept == 3:
+            return None
         return stripped if kept == 0 else record
 
     async def orphans(self) -> list[TaskRecord]:

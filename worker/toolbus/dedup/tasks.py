@@ -82,12 +82,15 @@ class TaskStore(Protocol):
     async def get(self, task_id: str) -> TaskRecord | None:
         """The task as it stands (failed in doubt if its owner died); None: unknown."""
 
-    async def update(self, task_id: str, status: str, message: str | None) -> None:
-        """A running task's new status (a finished one keeps its end)."""
+    async def update(self, task_id: str, status: str, message: str | None) -> bool:
+        """A running task's new status; False when it was not kept (the task has ended,
+        or another worker owns it): then it must not be told either."""
 
-    async def finish(self, record: TaskRecord) -> TaskRecord:
+    async def finish(self, record: TaskRecord) -> TaskRecord | None:
         """Keep the task's end (`record` finished); what was kept (a result over the
-        caller's bound is not: its reply says `reply_not_kept`)."""
+        caller's bound is not: its reply says `reply_not_kept`). None when the task had
+        ended already (failed in doubt by a sweep or a drain) or is another owner's: its
+        end was told, and this one must not be."""
 
     async def orphans(self) -> list[TaskRecord]:
         """Tasks whose owner died, marked failed now (each returned to one worker once)."""
@@ -179,13 +182,17 @@ class MemoryTasks:
         self._expire()
         return self._records.get(task_id)
 
-    async def update(self, task_id: str, status: str, message: str | None) -> None:
+    async def update(self, task_id: str, status: str, message: str | None) -> bool:
         kept = self._records.get(task_id)
-        if kept is not None and not kept.finished:
-            self._put(replace(kept, status=status, message=message))
+        if kept is None or kept.finished:
+            return False
+        self._put(replace(kept, status=status, message=message))
+        return True
 
-    async def finish(self, record: TaskRecord) -> TaskRecord:
+    async def finish(self, record: TaskRecord) -> TaskRecord | None:
         kept = self._records.get(record.task_id)
+        if kept is not None and (kept.finished or kept.owner != record.owner):
+            return None  # ended already: its end was told
         if kept is not None:
             self._drop(record.task_id)
         if not self._room(record.caller, record.size()):

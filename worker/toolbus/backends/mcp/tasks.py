@@ -33,6 +33,7 @@ from mcp_types import (
     RequestParamsMeta,
     Task,
 )
+from pydantic import ValidationError
 
 from toolbus.backends.mcp.session import Session
 from toolbus.tools.context import CallContext
@@ -41,6 +42,7 @@ from toolbus.wire.errors import Cancelled, ToolFailed
 TASK_TTL_MS = 3_600_000  # what we ask the server to keep the task; it may keep less
 MIN_POLL_S, MAX_POLL_S = 0.1, 5.0  # around the server's pollInterval
 CANCEL_BOUND_S = 5.0
+MAX_MESSAGE_CHARS = 1024  # a server's status message is a status line
 
 
 async def call_as_task(
@@ -62,7 +64,15 @@ async def call_as_task(
     opts: CallOptions = {}
     session._stamp({"method": "tools/call", "params": params}, opts)
     raw = await session._dispatcher.send_raw_request("tools/call", params, opts)
-    task = CreateTaskResult.model_validate(raw).task
+    try:
+        if isinstance(raw, dict) and "task" not in raw:  # it ran it at once: its result
+            return CallToolResult.model_validate(raw)
+        task = CreateTaskResult.model_validate(raw).task
+    except ValidationError:  # the peer's answer, not the transport: its tool failed
+        raise ToolFailed(
+            "the MCP server answered a task's tools/call with neither a task nor a result",
+            reason="bad_task_answer",
+        ) from None
     try:
         task = await _followed(current, task, context)
     except asyncio.CancelledError:
@@ -73,7 +83,8 @@ async def call_as_task(
         return await session.send_request(payload, CallToolResult)
     if task.status == "cancelled":
         raise Cancelled("the MCP server cancelled the task", started=True, cause="server")
-    raise ToolFailed(task.status_message or f"the MCP server's task {task.status}")
+    said = (task.status_message or "")[:MAX_MESSAGE_CHARS]  # a status line, cut
+    raise ToolFailed(said or f"the MCP server's task {task.status}")
 
 
 async def _followed(current: Session, task: Task, context: CallContext) -> Task:

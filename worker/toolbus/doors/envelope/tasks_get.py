@@ -112,7 +112,7 @@ class TaskDoor:
             refused = asked.error or UnknownTask("this worker keeps no tasks")
             await self.push(asked.reply, refusal(asked.ident, refused))
             return
-        state = await tasks.get(asked.task_id, asked.caller)
+        state = await tasks.get(asked.task_id, asked.caller, asked.reply.topic)
         if state is None:
             unknown = UnknownTask("no such task for this caller", task_id=asked.task_id)
             await self.push(asked.reply, refusal(asked.ident, unknown))
