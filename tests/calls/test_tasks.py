@@ -411,3 +411,25 @@ async def test_an_anonymous_callers_task_is_its_reply_topics(tasks_store: TaskSt
         await rig.get(final["task_id"])
         (mine,) = rig.taken()
         assert mine["ok"] is True and mine["result"]["structured"]["text"] == "mine"
+
+
+async def test_a_configured_task_tool_on_a_caller_topic_runs_as_a_task(
+    tasks_store: TaskStore,
+) -> None:
+    """`call/{caller}/{tool}` (claim mode) names its caller before its tool: a tool
+    configured `task = true` reached that way is located first, then runs as a task."""
+    rig = task_rig(tasks_store, tools={"echo": {"task": True}})
+    async with rig.pipeline:
+        await rig.pipeline.handle(
+            Inbound(
+                topic="tb/call/kitchen/echo",
+                payload=json.dumps({"id": "k1", "arguments": {"text": "hi"}}).encode(),
+                response_topic=REPLY,
+                correlation_data=b"c1",
+            )
+        )
+        final = await rig.final()
+        assert final["status"] == "completed" and final["task_id"], final
+        await rig.get(final["task_id"], caller="kitchen")
+        (state,) = rig.taken()
+        assert state["ok"] is True

@@ -92,13 +92,15 @@ class Executor:
         # call outside any span there is one the pipeline chose not to trace.
         self._root_spans = root_spans
         self._steps = Steps(normalizer, guards, self._tracer, trace_steps=trace_steps)
-        self.access.refresh(registry)
+        self._task_tools: set[str] = set()  # the tools configured `task = true`
+        self.registry_changed()
         registry.listeners.append(self.registry_changed)
 
     def registry_changed(self) -> None:
         """Per-tool tables follow the registry (MCP servers come, go and change tools)."""
         self._steps.clear()
         self.access.refresh(self.registry)
+        self._task_tools = {tool.name for tool in self.registry.tools() if tool.settings.task}
 
     def deadline_s(self, call: Call, tool: Tool) -> float:
         """Request beats tool config beats the tool's own default beats the global default;
@@ -124,10 +126,14 @@ class Executor:
         except ToolbusError:
             return False
 
-    def runs_as_task(self, name: str) -> bool:
-        """Is the tool this name resolves to configured to run as a task (`task = true`)?"""
+    def runs_as_task(self, call: Call) -> bool:
+        """Is the call's tool configured to run as a task (`task = true`)? Asked of every
+        call: without such a tool (the set follows the registry) nothing is resolved, and
+        with one the call is located first (`call/{caller}/{tool}` names its caller)."""
+        if not self._task_tools or call.list_tools:
+            return False
         try:
-            return self.registry.resolve(name).tool.settings.task
+            return self.registry.resolve(self.locate(call).tool).name in self._task_tools
         except ToolbusError:
             return False
 

@@ -13,6 +13,7 @@ collects into a list.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Self
@@ -52,7 +53,7 @@ from toolbus.observability.spans import (
     records_nothing,
 )
 from toolbus.wire.contracts import CallsReply, Reply
-from toolbus.wire.errors import RateLimited
+from toolbus.wire.errors import RateLimited, ToolbusError
 from toolbus.wire.messages import Inbound, Publisher, Unconfirmed
 from toolbus.wire.topics import Topics
 from toolbus.wire.untrusted import shown
@@ -277,13 +278,17 @@ class Pipeline:
     async def _call(self, message: Inbound, call: Call) -> Unconfirmed | None:
         """One call: its reply, or its dead letter when it failed and has no address; as
         a task, `working` now and the final reply pushed when it ends (calls/tasks.py)."""
-        as_task = call.task or (not call.list_tools and self.executor.runs_as_task(call.tool))
-        if as_task and call.reply is not None and self.tasks is not None:
+        as_task = call.task or self.executor.runs_as_task(call)
+        if as_task and (address := call.reply) is not None and self.tasks is not None:
+            # Its record is its caller's: `call/{caller}/{tool}` names it (a mismatch is
+            # the answerer's to refuse, in the task's end).
+            with contextlib.suppress(ToolbusError):
+                call = self.executor.locate(call)
             try:
-                await self.tasks.start(call, lambda status: self._answer(call, call.reply, status))
+                await self.tasks.start(call, lambda status: self._answer(call, address, status))
             except TaskBoundExceeded:
                 refused = RateLimited("the caller's tasks fill its bound", limit="task_bytes")
-                return await self._reply(call.reply, refusal(call.id, refused))
+                return await self._reply(address, refusal(call.id, refused))
             return None
         reply = await self._answer(call, call.reply)
         if call.reply is None:
