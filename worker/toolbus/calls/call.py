@@ -51,3 +51,8 @@ class Call:
     delivery: str | None = None  # which delivery (`Inbound.delivery_id`): a copy keeps it
     progress: bool = False  # the caller asked for progress updates
     extend_on_progress: bool = False  # each update restarts the deadline, up to the cap
+    wants_input: bool = False  # the caller can answer a tool's questions (`input: true`)
+    # A continuation's: the token of the call it continues, and the caller's answers.
+    continuation: str | None = None
+    input_responses: dict[str, dict[str, Any]] | None = None
+    approval: str | None = None  # the token of a person's approval of this very call

@@ -23,12 +23,22 @@ from typing import Protocol
 
 from opentelemetry import trace
 
+from toolbus.tools.context import Answers, Resume
+from toolbus.wire.asking import InputRequest
+
 
 class ProgressSink(Protocol):
     """Where a call's progress goes: the door that received the call (synchronous,
     never blocking: the door queues, orders and rate-limits)."""
 
     def __call__(self, progress: float, total: float | None, message: str | None) -> None: ...
+
+
+class Asker(Protocol):
+    """Who puts a running call's questions to its caller (calls/rounds.py): the answers,
+    or None when there are none. Never raises."""
+
+    async def __call__(self, questions: dict[str, InputRequest]) -> Answers | None: ...
 
 
 class StatusSink(Protocol):
@@ -52,6 +62,8 @@ class RunningCall:
     # The call's `execute_tool` span: progress and a cancel are events on it.
     span: trace.Span | None = None
     status_sink: StatusSink | None = None  # None: not run as a toolbus task
+    asker: Asker | None = None  # None: the caller cannot answer (no `input: true`)
+    resume: Resume | None = None  # a stateless server's call continued: what to call with
     _task: asyncio.Task[object] | None = field(default=None, repr=False)
     _extend: Callable[[], None] | None = field(default=None, repr=False)
 
@@ -79,6 +91,15 @@ class RunningCall:
     def task_status(self, status: str, message: str | None) -> None:
         if self.status_sink is not None and self.cancel_cause is None:
             self.status_sink(status, message)
+
+    @property
+    def wants_input(self) -> bool:
+        return self.asker is not None
+
+    async def ask(self, questions: dict[str, InputRequest]) -> Answers | None:
+        if self.asker is None or self.cancel_cause is not None:
+            return None
+        return await self.asker(questions)
 
     def arm(self, task: asyncio.Task[object]) -> None:
         """The tool runs in `task` now: a cancel cancels it."""

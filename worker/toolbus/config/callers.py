@@ -26,6 +26,12 @@ class CallerProfile(BaseModel):
     rate_per_s: float | None = Field(
         default=None, gt=0, description="Calls per second this caller may start, on average."
     )
+    approve: list[str] | None = Field(
+        default=None,
+        description="Calls a person must approve first: `destructive` (a tool whose "
+        "annotations say so, or that has none, or whose server is not `trusted`) and tool "
+        "names. Unset: none.",
+    )
     burst: int | None = Field(
         default=None, ge=1, description="Calls it may start at once; default: rate_per_s, >= 1."
     )

@@ -8,7 +8,8 @@ from pydantic_settings import BaseSettings
 
 
 class RecordSettings(BaseSettings):
-    """The dedup store and what it keeps: records, tombstones of early cancels, tasks."""
+    """The dedup store and what it keeps: records, tombstones of early cancels, tasks,
+    continuations and approvals."""
 
     dedup_store: str = Field(
         default="memory",
@@ -54,6 +55,24 @@ class RecordSettings(BaseSettings):
     )
     task_caller_max_bytes: int = Field(
         default=4 << 20, ge=64 << 10, description="The bytes one caller's task records hold."
+    )
+
+    input_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="How long a call's question (`input_required`) waits for its caller's "
+        "continuation; past it the tool's server is answered as if the caller declined.",
+    )
+    approval_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long an `approval_required` token can approve its call.",
+    )
+    token_caller_max_bytes: int = Field(
+        default=1 << 20,
+        ge=64 << 10,
+        description="The bytes one caller's open continuations and approvals may hold (the "
+        "questions and calls they keep); beyond it its next one is `rate_limited`.",
     )
 
     @field_validator("dedup_store")

@@ -28,6 +28,11 @@ class McpServerConfig(BaseModel):
     type: Literal["stdio", "http", "streamable-http", "streamable_http"] | None = None
     disabled: bool = False
     connect_timeout_s: float = Field(default=20.0, gt=0)
+    trusted: bool = Field(
+        default=False,
+        description="Its tools' annotations are believed (`destructiveHint` false lets an "
+        "approval gate pass); an untrusted server's are hints only (the MCP spec).",
+    )
     max_in_flight: int | None = Field(
         default=None, ge=1, description="Default: [mcp].max_in_flight."
     )

@@ -11,7 +11,23 @@ server for progress only when `wants_progress`, a local tool reports through
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from toolbus.wire.asking import InputRequest
+
+Answers = dict[str, dict[str, Any]]
+"""The caller's answer to each question by its key (an MCP `ElicitResult` or
+`CreateMessageResult`, as JSON)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """A continuation of a call whose server keeps no state (MCP 2026-07-28): the caller's
+    answers and the server's own `requestState`, for the tool to call again with."""
+
+    answers: Answers
+    state: str | None
 
 
 class CallContext(Protocol):
@@ -41,6 +57,19 @@ class CallContext(Protocol):
         """An upstream task's new status (`working`, `input_required`, ...) and message.
         Never blocks: relayed to a caller running the call as a task, else dropped."""
 
+    @property
+    def wants_input(self) -> bool:
+        """Can the caller answer what the tool asks (`input: true`)?"""
+
+    @property
+    def resume(self) -> Resume | None:
+        """Set on a continuation of a stateless server's call: what to call again with."""
+
+    async def ask(self, questions: dict[str, InputRequest]) -> Answers | None:
+        """Ask the caller while the tool waits (a server of before 2026-07-28 asks on its
+        session): the answers, or None when there are none (the caller cannot answer, did
+        not within `input_timeout_s`, or the call ended). Never raises."""
+
 
 class Detached:
     """The context of a call no door waits on (a tool invoked directly, in a test or a
@@ -56,6 +85,13 @@ class Detached:
 
     def task_status(self, status: str, message: str | None) -> None:
         """Nobody listens."""
+
+    wants_input: bool = False
+    resume: Resume | None = None
+
+    async def ask(self, questions: dict[str, InputRequest]) -> Answers | None:
+        """Nobody answers."""
+        return None
 
 
 DETACHED: CallContext = Detached()

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
+from toolbus.wire.asking import Asking
 from toolbus.wire.model import McpServerState as McpServerState  # noqa: PLC0414 -- re-exported
 from toolbus.wire.model import WireModel as _Wire
 from toolbus.wire.progress import Progress as Progress  # noqa: PLC0414 -- re-exported
@@ -60,6 +61,20 @@ class ErrorCode(StrEnum):
     says whether the tool had started; `details.in_doubt` that it may have taken effect."""
     UNKNOWN_TASK = "unknown_task"
     """`tasks/get` named no task of this caller's (none, another's, or past `task_ttl_s`)."""
+    INPUT_REQUIRED = "input_required"
+    """The tool asks its caller (which said `input: true`) before it goes on:
+    `details.input_requests` (key -> `{method, params}`) and `details.continuation`, the
+    token a new request answers them with (`continuation`, `input_responses`)."""
+    APPROVAL_REQUIRED = "approval_required"
+    """The caller's profile gates this call on a person's approval: nothing ran.
+    `details.approval` is the token, `details.call` the call as it would run; the same
+    call re-sent with `approval` runs once."""
+    CONTINUATION_INVALID = "continuation_invalid"
+    """A `continuation` that continues nothing: `details.reason` is `unknown` (none, or
+    another caller's), `used` (single-use) or `expired` (past `input_timeout_s`)."""
+    APPROVAL_INVALID = "approval_invalid"
+    """An `approval` that approves nothing: `details.reason` is `unknown` (none, or another
+    caller's), `used`, `expired`, or `mismatch` (another tool or other arguments)."""
 
 
 TraceUnavailable = Literal["not_recording", "not_sampled"]
@@ -92,7 +107,7 @@ class ToolsFormat(StrEnum):
     OLLAMA = "ollama"
 
 
-class Options(Steering):
+class Options(Steering, Asking):
     """How to answer a request, under a `toolbus` object beside any provider shape.
 
     A provider's own fields (an Anthropic block's `caller`, say) never mean anything to

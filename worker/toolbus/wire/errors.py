@@ -12,7 +12,13 @@
     ├── InternalError            internal
     ├── InDoubt                  in_doubt
     ├── RateLimited              rate_limited
-    └── ReplyNotKept             reply_not_kept
+    ├── ReplyNotKept             reply_not_kept
+    ├── Cancelled                cancelled
+    ├── UnknownTask              unknown_task
+    ├── InputRequired            input_required
+    ├── ApprovalRequired         approval_required
+    ├── ContinuationInvalid      continuation_invalid
+    └── ApprovalInvalid          approval_invalid
 
 Each leaf carries the wire code it maps to, one to one, renders its own
 wire body, and says what its code means without quoting any value (`summary`: what
@@ -148,6 +154,26 @@ class Cancelled(ToolbusError):
 class UnknownTask(ToolbusError):
     code = ErrorCode.UNKNOWN_TASK
     summary = "no such task for this caller"
+
+
+class InputRequired(ToolbusError):
+    code = ErrorCode.INPUT_REQUIRED
+    summary = "the tool asks its caller before it goes on"
+
+
+class ApprovalRequired(ToolbusError):
+    code = ErrorCode.APPROVAL_REQUIRED
+    summary = "the call waits for a person's approval; nothing ran"
+
+
+class ContinuationInvalid(ToolbusError):
+    code = ErrorCode.CONTINUATION_INVALID
+    summary = "the continuation continues no call of this caller's"
+
+
+class ApprovalInvalid(ToolbusError):
+    code = ErrorCode.APPROVAL_INVALID
+    summary = "the approval approves no such call of this caller's"
 
 
 class NoReply(TimeoutError):

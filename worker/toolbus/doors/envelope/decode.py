@@ -45,6 +45,7 @@ from toolbus.wire.untrusted import may_hold_surrogates, shown, surrogate_path, t
 PUBLISH_TRACE_PROPERTY = "toolbus-publish-trace"
 PROGRESS_PROPERTY = "toolbus-progress"
 TASK_PROPERTY = "toolbus-task"
+INPUT_PROPERTY = "toolbus-input"
 
 # Bounds on what a refusal echoes back: a hostile body must not make a huge reply.
 MAX_ID_CHARS = 200
@@ -269,7 +270,7 @@ def _call(
         tool = ""
     else:
         tool = _tool_of(route, request.tool or "")
-        if not tool:
+        if not tool and request.continuation is None:  # a continuation's tool is its call's
             raise BadRequest("request names no tool: use `{prefix}/call/{tool}` or a `tool` field")
         if text_problem(tool) is not None:
             raise BadRequest("the tool name cannot be echoed", reason="bad_character")
@@ -334,6 +335,10 @@ def _template(
         progress=bool(request.progress) or _property_set(message, PROGRESS_PROPERTY),
         extend_on_progress=bool(request.extend_on_progress),
         task=bool(request.task) or _property_set(message, TASK_PROPERTY),
+        wants_input=bool(request.input) or _property_set(message, INPUT_PROPERTY),
+        continuation=request.continuation,
+        input_responses=request.input_responses,
+        approval=request.approval,
     )
 
 
