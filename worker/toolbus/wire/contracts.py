@@ -62,19 +62,13 @@ class ErrorCode(StrEnum):
     UNKNOWN_TASK = "unknown_task"
     """`tasks/get` named no task of this caller's (none, another's, or past `task_ttl_s`)."""
     INPUT_REQUIRED = "input_required"
-    """The tool asks its caller (which said `input: true`) before it goes on:
-    `details.input_requests` (key -> `{method, params}`) and `details.continuation`, the
-    token a new request answers them with (`continuation`, `input_responses`)."""
+    """The tool asks its caller first: `details.input_requests`, `details.continuation`."""
     APPROVAL_REQUIRED = "approval_required"
-    """The caller's profile gates this call on a person's approval: nothing ran.
-    `details.approval` is the token, `details.call` the call as it would run; the same
-    call re-sent with `approval` runs once."""
+    """A person must approve the call first (nothing ran): `details.approval`, `.call`."""
     CONTINUATION_INVALID = "continuation_invalid"
-    """A `continuation` that continues nothing: `details.reason` is `unknown` (none, or
-    another caller's), `used` (single-use) or `expired` (past `input_timeout_s`)."""
+    """The continuation continues nothing: `details.reason` unknown, used or expired."""
     APPROVAL_INVALID = "approval_invalid"
-    """An `approval` that approves nothing: `details.reason` is `unknown` (none, or another
-    caller's), `used`, `expired`, or `mismatch` (another tool or other arguments)."""
+    """The approval approves nothing: `details.reason` unknown, used, expired, mismatch."""
 
 
 TraceUnavailable = Literal["not_recording", "not_sampled"]
