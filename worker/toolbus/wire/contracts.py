@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, JsonValue
 
 from toolbus.wire.asking import Asking
+from toolbus.wire.model import TRACE_UNAVAILABLE, TraceUnavailable
 from toolbus.wire.model import McpServerState as McpServerState  # noqa: PLC0414 -- re-exported
 from toolbus.wire.model import WireModel as _Wire
 from toolbus.wire.progress import Progress as Progress  # noqa: PLC0414 -- re-exported
@@ -69,10 +70,6 @@ class ErrorCode(StrEnum):
     """The continuation continues nothing: `details.reason` unknown, used or expired."""
     APPROVAL_INVALID = "approval_invalid"
     """The approval approves nothing: `details.reason` unknown, used, expired, mismatch."""
-
-
-TraceUnavailable = Literal["not_recording", "not_sampled"]
-"""Why a request that asked for its spans gets none (`Reply.trace_unavailable`)."""
 
 
 class ReplyFormat(StrEnum):
@@ -208,14 +205,6 @@ class ErrorBody(_Wire):
     code: ErrorCode
     message: str
     details: dict[str, JsonValue] = Field(default_factory=dict)
-
-
-# A reply's and a many-call reply's `trace_unavailable`, described once.
-TRACE_UNAVAILABLE = (
-    "Set when the request asked for its spans (`publish_trace`) and none will follow on "
-    "`{reply_topic}/trace`: `not_recording` (the worker records no spans: no exporter and "
-    "`publish_traces` off) or `not_sampled` (the trace was sampled out)."
-)
 
 
 class Reply(_Wire):

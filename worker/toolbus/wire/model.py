@@ -1,4 +1,5 @@
-"""The base of every wire model, and the MCP server states several of them carry."""
+"""The base of every wire model, and the MCP server states and the `trace_unavailable`
+reasons several of them carry."""
 
 from __future__ import annotations
 
@@ -7,6 +8,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 McpServerState = Literal["connecting", "ready", "degraded", "down", "stopped"]
+
+TraceUnavailable = Literal["not_recording", "not_sampled"]
+"""Why a request that asked for its spans gets none (`Reply.trace_unavailable`)."""
+
+# A reply's and a many-call reply's `trace_unavailable`, described once.
+TRACE_UNAVAILABLE = (
+    "Set when the request asked for its spans (`publish_trace`) and none will follow on "
+    "`{reply_topic}/trace`: `not_recording` (the worker records no spans: no exporter and "
+    "`publish_traces` off) or `not_sampled` (the trace was sampled out)."
+)
 
 
 class WireModel(BaseModel):
