@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
+from tests.calls import test_rounds as rounds  # its cases, not collected again here
 from tests.support.harness import ListPublisher, RedisServer, measured, metric_points
 from tests.support.tools import Probe, probe_tools, quits
 from toolbus.backends.local import BUILTIN_TOOLS
@@ -830,6 +831,8 @@ CODES_WITH_A_CASE = {
     "reply_not_kept": test_reply_not_kept_for_a_repeat_of_a_reply_over_the_bound,
     "cancelled": test_cancelled_while_running_and_before_it_started,
     "unknown_task": test_unknown_task_from_a_worker_that_keeps_no_tasks,
+    "input_required": rounds.test_a_question_is_answered_with_a_continuation_and_the_call_goes_on,
+    "continuation_invalid": rounds.test_a_token_is_single_use_and_a_copy_of_its_request_replays,
 }
 
 

@@ -10,7 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from toolbus.backends.local.functions import LocalTool, progress, tool
+    from toolbus.backends.local.functions import LocalTool, elicit, progress, tool
     from toolbus.client.client import Client
     from toolbus.client.requester import Retry
     from toolbus.wire.broker import BrokerUrl
@@ -34,6 +34,7 @@ _HOMES = {
     "LocalTool": "toolbus.backends.local.functions",
     "tool": "toolbus.backends.local.functions",
     "progress": "toolbus.backends.local.functions",
+    "elicit": "toolbus.backends.local.functions",
     "BrokerUrl": "toolbus.wire.broker",
     "Client": "toolbus.client.client",
     "CallsReply": "toolbus.wire.contracts",
@@ -77,6 +78,7 @@ __all__ = [
     "ToolbusError",
     "ToolsFormat",
     "__version__",
+    "elicit",
     "progress",
     "tool",
 ]

@@ -17,10 +17,12 @@ from typing import Protocol
 from opentelemetry import trace
 
 from toolbus.calls.call import Call
+from toolbus.calls.continuing import Continuing
 from toolbus.calls.execute import Executor, Outcome
 from toolbus.calls.preparation import Prepared
 from toolbus.calls.quotas import Quotas
 from toolbus.calls.replies import internal_reply, reply_for_call
+from toolbus.calls.rounds import Rounds
 from toolbus.calls.running import ProgressSink, RunningCall, RunningCalls, StatusSink
 from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict, fingerprint
 from toolbus.observability.metrics import Metrics
@@ -52,6 +54,7 @@ class Answerer:
         once: deduplication by request id; none without it.
         quotas: per-caller admission (`[callers.NAME]` rates and in-flight bounds).
         running: the calls running now, by dedup key (what a cancel finds).
+        rounds: calls that ask their callers (None: every tool's questions are declined).
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class Answerer:
         once: Once | None,
         quotas: Quotas,
         running: RunningCalls | None = None,
+        rounds: Rounds | None = None,
     ) -> None:
         self._executor = executor
         self._metrics = metrics
@@ -70,6 +74,11 @@ class Answerer:
         self._once = once
         self._quotas = quotas
         self.running = running if running is not None else RunningCalls()
+        self._continuing = (
+            None
+            if rounds is None
+            else Continuing(rounds, once, executor, self._admitted, self._closed, self._refused)
+        )
         self._stopping = False
 
     def stopping(self) -> None:
@@ -131,6 +140,8 @@ class Answerer:
             self._metrics.rate_limited(str(error.details.get("limit")))
             return self._refused(call, error)
         with ticket:
+            if call.continuation is not None and self._continuing is not None:
+                return await self._continuing.answer(call, sink, status)
             return await self._admitted(call, sink, status)
 
     def _refused(self, call: Call, error: ToolbusError) -> Reply:
@@ -169,7 +180,7 @@ class Answerer:
                     sink,
                     extend_on_progress=call.extend_on_progress,
                 )
-                home.status_sink = status
+                home.status_sink, home.resume = status, call.resume
                 with self.running.running(home):
                     prepared.running, home.span = home, prepared.span
                     await self._executor.ready(prepared)
@@ -178,7 +189,7 @@ class Answerer:
                         return self._replayed(call, prepared, verdict.reply)
                     if verdict.error is not None:
                         self._executor.refuse(prepared, verdict.error)
-                    outcome = await self._executor.run(prepared)
+                    outcome = await self._run(call, prepared, home)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if not self._stopping or task is None:
@@ -201,6 +212,11 @@ class Answerer:
         if verdict.key is not None:
             await self._closed(verdict, outcome, reply)
         return reply
+
+    async def _run(self, call: Call, prepared: Prepared, home: RunningCall) -> Outcome:
+        if self._continuing is None:
+            return await self._executor.run(prepared)
+        return await self._continuing.run(call, prepared, home)  # it may ask its caller
 
     async def _closed(self, verdict: Verdict, outcome: Outcome, reply: Reply) -> None:
         """`_close`, which a stop does not cut short: the tool has run, so its reply must

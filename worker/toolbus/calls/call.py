@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolbus.tools.context import Resume
 from toolbus.wire.contracts import ToolsFormat
 from toolbus.wire.errors import ToolbusError
 
@@ -56,3 +57,4 @@ class Call:
     continuation: str | None = None
     input_responses: dict[str, dict[str, Any]] | None = None
     approval: str | None = None  # the token of a person's approval of this very call
+    resume: Resume | None = None  # a stateless server's call, continued: what to call with

@@ -266,6 +266,9 @@ class Executor:
         """Whatever became of the call, classified once: its span ended, the one log line,
         its metrics. Every call that was not replayed is concluded exactly once."""
         outcome, span = prepared.outcome, prepared.span
+        if prepared.concluded:
+            return outcome
+        prepared.concluded = True
         record_normalization(span, outcome.normalized)
         if prepared.owned:
             span.end()

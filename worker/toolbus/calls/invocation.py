@@ -37,39 +37,26 @@ async def invoke_within(
     task = asyncio.current_task()
     assert task is not None  # the pipeline runs every call in a task
     cancelling = task.cancelling()
-    expired = False
-
-    def expire() -> None:
-        nonlocal expired
-        expired = True
-        task.cancel()
-
-    loop = asyncio.get_running_loop()
-    timer = loop.call_later(deadline_s, expire)
+    deadline = _Deadline(task, deadline_s)
     running = context if isinstance(context, RunningCall) else None
     if running is not None:
         running.arm(task)
         if running.extend_on_progress and cap_s is not None and cap_s > deadline_s:
-            cap_at = loop.time() + cap_s
-
-            def extend() -> None:
-                nonlocal timer
-                if expired:
-                    return
-                timer.cancel()
-                timer = loop.call_at(min(loop.time() + deadline_s, cap_at), expire)
-
-            running.extending(extend)
+            deadline.cap_at = deadline.loop.time() + cap_s
+            running.extending(deadline.extend)
+        running.retiming(deadline.retime)
     ours = False
     try:
         try:
             return await tool.invoke(arguments, context)
         finally:
-            timer.cancel()
+            deadline.cancel()
+            expired = deadline.expired
             by_caller = running is not None and running.delivered
             if running is not None:
                 running.disarm()
                 running.extending(None)
+                running.retiming(None)
                 running.span = None  # a task the tool left behind reports to no ended span
             # Take back our cancellations, however the tool ended.
             for _ in range(expired + by_caller):
@@ -86,6 +73,46 @@ async def invoke_within(
     except InvalidArguments as error:  # a tool may refuse its arguments itself
         explain(error, tool)
         raise
+
+
+class _Deadline:
+    """One timer that cancels the task running the tool when the deadline passes; each
+    progress update may restart it (up to `cap_at`), and a question to the caller stops
+    it until the answers come (`retime`)."""
+
+    __slots__ = ("cap_at", "expired", "loop", "seconds", "task", "timer")
+
+    def __init__(self, task: asyncio.Task[Any], seconds: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.task = task
+        self.seconds = seconds
+        self.expired = False
+        self.cap_at: float | None = None
+        self.timer: asyncio.TimerHandle | None = self.loop.call_later(seconds, self.expire)
+
+    def expire(self) -> None:
+        self.expired = True
+        self.task.cancel()
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def extend(self) -> None:
+        """A progress update: `seconds` from now, never past `cap_at`."""
+        if self.expired or self.timer is None or self.cap_at is None:
+            return  # a stopped timer stays stopped: the call waits for its caller
+        self.timer.cancel()
+        self.timer = self.loop.call_at(
+            min(self.loop.time() + self.seconds, self.cap_at), self.expire
+        )
+
+    def retime(self, seconds: float | None) -> None:
+        """`seconds` from now, or no deadline at all (None)."""
+        if self.expired:
+            return
+        self.cancel()
+        self.timer = None if seconds is None else self.loop.call_later(seconds, self.expire)
 
 
 def cancelled(running: RunningCall, *, started: bool, mcp: bool = False) -> Cancelled:

@@ -72,6 +72,7 @@ class Prepared:
     expired: bool = False
     # Its home while it runs (calls/running.py): the tool's context, what a cancel finds.
     running: RunningCall | None = None
+    concluded: bool = False  # once only: a held call's run and a stop may both try
 
     def elapsed_s(self) -> float:
         """The time the caller has waited for this answer so far: preparing, a repeat's

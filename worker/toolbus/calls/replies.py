@@ -15,9 +15,13 @@ from toolbus.wire.report import to_wire
 
 
 def reply_for_call(call: Call, outcome: Outcome) -> Reply:
+    return reply_for(call.id, call.id_generated, outcome)
+
+
+def reply_for(ident: str, id_generated: bool, outcome: Outcome) -> Reply:
     return Reply(
-        id=call.id,
-        id_generated=call.id_generated,
+        id=ident,
+        id_generated=id_generated,
         ok=outcome.ok,
         tool=outcome.tool,
         result=outcome.result if outcome.ok else None,

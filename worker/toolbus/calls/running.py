@@ -66,6 +66,7 @@ class RunningCall:
     resume: Resume | None = None  # a stateless server's call continued: what to call with
     _task: asyncio.Task[object] | None = field(default=None, repr=False)
     _extend: Callable[[], None] | None = field(default=None, repr=False)
+    _retime: Callable[[float | None], None] | None = field(default=None, repr=False)
 
     @property
     def wants_progress(self) -> bool:
@@ -87,6 +88,15 @@ class RunningCall:
     def extending(self, extend: Callable[[], None] | None) -> None:
         """What pushes the deadline on each progress update (`invoke_within`'s timer)."""
         self._extend = extend
+
+    def retiming(self, retime: Callable[[float | None], None] | None) -> None:
+        """What restarts the deadline (`invoke_within`'s timer): in so many seconds, or
+        never (None: while the call waits for its caller's answers)."""
+        self._retime = retime
+
+    def retime(self, seconds: float | None) -> None:
+        if self._retime is not None:
+            self._retime(seconds)
 
     def task_status(self, status: str, message: str | None) -> None:
         if self.status_sink is not None and self.cancel_cause is None:
@@ -147,6 +157,28 @@ class RunningCalls:
             calls.remove(call)
             if not calls:
                 del self._calls[key]
+
+    def add(self, key: str, call: RunningCall) -> None:
+        """`call` is found by `key` too, until `discard` (a held call by its requests')."""
+        self._calls.setdefault(key, []).append(call)
+
+    def discard(self, key: str, call: RunningCall) -> None:
+        calls = self._calls.get(key)
+        if calls is not None and call in calls:
+            calls.remove(call)
+            if not calls:
+                del self._calls[key]
+
+    @contextmanager
+    def also(self, key: str | None, call: RunningCall) -> Iterator[None]:
+        """`call` found by `key` too while the block runs (a continuing request's id)."""
+        if key is not None:
+            self.add(key, call)
+        try:
+            yield
+        finally:
+            if key is not None:
+                self.discard(key, call)
 
     def get(self, key: str) -> list[RunningCall]:
         return list(self._calls.get(key, ()))

@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 
 from pydantic_core import to_jsonable_python
 
+from toolbus.wire.asking import InputRequest
 from toolbus.wire.contracts import ErrorBody, ErrorCode, Reply
 
 
@@ -157,8 +158,23 @@ class UnknownTask(ToolbusError):
 
 
 class InputRequired(ToolbusError):
+    """`questions` (by key) and a stateless server's `state` stay with the worker: the
+    caller gets the questions in `details`, with its token, never the server's state."""
+
     code = ErrorCode.INPUT_REQUIRED
     summary = "the tool asks its caller before it goes on"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        questions: dict[str, InputRequest] | None = None,
+        state: str | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(message, **details)
+        self.questions = questions or {}
+        self.state = state
 
 
 class ApprovalRequired(ToolbusError):

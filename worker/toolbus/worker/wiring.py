@@ -230,6 +230,7 @@ def build_worker(
             caller_max_bytes=settings.task_caller_max_bytes,
         ),
         task_ttl_s=settings.task_ttl_s,
+        input_timeout_s=settings.input_timeout_s,
     )
     status.tasks = pipeline.tasks_in_flight  # `toolbus status`: tasks in flight
     return Worker(

@@ -7,6 +7,8 @@
 
 The JSON schema comes from the type hints (through pydantic) unless one is given.
 
+A tool asks its caller with `await toolbus.elicit(message, schema)` (answered only for a
+caller that said `input: true`; declined for any other).
 A tool reports progress with `toolbus.progress(done, total, message)` from anywhere in
 its call (helpers included): the call's context is in a context variable while the
 function runs, so its signature and schema stay plain. Outside a call it does nothing.
@@ -32,6 +34,7 @@ from pydantic import BaseModel, create_model
 from toolbus.config import NO_TOOL_SETTINGS, ToolSettings
 from toolbus.tools.context import CallContext
 from toolbus.tools.registry import LOCAL, Tool
+from toolbus.wire.asking import ELICITATION, InputRequest
 from toolbus.wire.contracts import ToolResult
 from toolbus.wire.errors import ToolbusError, ToolFailed
 
@@ -51,6 +54,21 @@ def progress(progress: float, total: float | None = None, message: str | None = 
     context = _CALL.get()
     if context is not None:
         context.progress(float(progress), None if total is None else float(total), message)
+
+
+async def elicit(message: str, requested_schema: dict[str, Any]) -> dict[str, Any]:
+    """Ask the running call's caller (MCP elicitation, form mode): its answer,
+    `{"action": "accept", "content": {...}}`, or `{"action": "decline"}` when it cannot
+    answer (it did not say `input: true`), did not within `input_timeout_s`, or the call
+    ended. The caller sees `input_required`; the tool waits here meanwhile."""
+    context = _CALL.get()
+    question = InputRequest(
+        method=ELICITATION,
+        params={"mode": "form", "message": message, "requestedSchema": requested_schema},
+    )
+    answers = None if context is None else await context.ask({"elicitation": question})
+    answer = None if answers is None else answers.get("elicitation")
+    return answer if answer is not None else {"action": "decline"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,12 +18,16 @@ answer "not here": an acknowledgement would say nothing a caller could act on.
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from toolbus.dedup import Once
 from toolbus.wire.messages import Inbound
 from toolbus.wire.topics import ANONYMOUS_CALLER, MAX_NAME_CHARS, Topics
-from toolbus.wire.untrusted import text_problem
+from toolbus.wire.untrusted import shown, text_problem
+
+log = logging.getLogger("toolbus.pipeline")
 
 MAX_CANCEL_BYTES = 4096  # `{"id", "caller", "reply_to"}`: more is no cancel
 
@@ -70,6 +74,26 @@ def _decode(message: Inbound, topics: Topics) -> CancelOrder:
     if key is None:  # neither caller nor reply topic: no call could be this one's
         raise _Refused("no_owner")
     return CancelOrder(key, ident, caller)
+
+
+async def hear_cancel(
+    message: Inbound, topics: Topics, cancel: Callable[[str], Awaitable[bool]]
+) -> bool:
+    """A cancel message, never answered, never raising: True when the call it names
+    runs here and was cancelled (`cancel`: the answerer's, by dedup key). What it names
+    is logged by the request id only (a caller's reply topic may say who it is)."""
+    order = decode_cancel(message, topics)
+    if isinstance(order, str):
+        log.info("ignored a cancel on %s: %s", shown(message.topic), order)
+        return False
+    try:
+        found = await cancel(order.key)
+    except Exception:
+        log.exception("failed cancelling %s", shown(order.ident))
+        return False
+    # Not here: at another worker, early, answered already, or someone else's id.
+    log.info("cancel of %s: %s", shown(order.ident), "running here" if found else "remembered")
+    return found
 
 
 def _body(payload: bytes) -> dict[str, object]:

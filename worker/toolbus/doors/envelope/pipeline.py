@@ -26,11 +26,13 @@ from toolbus.calls.execute import Executor
 from toolbus.calls.inflight import Slots
 from toolbus.calls.quotas import Quotas
 from toolbus.calls.replies import INTERNAL, internal_reply
-from toolbus.calls.running import ProgressSink, StatusSink
+from toolbus.calls.rounds import Rounds
+from toolbus.calls.running import ProgressSink, RunningCalls, StatusSink
 from toolbus.calls.tasks import Tasks
 from toolbus.dedup import Once
 from toolbus.dedup.tasks import TaskBoundExceeded, TaskStore
-from toolbus.doors.envelope.cancel import decode_cancel
+from toolbus.dedup.tokens import MemoryTokens, TokenStore
+from toolbus.doors.envelope.cancel import hear_cancel
 from toolbus.doors.envelope.decode import MAX_CALLS, Calls, Rejected, decode
 from toolbus.doors.envelope.encode import (
     calls_failure,
@@ -80,6 +82,8 @@ class Pipeline:
         max_calls: the most calls one message may carry.
         progress_rate_per_s: the most progress updates per second per call (0: no limit).
         task_store, task_ttl_s: where calls run as tasks are kept, and how long.
+        token_store, input_timeout_s: where continuations live (default: this worker's
+            memory), and how long a tool's question waits for its caller.
     """
 
     def __init__(
@@ -102,6 +106,8 @@ class Pipeline:
         progress_rate_per_s: float = 10.0,
         task_store: TaskStore | None = None,
         task_ttl_s: float = 3600.0,
+        token_store: TokenStore | None = None,
+        input_timeout_s: float = 120.0,
     ) -> None:
         self.executor = executor
         self._once = once
@@ -123,12 +129,17 @@ class Pipeline:
             dead_letter_max_bytes=dead_letter_max_bytes,
         )
         self._reply, self._dead = self._outbox.reply, self._outbox.dead
+        running = RunningCalls()
+        tokens = token_store if token_store is not None else MemoryTokens(worker_id)
+        self.rounds = Rounds(tokens, input_timeout_s=input_timeout_s, running=running)
         self._answerer = Answerer(
             executor,
             self._metrics,
             require_caller=topics.require_caller,
             once=once,
             quotas=quotas if quotas is not None else Quotas({}),
+            running=running,
+            rounds=self.rounds,
         )
         self._slots = slots if slots is not None else Slots(0)
         self._max_calls = max_calls
@@ -149,9 +160,12 @@ class Pipeline:
         if self.tasks is not None:
             await self.tasks.store.__aenter__()
             self.tasks.sweeping()
+        await self.rounds.tokens.__aenter__()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.rounds.close()
+        await self.rounds.tokens.__aexit__(*exc)
         if self.tasks is not None:
             await self.tasks.drain(0.0)  # ended failed already unless `drain_tasks` ran
             await self.tasks.store.__aexit__(*exc)
@@ -172,21 +186,8 @@ class Pipeline:
         self._answerer.stopping()
 
     async def cancel(self, message: Inbound) -> bool:
-        """A cancel message (`doors/envelope/cancel.py`): never answered, never raising.
-        True when the call it names runs here and was cancelled. What it names is logged
-        by the request id only (a caller's reply topic may say who it is)."""
-        order = decode_cancel(message, self.topics)
-        if isinstance(order, str):
-            log.info("ignored a cancel on %s: %s", shown(message.topic), order)
-            return False
-        try:
-            found = await self._answerer.cancel(order.key)
-        except Exception:
-            log.exception("failed cancelling %s", shown(order.ident))
-            return False
-        # Not here: at another worker, early, answered already, or someone else's id.
-        log.info("cancel of %s: %s", shown(order.ident), "running here" if found else "remembered")
-        return found
+        """A cancel message: True when the call it names runs here (`hear_cancel`)."""
+        return await hear_cancel(message, self.topics, self._answerer.cancel)
 
     async def handle(self, message: Inbound) -> Unconfirmed | None:
         """Answer one message: a reply, a dead letter, or (last resort) `internal`.

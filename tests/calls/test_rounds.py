@@ -1,0 +1,257 @@
+"""Rounds in-process: a tool that asks its caller (held on this worker), answered with a
+continuation; the token's rules (single-use, bound to its caller, expiry), dedup of
+both rounds, a cancel while the call waits, and a caller that cannot answer.
+
+The tool is local (`toolbus.elicit`): the held path is the one an MCP server before
+2026-07-28 takes (tests/mcp/test_input_relay.py runs real servers of both generations).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from tests.support.harness import ListPublisher
+from toolbus.backends.local import BUILTIN_TOOLS
+from toolbus.backends.local.functions import elicit, tool
+from toolbus.calls.quotas import Quotas
+from toolbus.config import Settings
+from toolbus.dedup import MemoryStore, Once
+from toolbus.doors.envelope.pipeline import Pipeline
+from toolbus.wire.messages import Inbound
+from toolbus.worker.wiring import build_executor, build_registry, topics_for
+
+REPLY = "tb/reply/r1"
+SCHEMA = {"type": "object", "properties": {"choice": {"type": "string"}}}
+ACCEPT = {"action": "accept", "content": {"choice": "lamp"}}
+
+started: list[str] = []  # each run of `which` (a run twice shows here)
+
+
+@tool
+async def which(room: str) -> dict[str, Any]:
+    """Asks which device, then switches it."""
+    started.append(room)
+    answer = await elicit(f"Which device in {room}?", SCHEMA)
+    content = answer.get("content") or {}
+    return {"action": answer["action"], "choice": content.get("choice"), "room": room}
+
+
+@tool
+async def twice() -> dict[str, Any]:
+    """Asks two questions, one after the other."""
+    first = await elicit("First?", SCHEMA)
+    second = await elicit("Second?", SCHEMA)
+    return {"first": first.get("content"), "second": second.get("content")}
+
+
+class Rig:
+    def __init__(self, **overrides: Any) -> None:
+        settings = Settings.model_validate(
+            {"topic_prefix": "tb", "tools": {"which": {"timeout_s": 0.5}}, **overrides}
+        )
+        registry = build_registry([*BUILTIN_TOOLS, which, twice], settings)
+        executor = build_executor(settings, registry)
+        self.sent = ListPublisher()
+        self.pipeline = Pipeline(
+            executor,
+            topics_for(settings),
+            self.sent,
+            worker_id="w1",
+            max_payload_bytes=settings.max_payload_bytes,
+            dead_letter_max_bytes=settings.dead_letter_max_bytes,
+            once=Once(MemoryStore("w1"), 60.0, executor.idempotent),
+            quotas=Quotas(settings.callers),
+            input_timeout_s=settings.input_timeout_s,
+        )
+
+    async def call(self, body: dict[str, Any], reply_topic: str = REPLY) -> dict[str, Any]:
+        """One request; its reply (every wait bounded)."""
+        before = len(self.sent.on(reply_topic))
+        message = Inbound(
+            topic="tb/call",
+            payload=json.dumps(body).encode(),
+            response_topic=reply_topic,
+            correlation_data=b"c",
+        )
+        await asyncio.wait_for(self.pipeline.handle(message), 5)
+        replies = self.sent.on(reply_topic)
+        assert len(replies) == before + 1, replies
+        return dict(json.loads(replies[-1].payload))
+
+
+@pytest.fixture
+async def rig() -> Any:
+    started.clear()
+    rig = Rig()
+    async with rig.pipeline:
+        yield rig
+
+
+def asked(reply: dict[str, Any]) -> str:
+    assert reply["ok"] is False, reply
+    assert reply["error"]["code"] == "input_required", reply
+    [(key, question)] = reply["error"]["details"]["input_requests"].items()
+    assert key == "elicitation" and question["method"] == "elicitation/create"
+    assert question["params"]["requestedSchema"] == SCHEMA
+    token = reply["error"]["details"]["continuation"]
+    assert isinstance(token, str) and token
+    return token
+
+
+async def test_a_question_is_answered_with_a_continuation_and_the_call_goes_on(rig: Rig) -> None:
+    first = await rig.call(
+        {"id": "r1", "tool": "which", "arguments": {"room": "hall"}, "input": True}
+    )
+    token = asked(first)
+    assert first["id"] == "r1" and first["tool"] == "which"
+    final = await rig.call(
+        {"id": "r2", "continuation": token, "input_responses": {"elicitation": ACCEPT}}
+    )
+    assert final["ok"] is True and final["id"] == "r2" and final["tool"] == "which"
+    assert final["result"]["structured"] == {"action": "accept", "choice": "lamp", "room": "hall"}
+    assert started == ["hall"]  # one run across both rounds
+
+
+async def test_a_caller_that_cannot_answer_gets_the_tools_own_answer(rig: Rig) -> None:
+    reply = await rig.call({"id": "n1", "tool": "which", "arguments": {"room": "hall"}})
+    assert reply["ok"] is True
+    assert reply["result"]["structured"]["action"] == "decline"
+
+
+async def test_the_v5_user_property_asks_for_input_too(rig: Rig) -> None:
+    message = Inbound(
+        topic="tb/call",
+        payload=json.dumps({"id": "p1", "tool": "which", "arguments": {"room": "a"}}).encode(),
+        response_topic=REPLY,
+        correlation_data=b"c",
+        user_properties=(("toolbus-input", "1"),),
+    )
+    await asyncio.wait_for(rig.pipeline.handle(message), 5)
+    asked(json.loads(rig.sent.on(REPLY)[-1].payload))
+
+
+async def test_a_token_is_single_use_and_a_copy_of_its_request_replays(rig: Rig) -> None:
+    token = asked(
+        await rig.call({"id": "s1", "tool": "which", "arguments": {"room": "x"}, "input": True})
+    )
+    body = {"id": "s2", "continuation": token, "input_responses": {"elicitation": ACCEPT}}
+    final = await rig.call(body)
+    assert final["ok"] is True
+    again = await rig.call(body)  # a redelivery or a retry of the same request
+    assert again["replayed"] is True and again["result"] == final["result"]
+    other = await rig.call({**body, "id": "s3"})  # another request with the used token
+    assert other["error"]["code"] == "continuation_invalid"
+    assert other["error"]["details"]["reason"] == "used"
+    # The first round's copy gets the first round's answer: its token, now used.
+    first = await rig.call({"id": "s1", "tool": "which", "arguments": {"room": "x"}, "input": True})
+    assert first["replayed"] is True and asked(first) == token
+    assert started == ["x"]
+
+
+async def test_a_token_is_bound_to_its_caller(rig: Rig) -> None:
+    body = {
+        "id": "b1",
+        "tool": "which",
+        "arguments": {"room": "x"},
+        "input": True,
+        "caller": "alice",
+    }
+    token = asked(await rig.call(body))
+    steal = {"id": "b2", "continuation": token, "input_responses": {"elicitation": ACCEPT}}
+    for thief in ({**steal, "caller": "mallory"}, steal):  # another caller; an anonymous one
+        refused = await rig.call(thief, reply_topic="tb/reply/m")
+        assert refused["error"]["code"] == "continuation_invalid"
+        assert refused["error"]["details"]["reason"] == "unknown"
+    final = await rig.call({**steal, "caller": "alice"})
+    assert final["ok"] is True and final["result"]["structured"]["choice"] == "lamp"
+
+
+async def test_a_continuation_takes_an_id_of_its_own(rig: Rig) -> None:
+    token = asked(
+        await rig.call({"id": "i1", "tool": "which", "arguments": {"room": "x"}, "input": True})
+    )
+    same = await rig.call(
+        {"id": "i1", "continuation": token, "input_responses": {"elicitation": ACCEPT}}
+    )
+    assert (
+        same["error"]["code"] == "bad_request" and same["error"]["details"]["reason"] == "id_reused"
+    )
+    final = await rig.call(
+        {"id": "i2", "continuation": token, "input_responses": {"elicitation": ACCEPT}}
+    )
+    assert final["ok"] is True  # the refusal did not use the token up
+
+
+async def test_unknown_tokens_are_refused(rig: Rig) -> None:
+    reply = await rig.call({"id": "u1", "continuation": "c.nothing", "input_responses": {}})
+    assert reply["error"]["code"] == "continuation_invalid"
+    assert reply["error"]["details"]["reason"] == "unknown"
+
+
+async def test_two_questions_are_two_rounds(rig: Rig) -> None:
+    first = await rig.call({"id": "t1", "tool": "twice", "input": True})
+    second = await rig.call(
+        {
+            "id": "t2",
+            "continuation": asked(first),
+            "input_responses": {"elicitation": ACCEPT},
+            "input": True,
+        }
+    )
+    other = {"action": "accept", "content": {"choice": "fan"}}
+    final = await rig.call(
+        {"id": "t3", "continuation": asked(second), "input_responses": {"elicitation": other}}
+    )
+    assert final["result"]["structured"] == {
+        "first": {"choice": "lamp"},
+        "second": {"choice": "fan"},
+    }
+
+
+async def test_the_deadline_stops_while_the_caller_thinks(rig: Rig) -> None:
+    """`which` has a 0.5 s deadline; the caller answers after it would have passed."""
+    token = asked(
+        await rig.call({"id": "d1", "tool": "which", "arguments": {"room": "x"}, "input": True})
+    )
+    await asyncio.sleep(0.7)  # the caller thinking, past the tool's deadline
+    final = await rig.call(
+        {"id": "d2", "continuation": token, "input_responses": {"elicitation": ACCEPT}}
+    )
+    assert final["ok"] is True, final
+
+
+async def test_a_call_waiting_for_its_caller_can_be_cancelled(rig: Rig) -> None:
+    token = asked(
+        await rig.call({"id": "k1", "tool": "which", "arguments": {"room": "x"}, "input": True})
+    )
+    key = Once.key(None, REPLY, "k1")
+    assert key is not None
+    assert await rig.pipeline._answerer.cancel(key)  # the caller's cancel names the first id
+    async with asyncio.timeout(5):
+        while rig.pipeline.rounds.held(token) is not None or len(rig.pipeline.running):
+            await asyncio.sleep(0.005)  # polled, bounded: the call has ended
+    late = await rig.call(
+        {"id": "k2", "continuation": token, "input_responses": {"elicitation": ACCEPT}}
+    )
+    assert late["id"] == "k2" and late["error"]["code"] == "cancelled", late
+    assert late["error"]["details"]["started"] is True
+
+
+async def test_past_input_timeout_the_tool_is_declined_and_its_answer_kept() -> None:
+    started.clear()
+    rig = Rig(input_timeout_s=0.2)
+    async with rig.pipeline:
+        token = asked(
+            await rig.call({"id": "e1", "tool": "which", "arguments": {"room": "x"}, "input": True})
+        )
+        async with asyncio.timeout(5):
+            while rig.pipeline.rounds.held(token) is not None or len(rig.pipeline.running):
+                await asyncio.sleep(0.01)  # polled, bounded: declined for the caller, ended
+        late = await rig.call(
+            {"id": "e2", "continuation": token, "input_responses": {"elicitation": ACCEPT}}
+        )
+    assert late["ok"] is True and late["result"]["structured"]["action"] == "decline"

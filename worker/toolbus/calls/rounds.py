@@ -1,0 +1,285 @@
+"""Rounds: a call that asks its caller something, answered over several requests.
+
+A tool may need what only its caller has (an MCP server's elicitation or sampling). A
+caller that said `input: true` gets the questions as its request's reply
+(`input_required`, with a continuation token) and answers them with a new request
+(`continuation`, `input_responses`), whose reply is the call's next round: its final
+reply, or the next questions. Servers ask in one of two ways:
+
+- held (MCP before 2026-07-28): the server asks on its open session while its call
+  runs (`CallContext.ask`). The call goes on waiting here, on the worker whose session
+  holds it, for at most `input_timeout_s`, its deadline paused; the continuation's
+  answers resume it, and the continuing request waits for its next round. Past
+  `input_timeout_s` the server is answered as if the caller declined.
+- stateless (2026-07-28): the server's result is the questions and its own state (the
+  backend raises `InputRequired` with `state`). The call ends; the token's record keeps
+  what it takes to call again (tool, arguments, the server's state), and any worker
+  resumes it (`Resume`).
+
+A token is single-use, bound to its caller (`holder`), expires (dedup/tokens.py). A held
+call that ends while no request waits on it (its caller cancelled it, or never answered)
+leaves its final reply on the token: a late continuation gets that reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from toolbus.calls.preparation import Outcome
+from toolbus.calls.replies import reply_for
+from toolbus.calls.running import ProgressSink, RunningCall, RunningCalls
+from toolbus.dedup.tokens import TokenBoundExceeded, TokenRecord, TokenStore, new_token
+from toolbus.tools.context import Answers
+from toolbus.wire.asking import InputRequest
+from toolbus.wire.errors import InputRequired, RateLimited, ToolbusError, Unavailable
+
+log = logging.getLogger("toolbus.rounds")
+
+HELD = "held"
+STATELESS = "stateless"
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """A round that ends in questions: what the caller is asked, and the token that
+    answers them."""
+
+    questions: dict[str, InputRequest]
+    token: str
+    expires_in_s: float
+
+    def error(self) -> InputRequired:
+        return asked_error(self.questions, self.token, self.expires_in_s)
+
+
+def asked_error(
+    questions: dict[str, InputRequest], token: str, expires_in_s: float
+) -> InputRequired:
+    """The round's answer: `input_required`, with the questions and the token."""
+    return InputRequired(
+        "the tool asks its caller before it goes on: answer with `continuation`",
+        input_requests={k: q.model_dump(mode="json", by_alias=True) for k, q in questions.items()},
+        continuation=token,
+        expires_in_s=expires_in_s,
+    )
+
+
+class Held:
+    """One held call: its run (a task that outlives the request that started it), the
+    request waiting on its next round, and its open question."""
+
+    def __init__(
+        self, home: RunningCall, run: asyncio.Task[Outcome], tool: str, holder: str
+    ) -> None:
+        self.home = home
+        self.run = run
+        self.tool = tool
+        self.holder = holder
+        self.round: asyncio.Future[Asked] | None = None  # a request waits on it
+        self.answers: asyncio.Future[Answers | None] | None = None  # the open question's
+        self.token: str | None = None  # the open question's
+        self.last_token: str | None = None  # the latest question's: where an unheard end goes
+        self.origin = home.key  # the dedup key of the request the next question answers
+        self.lock = asyncio.Lock()  # one question at a time
+
+
+class Rounds:
+    """This worker's held calls, and the tokens every worker shares.
+
+    Args:
+        tokens: where continuations live (memory, or Redis for a pool).
+        input_timeout_s: how long a question waits for its caller.
+        running: the running calls a cancel finds: a held call stays there while it waits.
+    """
+
+    def __init__(
+        self, tokens: TokenStore, *, input_timeout_s: float, running: RunningCalls
+    ) -> None:
+        self.tokens = tokens
+        self.timeout_s = input_timeout_s
+        self._running = running
+        self._held: dict[str, Held] = {}
+        self._unheard: set[asyncio.Task[None]] = set()
+
+    def held(self, token: str) -> Held | None:
+        return self._held.get(token)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    async def first(
+        self, home: RunningCall, run: Awaitable[Outcome], tool: str, holder: str
+    ) -> Outcome | Asked:
+        """Run a call whose caller can answer: its outcome, or its first questions."""
+        task = asyncio.create_task(_outcome(run), name=f"held-{home.ident}")
+        held = Held(home, task, tool, holder)
+        home.asker = partial(self._ask, held)
+        # Found by its first request's key until it ends (a cancel names that id), after
+        # that request has its answer.
+        if home.key is not None:
+            self._running.add(home.key, home)
+        task.add_done_callback(partial(self._ended, held))
+        return await self._next(held, lambda: None)
+
+    async def resume(
+        self,
+        held: Held,
+        answers: Answers,
+        key: str | None,
+        sink: ProgressSink | None,
+        deadline_s: float,
+    ) -> Outcome | Asked | None:
+        """The caller's answers to `held`'s open question; the call's next round. None:
+        the question is not open any more (it timed out, or the call ended)."""
+        waiting = held.answers
+        if waiting is None or waiting.done() or held.run.done():
+            return None
+
+        def answer() -> None:
+            held.origin = key
+            held.home.sink = sink
+            held.home.retime(deadline_s)  # the continuing request's deadline, from now
+            waiting.set_result(answers)
+
+        with self._running.also(key, held.home):
+            return await self._next(held, answer)
+
+    async def _next(self, held: Held, before: Callable[[], None]) -> Outcome | Asked:
+        """The next round of `held`: its outcome or its next questions, whichever first.
+        A request that stops waiting (a stopping worker) stops the call."""
+        held.round = asyncio.get_running_loop().create_future()
+        before()
+        waits: set[asyncio.Future[Any]] = {held.run, held.round}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            held.run.cancel()
+            raise
+        if held.round.done():
+            asked = held.round.result()
+            held.round = None
+            held.home.sink = None  # the request that asked for progress has its answer
+            return asked
+        held.round.cancel()
+        held.round = None
+        return held.run.result()
+
+    async def _ask(self, held: Held, questions: dict[str, InputRequest]) -> Answers | None:
+        """A question of `held`'s tool (its server waits): the caller's answers, or None."""
+        async with held.lock:
+            round_ = held.round
+            if held.run.done() or round_ is None or round_.done():
+                return None  # no request can carry it (the call is ending)
+            token = new_token("continuation")
+            body = {"kind": HELD, "tool": held.tool, "origin": held.origin}
+            try:
+                await self._keep(token, held.holder, body, questions)
+            except ToolbusError as refused:
+                log.warning("a question of %s was declined: %s", held.tool, refused.code.value)
+                return None
+            loop = asyncio.get_running_loop()
+            held.answers, held.token = loop.create_future(), token
+            held.last_token = token
+            self._held[token] = held
+            held.home.retime(None)  # the caller is thinking: no deadline runs meanwhile
+            round_.set_result(Asked(questions, token, self.timeout_s))
+            log.info("%s asks its caller (%d questions)", held.tool, len(questions))
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    return await held.answers
+            except TimeoutError:
+                log.info("%s: no answer within input_timeout_s; declined", held.tool)
+                return None
+            finally:
+                self._held.pop(token, None)
+                held.answers = held.token = None
+
+    async def suspend(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        holder: str,
+        asked: InputRequired,
+        origin: str | None,
+    ) -> InputRequired:
+        """A stateless server's questions: the token that resumes the call anywhere,
+        and the round's answer (`input_required`). `origin`: the asking request's key."""
+        token = new_token("continuation")
+        body = {
+            "kind": STATELESS,
+            "tool": tool,
+            "arguments": arguments,
+            "state": asked.state,
+            "origin": origin,
+        }
+        await self._keep(token, holder, body, asked.questions)
+        return asked_error(asked.questions, token, self.timeout_s)
+
+    async def _keep(
+        self, token: str, holder: str, body: dict[str, Any], questions: dict[str, InputRequest]
+    ) -> None:
+        """The token's record; `rate_limited` over the caller's bound, `unavailable` when
+        the store fails."""
+        kept = {**body, "questions": len(questions)}
+        record = TokenRecord(
+            token=token,
+            kind="continuation",
+            holder=holder,
+            owner=self.tokens.owner,
+            body=json.dumps(kept, separators=(",", ":")),
+            expires_at=time.time() + self.timeout_s,
+        )
+        try:
+            await self.tokens.put(record, self.timeout_s)
+        except TokenBoundExceeded:
+            raise RateLimited(
+                "the caller's open questions fill its bound", limit="token_bytes"
+            ) from None
+        except Exception as exc:
+            log.warning("token store failed keeping a continuation: %s", exc)
+            raise Unavailable("the token store is unreachable", store=True) from None
+
+    def _ended(self, held: Held, task: asyncio.Task[Outcome]) -> None:
+        """`held`'s run ended: no longer found by its key; an open question is closed;
+        and with no request waiting, its reply is kept on its last token."""
+        if held.home.key is not None:
+            self._running.discard(held.home.key, held.home)
+        if held.answers is not None and not held.answers.done():
+            held.answers.set_result(None)
+        if held.round is not None or task.cancelled():
+            return  # a request waits: it answers (or the worker stopped it)
+        last = held.last_token
+        if last is None:
+            return
+        # Its id is the continuing request's, set when one comes for it.
+        reply = reply_for("", False, task.result()).model_dump_json(exclude_none=True)
+        told = asyncio.ensure_future(self._tell(last, reply))
+        self._unheard.add(told)
+        told.add_done_callback(self._unheard.discard)
+
+    async def _tell(self, token: str, reply: str) -> None:
+        try:
+            await self.tokens.end(token, reply)
+        except Exception as exc:
+            log.warning("token store failed keeping a held call's end: %s", exc)
+
+    async def close(self) -> None:
+        """The worker stops: every held call is stopped (its end kept on its token)."""
+        for held in list(self._held.values()):
+            held.run.cancel()
+        if self._unheard:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2.0):
+                    await asyncio.gather(*self._unheard, return_exceptions=True)
+
+
+async def _outcome(run: Awaitable[Outcome]) -> Outcome:
+    return await run
