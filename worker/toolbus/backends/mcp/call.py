@@ -20,14 +20,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, cast
 
 import anyio
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, CallToolResult, RequestParamsMeta
+from mcp_types import (
+    CONNECTION_CLOSED,
+    CallToolResult,
+    InputRequiredResult,
+    InputResponses,
+    RequestParamsMeta,
+)
 from opentelemetry import trace
 
+from toolbus.backends.mcp.asking import responses, settle
 from toolbus.backends.mcp.convert import call_error, describe
 from toolbus.backends.mcp.session import Session
 from toolbus.backends.mcp.tasks import call_as_task
@@ -108,12 +116,25 @@ async def _call(
             return await call_as_task(current, plan.remote_name, arguments, meta, context)
         # A progress callback only when the caller asked: with it the SDK sends a
         # `progressToken` (the request id), without it none.
-        return await current.session.call_tool(
-            plan.remote_name,
-            arguments,
-            progress_callback=relay.forward if relay is not None else None,
-            meta=meta,
-        )
+        progress = relay.forward if relay is not None else None
+
+        async def again(
+            answers: InputResponses | None, state: str | None
+        ) -> CallToolResult | InputRequiredResult:
+            return await current.session.call_tool(
+                plan.remote_name,
+                arguments,
+                progress_callback=progress,
+                meta=meta,
+                input_responses=answers,
+                request_state=state,
+                allow_input_required=True,  # a 2026-07-28 server's questions (asking.py)
+            )
+
+        resume = context.resume
+        with _asked_through(current, context):
+            first = await again(responses(resume), None if resume is None else resume.state)
+            return await settle(first, again, context)
     except MCPError as exc:
         raise await failure(current, exc, plan.server) from exc
     except TRANSPORT_ERRORS as exc:
@@ -124,6 +145,13 @@ async def _call(
     finally:
         if relay is not None:
             relay.done = True
+
+
+def _asked_through(current: Session, context: CallContext) -> AbstractContextManager[None]:
+    """While the call is in flight, the session's questions may be for it (asking.py)."""
+    if current.asking is None:
+        return nullcontext()
+    return current.asking.calling(current.session, context)
 
 
 class _Relay:

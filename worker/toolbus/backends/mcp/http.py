@@ -14,6 +14,7 @@ from mcp import ClientSession
 from mcp.client.session import MessageHandlerFnT
 from mcp.client.streamable_http import streamable_http_client
 
+from toolbus.backends.mcp.asking import Asking, session_of
 from toolbus.config import McpServerConfig
 
 TIMEOUT_S = 30.0
@@ -21,7 +22,10 @@ STREAM_READ_TIMEOUT_S = 300.0  # a server may hold a response stream open
 
 
 async def open_http(
-    stack: AsyncExitStack, config: McpServerConfig, message_handler: MessageHandlerFnT
+    stack: AsyncExitStack,
+    config: McpServerConfig,
+    message_handler: MessageHandlerFnT,
+    asking: Asking | None = None,
 ) -> ClientSession:
     """Open a session to the server at `config.url`; it closes with `stack`."""
     assert config.url is not None
@@ -35,6 +39,4 @@ async def open_http(
     read, write = await stack.enter_async_context(
         streamable_http_client(config.url, http_client=http)
     )
-    return await stack.enter_async_context(
-        ClientSession(read, write, message_handler=message_handler)
-    )
+    return await stack.enter_async_context(session_of(read, write, message_handler, asking))

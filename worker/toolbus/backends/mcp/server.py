@@ -29,6 +29,7 @@ from mcp_types import ToolListChangedNotification
 from opentelemetry import trace
 from tenacity import RetryCallState
 
+from toolbus.backends.mcp.asking import Asking
 from toolbus.backends.mcp.call import TRANSPORT_ERRORS, CallPlan, send
 from toolbus.backends.mcp.convert import bad_line, checked_result, describe
 from toolbus.backends.mcp.hints import startup_hint
@@ -94,6 +95,7 @@ class McpServer:
         self.connects = 0
         self.attempts = 0  # of the current (re)connect: start-up's go on in the background
         self._current: Session | None = None
+        self._asking = Asking(name)  # its questions, to its calls' callers (asking.py)
         self._on_state = on_state
         self._settled = asyncio.Event()
         self._stop = asyncio.Event()
@@ -202,12 +204,9 @@ class McpServer:
         raise failure or ConnectionError("the session ended while opening")
 
     async def _lifetime(self, opened: asyncio.Future[None]) -> str:
-        """One session, start to end, in a task of its own.
-
-        The transport's anyio task groups are entered here, so when a connection dies
-        and anyio cancels their scope, it is this task that is cancelled, never the
-        server's task with its retry loop.
-        """
+        """One session, start to end, in a task of its own: the transport's anyio task
+        groups are entered here, so when a connection dies and anyio cancels their scope,
+        it is this task that is cancelled, never the server's task with its retry loop."""
         try:
             current = await self._open()
         except BaseException as exc:
@@ -285,7 +284,7 @@ class McpServer:
                 self.connects += 1
                 # The holder closes it, later, in this same task.
                 ping_s = self.config.connect_timeout_s if self.config.command is None else None
-                return Session(session, tools, stack.pop_all(), ending, ping_s)
+                return Session(session, tools, stack.pop_all(), ending, ping_s, self._asking)
         except Exception as exc:
             if ending.event.is_set():  # the server's side ended first: that is why
                 raise ConnectionError(ending.why) from exc
@@ -293,7 +292,7 @@ class McpServer:
 
     async def _open_session(self, stack: AsyncExitStack, ending: Ending) -> ClientSession:
         if self.config.command is None:
-            return await open_http(stack, self.config, self._on_message)
+            return await open_http(stack, self.config, self._on_message, self._asking)
         return await open_stdio(
             stack,
             self.name,
@@ -304,6 +303,7 @@ class McpServer:
             on_end=ending.end,
             on_partial=self._partial_dropped,
             message_handler=self._on_message,
+            asking=self._asking,
         )
 
     async def _hold(self, current: Session) -> None:

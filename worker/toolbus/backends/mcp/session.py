@@ -23,6 +23,7 @@ from mcp import ClientSession
 from mcp_types import PaginatedRequestParams
 from mcp_types import Tool as ListedTool
 
+from toolbus.backends.mcp.asking import Asking
 from toolbus.backends.mcp.convert import describe
 from toolbus.backends.mcp.stdio import CLOSE_DEADLINE_S
 
@@ -64,6 +65,7 @@ class Session:
     stack: AsyncExitStack
     ending: Ending = field(default_factory=Ending)
     ping_to_tell_s: float | None = None
+    asking: Asking | None = None  # its questions' way to the callers (backends/mcp/asking.py)
 
     @property
     def ended(self) -> asyncio.Event:

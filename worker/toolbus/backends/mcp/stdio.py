@@ -47,6 +47,7 @@ from mcp.client.session import MessageHandlerFnT
 from mcp.shared.message import SessionMessage
 from mcp_types import ErrorData, JSONRPCError, jsonrpc_message_adapter
 
+from toolbus.backends.mcp.asking import Asking, session_of
 from toolbus.backends.mcp.convert import BAD_LINE_CHARS, RESULT_TOO_LARGE, describe
 from toolbus.backends.mcp.environment import server_environment
 from toolbus.backends.mcp.lines import LineSplitter, Oversized, answered_id, looks_like_json_object
@@ -88,8 +89,10 @@ async def open_stdio(
     on_end: Callable[[str], None],
     on_partial: Callable[[], None],
     message_handler: MessageHandlerFnT,
+    asking: Asking | None = None,
 ) -> ClientSession:
-    """Start the server and open a session to it; both close with `stack`.
+    """Start the server and open a session to it; both close with `stack`. `asking`
+    answers the server's questions (and declares that toolbus can ask its callers).
 
     `on_end` is called with the reason once the server's side is over (its stdout
     ended, or a line answering no call was too long to read); `on_partial` each time
@@ -110,9 +113,7 @@ async def open_stdio(
             on_partial=on_partial,
         )
     )
-    return await stack.enter_async_context(
-        ClientSession(read, write, message_handler=message_handler)
-    )
+    return await stack.enter_async_context(session_of(read, write, message_handler, asking))
 
 
 @asynccontextmanager

@@ -1,0 +1,216 @@
+"""Input relayed from the outside: a real mosquitto, a worker, real MCP servers that ask.
+
+A caller that says `input: true` gets the server's question as its request's reply
+(`input_required`) and answers it with a continuation; the call goes on and the
+continuation's reply is the tool's. Servers: the MCP project's server-everything (its
+`trigger-elicitation-request`, `trigger-url-elicitation` and `trigger-sampling-request`,
+which it lists only to a client that declares elicitation and sampling; TypeScript SDK,
+protocol 2025-11-25, asking on the session), and the tests' own asking_server
+(Python SDK) twice: negotiating 2026-07-28 (questions in an `input_required` result,
+retried with `inputResponses` and `requestState`) and pinned to the handshake era.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from tests.acceptance import conftest as acceptance
+from tests.support.harness import Broker, make_settings, running_worker
+from tests.support.mqtt import Caller, call_topic, reply_topic_for
+from toolbus.worker.service import Worker
+
+ASKING = Path(__file__).parents[1] / "support" / "servers" / "asking_server.py"
+WAIT_S = 20.0
+ELICITED = {"name": "Ada", "check": True, "email": "ada@example.com"}
+SAMPLED = {
+    "role": "assistant",
+    "content": {"type": "text", "text": "a short summary"},
+    "model": "caller-model",
+    "stopReason": "endTurn",
+}
+
+everything_server = acceptance.everything_server  # the fixture, here too
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("asking") / "runs"
+
+
+@pytest_asyncio.fixture(scope="module")
+async def worker(
+    broker: Broker, request: pytest.FixtureRequest, runs: Path
+) -> AsyncIterator[Worker]:
+    everything = request.getfixturevalue("everything_server")
+    env = {"ASKING_RUNS": str(runs)}
+    settings = make_settings(
+        broker,
+        mcpServers={
+            "everything": everything,
+            "modern": {"command": sys.executable, "args": [str(ASKING)], "env": env},
+            "legacy": {"command": sys.executable, "args": [str(ASKING), "--legacy"], "env": env},
+        },
+    )
+    async with running_worker(settings) as running:
+        yield running
+
+
+async def call(
+    caller: Caller, worker: Worker, tool: str | None, body: dict[str, Any]
+) -> dict[str, Any]:
+    reply, _ = await caller.call(
+        call_topic(worker.topics, tool),
+        body,
+        reply_topic=reply_topic_for(worker.topics, "asker"),
+        timeout_s=WAIT_S,
+    )
+    return reply
+
+
+def question(reply: dict[str, Any], method: str) -> tuple[str, str, dict[str, Any]]:
+    """The one question of an `input_required` reply: its key, the token, its params."""
+    assert reply["ok"] is False and reply["error"]["code"] == "input_required", reply
+    details = reply["error"]["details"]
+    [(key, asked)] = details["input_requests"].items()
+    assert asked["method"] == method
+    return key, details["continuation"], asked["params"]
+
+
+def text_of(reply: dict[str, Any]) -> str:
+    assert reply["ok"] is True, reply
+    return str(reply["result"]["text"])
+
+
+@pytest.mark.parametrize("v5", [True, False], ids=["v5", "3.1.1"])
+async def test_server_everything_elicitation_completes_through_a_caller(
+    broker: Broker, worker: Worker, v5: bool
+) -> None:
+    async with Caller(broker.url, v5=v5) as caller:
+        first = await call(caller, worker, "trigger-elicitation-request", {"input": True})
+        key, token, params = question(first, "elicitation/create")
+        assert "name" in params["requestedSchema"]["properties"]
+        answer = {"action": "accept", "content": ELICITED}
+        final = await call(
+            caller, worker, None, {"continuation": token, "input_responses": {key: answer}}
+        )
+    assert "Ada" in text_of(final) and "ada@example.com" in text_of(final)
+
+
+async def test_server_everything_url_elicitation_completes(broker: Broker, worker: Worker) -> None:
+    url = "https://example.com/authorize"
+    async with Caller(broker.url) as caller:
+        first = await call(
+            caller, worker, "trigger-url-elicitation", {"input": True, "arguments": {"url": url}}
+        )
+        key, token, params = question(first, "elicitation/create")
+        assert params["mode"] == "url" and params["url"] == url
+        final = await call(
+            caller,
+            worker,
+            None,
+            {"continuation": token, "input_responses": {key: {"action": "accept"}}},
+        )
+    assert "accept" in text_of(final)
+
+
+async def test_server_everything_sampling_is_answered_by_the_callers_model(
+    broker: Broker, worker: Worker
+) -> None:
+    async with Caller(broker.url) as caller:
+        first = await call(
+            caller,
+            worker,
+            "trigger-sampling-request",
+            {"input": True, "arguments": {"prompt": "the weather"}},
+        )
+        key, token, params = question(first, "sampling/createMessage")
+        assert "the weather" in params["messages"][0]["content"]["text"]
+        final = await call(
+            caller, worker, None, {"continuation": token, "input_responses": {key: SAMPLED}}
+        )
+    assert "a short summary" in text_of(final) and "caller-model" in text_of(final)
+
+
+async def test_a_caller_that_cannot_answer_gets_the_tools_own_answer(
+    broker: Broker, worker: Worker
+) -> None:
+    async with Caller(broker.url) as caller:
+        declined = await call(caller, worker, "trigger-elicitation-request", {})
+        sampled = await call(
+            caller, worker, "trigger-sampling-request", {"arguments": {"prompt": "x"}}
+        )
+    assert "decline" in text_of(declined).lower()
+    assert sampled["ok"] is False and sampled["error"]["code"] == "tool_error", sampled
+
+
+@pytest.mark.parametrize("server", ["modern", "legacy"])
+async def test_elicitation_from_servers_of_both_generations(
+    broker: Broker, worker: Worker, server: str, runs: Path
+) -> None:
+    before = runs.read_text().count("pick_device") if runs.exists() else 0
+    async with Caller(broker.url) as caller:
+        first = await call(
+            caller, worker, f"{server}.pick_device", {"input": True, "arguments": {"room": "hall"}}
+        )
+        key, token, params = question(first, "elicitation/create")
+        assert "hall" in params["message"]
+        answer = {"action": "accept", "content": {"device": "lamp"}}
+        final = await call(
+            caller, worker, None, {"continuation": token, "input_responses": {key: answer}}
+        )
+    assert final["ok"] is True, final
+    assert final["result"]["structured"] == {"action": "accept", "device": "lamp"}
+    assert runs.read_text().count("pick_device") == before + 1  # its body ran once
+
+
+@pytest.mark.parametrize("server", ["modern", "legacy"])
+async def test_sampling_from_servers_of_both_generations(
+    broker: Broker, worker: Worker, server: str
+) -> None:
+    async with Caller(broker.url) as caller:
+        first = await call(
+            caller, worker, f"{server}.summarize", {"input": True, "arguments": {"text": "long"}}
+        )
+        key, token, _ = question(first, "sampling/createMessage")
+        final = await call(
+            caller, worker, None, {"continuation": token, "input_responses": {key: SAMPLED}}
+        )
+    assert final["result"]["structured"] == {"summary": "a short summary", "model": "caller-model"}
+
+
+def device_for(asked: dict[str, Any]) -> str:
+    return "fan" if "other" in asked["params"]["message"] else "lamp"
+
+
+@pytest.mark.parametrize("server", ["modern", "legacy"])
+async def test_two_questions_of_both_generations_are_answered_in_rounds(
+    broker: Broker, worker: Worker, server: str
+) -> None:
+    async with Caller(broker.url) as caller:
+        reply = await call(
+            caller, worker, f"{server}.pick_twice", {"input": True, "arguments": {"room": "hall"}}
+        )
+        rounds = 0
+        while not reply["ok"] and rounds < 3:  # a 2026-07-28 server asks both at once
+            rounds += 1
+            assert reply["error"]["code"] == "input_required", reply
+            details = reply["error"]["details"]
+            answers = {
+                key: {"action": "accept", "content": {"device": device_for(asked)}}
+                for key, asked in details["input_requests"].items()
+            }
+            body = {
+                "input": True,
+                "continuation": details["continuation"],
+                "input_responses": answers,
+            }
+            reply = await call(caller, worker, None, body)
+    assert reply["ok"] is True, reply
+    assert rounds == (1 if server == "modern" else 2)
+    assert reply["result"]["structured"] == {"devices": ["lamp", "fan"]}
