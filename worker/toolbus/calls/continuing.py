@@ -25,6 +25,7 @@ from toolbus.calls.execute import Executor
 from toolbus.calls.preparation import Outcome, Prepared
 from toolbus.calls.replies import reply_for_call
 from toolbus.calls.rounds import STATELESS, Asked, Rounds
+from toolbus.calls.routing import Routing
 from toolbus.calls.running import ProgressSink, RunningCall, StatusSink
 from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict, fingerprint
 from toolbus.dedup.tokens import ENDED, TokenRecord
@@ -58,6 +59,7 @@ class Continuing:
         refuse: Callable[[Call, ToolbusError], Reply],
     ) -> None:
         self._rounds = rounds
+        self._routing = None if rounds.relay is None else Routing(rounds, rounds.relay)
         self._once = once
         self._executor = executor
         self._admitted = admitted
@@ -165,14 +167,12 @@ class Continuing:
             if verdict.error is not None:
                 return self._refuse(call, verdict.error)
         started = time.perf_counter()
-        held = self._rounds.held(record.token)
-        ended = (
-            None  # its question timed out, or its worker is another (routing)
-            if held is None
-            else await self._rounds.resume(
-                held, answers, key, sink, self._executor.request_deadline_s(call)
-            )
-        )
+        ended = await self._next_round(record, answers, key, sink, call)
+        if isinstance(ended, Reply):  # the holder's final reply, for this request
+            reply = ended.model_copy(update={"id": call.id, "id_generated": call.id_generated})
+            if verdict.key is not None:
+                await self._closed(verdict, Outcome(invoked=True), reply)
+            return reply
         if ended is None:
             outcome = Outcome(
                 error=ContinuationInvalid("the question has expired", reason="expired")
@@ -187,6 +187,23 @@ class Continuing:
         if verdict.key is not None:
             await self._closed(verdict, outcome, reply)
         return reply
+
+    async def _next_round(
+        self,
+        record: TokenRecord,
+        answers: Answers,
+        key: str | None,
+        sink: ProgressSink | None,
+        call: Call,
+    ) -> Outcome | Asked | Reply | None:
+        """The held call's next round: here, or asked of the worker holding it."""
+        deadline_s = self._executor.request_deadline_s(call)
+        held = self._rounds.held(record.token)
+        if held is not None:
+            return await self._rounds.resume(held, answers, key, sink, deadline_s)
+        if self._routing is not None and record.owner != self._rounds.tokens.owner:
+            return await self._routing.resume(record.owner, record.token, answers, key, deadline_s)
+        return None  # its question timed out here
 
 
 def holder_of(call: Call) -> str | None:

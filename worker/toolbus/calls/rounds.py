@@ -34,6 +34,7 @@ from functools import partial
 from typing import Any
 
 from toolbus.calls.preparation import Outcome
+from toolbus.calls.relay import Relay
 from toolbus.calls.replies import reply_for
 from toolbus.calls.running import ProgressSink, RunningCall, RunningCalls
 from toolbus.dedup.tokens import TokenBoundExceeded, TokenRecord, TokenStore, new_token
@@ -98,12 +99,19 @@ class Rounds:
         tokens: where continuations live (memory, or Redis for a pool).
         input_timeout_s: how long a question waits for its caller.
         running: the running calls a cancel finds: a held call stays there while it waits.
+        relay: the pool's way to a held call's worker (calls/routing.py); None: alone.
     """
 
     def __init__(
-        self, tokens: TokenStore, *, input_timeout_s: float, running: RunningCalls
+        self,
+        tokens: TokenStore,
+        *,
+        input_timeout_s: float,
+        running: RunningCalls,
+        relay: Relay | None = None,
     ) -> None:
         self.tokens = tokens
+        self.relay = relay
         self.timeout_s = input_timeout_s
         self._running = running
         self._held: dict[str, Held] = {}
@@ -270,6 +278,18 @@ class Rounds:
             await self.tokens.end(token, reply)
         except Exception as exc:
             log.warning("token store failed keeping a held call's end: %s", exc)
+
+    async def __aenter__(self) -> Rounds:
+        await self.tokens.__aenter__()
+        if self.relay is not None:
+            await self.relay.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+        if self.relay is not None:
+            await self.relay.__aexit__(*exc)
+        await self.tokens.__aexit__(*exc)
 
     async def close(self) -> None:
         """The worker stops: every held call is stopped (its end kept on its token)."""

@@ -25,6 +25,7 @@ from toolbus.calls.call import Call, ReplyAddress
 from toolbus.calls.execute import Executor
 from toolbus.calls.inflight import Slots
 from toolbus.calls.quotas import Quotas
+from toolbus.calls.relay import Relay
 from toolbus.calls.replies import INTERNAL, internal_reply
 from toolbus.calls.rounds import Rounds
 from toolbus.calls.running import ProgressSink, RunningCalls, StatusSink
@@ -82,8 +83,8 @@ class Pipeline:
         max_calls: the most calls one message may carry.
         progress_rate_per_s: the most progress updates per second per call (0: no limit).
         task_store, task_ttl_s: where calls run as tasks are kept, and how long.
-        token_store, input_timeout_s: where continuations live (default: this worker's
-            memory), and how long a tool's question waits for its caller.
+        token_store, input_timeout_s, relay: where continuations live (default: this
+            worker's memory), how long a question waits, the pool's relay (calls/routing).
     """
 
     def __init__(
@@ -108,6 +109,7 @@ class Pipeline:
         task_ttl_s: float = 3600.0,
         token_store: TokenStore | None = None,
         input_timeout_s: float = 120.0,
+        relay: Relay | None = None,
     ) -> None:
         self.executor = executor
         self._once = once
@@ -131,7 +133,7 @@ class Pipeline:
         self._reply, self._dead = self._outbox.reply, self._outbox.dead
         running = RunningCalls()
         tokens = token_store if token_store is not None else MemoryTokens(worker_id)
-        self.rounds = Rounds(tokens, input_timeout_s=input_timeout_s, running=running)
+        self.rounds = Rounds(tokens, input_timeout_s=input_timeout_s, running=running, relay=relay)
         self._answerer = Answerer(
             executor,
             self._metrics,
@@ -160,12 +162,11 @@ class Pipeline:
         if self.tasks is not None:
             await self.tasks.store.__aenter__()
             self.tasks.sweeping()
-        await self.rounds.tokens.__aenter__()
+        await self.rounds.__aenter__()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.rounds.close()
-        await self.rounds.tokens.__aexit__(*exc)
+        await self.rounds.__aexit__(*exc)
         if self.tasks is not None:
             await self.tasks.drain(0.0)  # ended failed already unless `drain_tasks` ran
             await self.tasks.store.__aexit__(*exc)

@@ -1,0 +1,66 @@
+"""The pool's relay over a real redis-server: a message to one worker and its answer;
+an owner nobody listens for is gone at once; one that stops listening while asked is
+noticed within seconds, never waited for past the bound."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from tests.support.harness import RedisServer
+from toolbus.dedup.redis_relay import CHECK_S, RedisRelay
+
+
+def relay(redis_server: RedisServer, owner: str, prefix: str) -> RedisRelay:
+    return RedisRelay(redis_server.url, prefix=prefix, owner=owner)
+
+
+async def test_a_message_reaches_its_owner_and_the_answer_comes_back(
+    redis_server: RedisServer,
+) -> None:
+    prefix = uuid.uuid4().hex
+    seen: list[dict[str, Any]] = []
+
+    async def answer(message: dict[str, Any]) -> dict[str, Any]:
+        seen.append(message)
+        return {"echo": message["n"]}
+
+    holder, asker = relay(redis_server, "w1/a", prefix), relay(redis_server, "w2/b", prefix)
+    holder.serve(answer)
+    async with holder, asker:
+        got = await asker.ask("w1/a", {"n": 7}, 5.0)
+    assert got == {"echo": 7} and seen == [{"n": 7}]
+
+
+async def test_an_owner_nobody_listens_for_is_gone_at_once(redis_server: RedisServer) -> None:
+    async with relay(redis_server, "w2/b", uuid.uuid4().hex) as asker:
+        started = time.monotonic()
+        assert await asker.ask("w1/dead", {"n": 1}, 30.0) is None
+    assert time.monotonic() - started < 1.0
+
+
+async def test_an_owner_that_stops_listening_mid_wait_is_noticed(
+    redis_server: RedisServer,
+) -> None:
+    prefix = uuid.uuid4().hex
+    heard = asyncio.Event()
+
+    async def never(message: dict[str, Any]) -> dict[str, Any]:
+        heard.set()
+        await asyncio.Event().wait()  # the holder never answers: it will die
+        return {}
+
+    holder, asker = relay(redis_server, "w1/a", prefix), relay(redis_server, "w2/b", prefix)
+    holder.serve(never)
+    async with asker:
+        await holder.__aenter__()
+        asking = asyncio.create_task(asker.ask("w1/a", {"n": 1}, 60.0))
+        async with asyncio.timeout(5):
+            await heard.wait()
+        started = time.monotonic()
+        await holder.__aexit__(None, None, None)  # its connection and subscription go
+        async with asyncio.timeout(CHECK_S * 5):
+            assert await asking is None
+    assert time.monotonic() - started < CHECK_S * 3
