@@ -18,6 +18,7 @@ from tests.support.harness import ListPublisher
 from toolbus.backends.local import BUILTIN_TOOLS
 from toolbus.backends.local.functions import elicit, tool
 from toolbus.calls.quotas import Quotas
+from toolbus.calls.rounds import RoundsSettings
 from toolbus.config import Settings
 from toolbus.dedup import MemoryStore, Once
 from toolbus.doors.envelope.pipeline import Pipeline
@@ -65,10 +66,14 @@ class Rig:
             dead_letter_max_bytes=settings.dead_letter_max_bytes,
             once=Once(MemoryStore("w1"), 60.0, executor.idempotent),
             quotas=Quotas(settings.callers),
-            input_timeout_s=settings.input_timeout_s,
+            rounds=RoundsSettings(
+                input_timeout_s=settings.input_timeout_s, max_open=settings.input_max_open
+            ),
         )
 
-    async def call(self, body: dict[str, Any], reply_topic: str = REPLY) -> dict[str, Any]:
+    async def call(
+        self, body: dict[str, Any], reply_topic: str = REPLY, **inbound: Any
+    ) -> dict[str, Any]:
         """One request; its reply (every wait bounded)."""
         before = len(self.sent.on(reply_topic))
         message = Inbound(
@@ -76,6 +81,7 @@ class Rig:
             payload=json.dumps(body).encode(),
             response_topic=reply_topic,
             correlation_data=b"c",
+            **inbound,
         )
         await asyncio.wait_for(self.pipeline.handle(message), 5)
         replies = self.sent.on(reply_topic)
@@ -255,3 +261,107 @@ async def test_past_input_timeout_the_tool_is_declined_and_its_answer_kept() -> 
             {"id": "e2", "continuation": token, "input_responses": {"elicitation": ACCEPT}}
         )
     assert late["ok"] is True and late["result"]["structured"]["action"] == "decline"
+
+
+async def test_a_call_waiting_for_its_caller_holds_no_slot_of_its_callers_quota() -> None:
+    """Decided: the request that asked was answered, so the caller's `max_in_flight`
+    is free for its next call while the first waits (a held server keeps its own slot)."""
+    started.clear()
+    rig = Rig(callers={"alice": {"max_in_flight": 1}})
+    async with rig.pipeline:
+        body = {"tool": "which", "arguments": {"room": "x"}, "input": True, "caller": "alice"}
+        token = asked(await rig.call({"id": "q1", **body}))
+        other = await rig.call(
+            {"id": "q2", "tool": "echo", "arguments": {"text": "hi"}, "caller": "alice"}
+        )
+        assert other["ok"] is True, other
+        final = await rig.call(
+            {
+                "id": "q3",
+                "caller": "alice",
+                "continuation": token,
+                "input_responses": {"elicitation": ACCEPT},
+            }
+        )
+        assert final["ok"] is True
+
+
+async def test_one_callers_open_questions_are_bounded_and_cost_only_that_caller() -> None:
+    """Each held call keeps its server's request open: at most `input_max_open` of one
+    caller's wait at once; past it the question is declined for that caller alone."""
+    started.clear()
+    rig = Rig(input_max_open=2)
+    async with rig.pipeline:
+        for n in range(2):
+            asked(
+                await rig.call(
+                    {
+                        "id": f"m{n}",
+                        "tool": "which",
+                        "arguments": {"room": "x"},
+                        "input": True,
+                        "caller": "mallory",
+                    }
+                )
+            )
+        over = await rig.call(
+            {
+                "id": "m2",
+                "tool": "which",
+                "arguments": {"room": "x"},
+                "input": True,
+                "caller": "mallory",
+            }
+        )
+        assert over["ok"] is True and over["result"]["structured"]["action"] == "decline"
+        # Another caller still gets its question.
+        asked(
+            await rig.call(
+                {
+                    "id": "a1",
+                    "tool": "which",
+                    "arguments": {"room": "x"},
+                    "input": True,
+                    "caller": "alice",
+                }
+            )
+        )
+
+
+async def test_a_provider_shaped_call_gets_its_question_in_its_result(rig: Rig) -> None:
+    """An Anthropic tool_use block with `toolbus.input`: its call's reply in `results`
+    carries the question and token; the continuation (our envelope) gets its end."""
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "which", "input": {"room": "den"}}
+        ],
+        "toolbus": {"input": True},
+    }
+    reply = await rig.call(message)
+    assert reply["format"] == "anthropic" and reply["ok"] is False
+    [result] = reply["results"]
+    token = asked(result)
+    [block] = reply["append"][0]["content"]
+    assert block["tool_use_id"] == "toolu_1" and block["is_error"] is True
+    final = await rig.call(
+        {"id": "p2", "continuation": token, "input_responses": {"elicitation": ACCEPT}}
+    )
+    assert final["ok"] is True and final["result"]["structured"]["room"] == "den"
+
+
+async def test_the_rounds_of_a_call_join_the_callers_trace(rig: Rig) -> None:
+    """A caller that sends its trace context with each round gets each reply in it."""
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    header = (("traceparent", f"00-{trace_id}-00f067aa0ba902b7-01"),)
+    first = await rig.call(
+        {"id": "tr1", "tool": "which", "arguments": {"room": "x"}, "input": True},
+        user_properties=header,
+    )
+    final = await rig.call(
+        {"id": "tr2", "continuation": asked(first), "input_responses": {"elicitation": ACCEPT}},
+        user_properties=header,
+    )
+    assert first["trace_id"] == final["trace_id"] == trace_id

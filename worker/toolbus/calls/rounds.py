@@ -37,7 +37,13 @@ from toolbus.calls.preparation import Outcome
 from toolbus.calls.relay import Relay
 from toolbus.calls.replies import reply_for
 from toolbus.calls.running import ProgressSink, RunningCall, RunningCalls
-from toolbus.dedup.tokens import TokenBoundExceeded, TokenRecord, TokenStore, new_token
+from toolbus.dedup.tokens import (
+    MemoryTokens,
+    TokenBoundExceeded,
+    TokenRecord,
+    TokenStore,
+    new_token,
+)
 from toolbus.tools.context import Answers
 from toolbus.wire.asking import InputRequest
 from toolbus.wire.errors import InputRequired, RateLimited, ToolbusError, Unavailable
@@ -73,6 +79,18 @@ def asked_error(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class RoundsSettings:
+    """How a worker keeps its rounds: its token store (None: this worker's memory), how
+    long a question waits (`input_timeout_s`), how many of one caller's held calls may
+    wait at once (`input_max_open`), the pool's relay (None: alone)."""
+
+    tokens: TokenStore | None = None
+    input_timeout_s: float = 120.0
+    max_open: int = 8
+    relay: Relay | None = None
+
+
 class Held:
     """One held call: its run (a task that outlives the request that started it), the
     request waiting on its next round, and its open question."""
@@ -100,6 +118,8 @@ class Rounds:
         input_timeout_s: how long a question waits for its caller.
         running: the running calls a cancel finds: a held call stays there while it waits.
         relay: the pool's way to a held call's worker (calls/routing.py); None: alone.
+        max_open: how many of one caller's held calls may wait here at once
+            (`input_max_open`): each keeps its server's request, and slot, open.
     """
 
     def __init__(
@@ -109,16 +129,32 @@ class Rounds:
         input_timeout_s: float,
         running: RunningCalls,
         relay: Relay | None = None,
+        max_open: int = 8,
     ) -> None:
         self.tokens = tokens
         self.relay = relay
+        self._max_open = max_open
         self.timeout_s = input_timeout_s
         self._running = running
         self._held: dict[str, Held] = {}
         self._unheard: set[asyncio.Task[None]] = set()
 
+    @classmethod
+    def of(cls, settings: RoundsSettings, running: RunningCalls, worker_id: str) -> Rounds:
+        tokens = settings.tokens if settings.tokens is not None else MemoryTokens(worker_id)
+        return cls(
+            tokens,
+            input_timeout_s=settings.input_timeout_s,
+            running=running,
+            relay=settings.relay,
+            max_open=settings.max_open,
+        )
+
     def held(self, token: str) -> Held | None:
         return self._held.get(token)
+
+    def _open(self, holder: str) -> int:
+        return sum(held.holder == holder for held in self._held.values())
 
     def __len__(self) -> int:
         return len(self._held)
@@ -152,6 +188,7 @@ class Rounds:
             return None
 
         def answer() -> None:
+            _event(held, "toolbus.input_answered", len(answers))
             held.origin = key
             held.home.sink = sink
             held.home.retime(deadline_s)  # the continuing request's deadline, from now
@@ -186,6 +223,9 @@ class Rounds:
             round_ = held.round
             if held.run.done() or round_ is None or round_.done():
                 return None  # no request can carry it (the call is ending)
+            if self._open(held.holder) >= self._max_open:
+                log.warning("%s: the caller has input_max_open questions open; declined", held.tool)
+                return None
             token = new_token("continuation")
             body = {"kind": HELD, "tool": held.tool, "origin": held.origin}
             try:
@@ -199,6 +239,7 @@ class Rounds:
             self._held[token] = held
             held.home.retime(None)  # the caller is thinking: no deadline runs meanwhile
             round_.set_result(Asked(questions, token, self.timeout_s))
+            _event(held, "toolbus.input_required", len(questions))
             log.info("%s asks its caller (%d questions)", held.tool, len(questions))
             try:
                 async with asyncio.timeout(self.timeout_s):
@@ -303,3 +344,9 @@ class Rounds:
 
 async def _outcome(run: Awaitable[Outcome]) -> Outcome:
     return await run
+
+
+def _event(held: Held, name: str, count: int) -> None:
+    """A round on the call's span (how many questions or answers, never what they say)."""
+    if held.home.span is not None:
+        held.home.span.add_event(name, {"toolbus.input.count": count})

@@ -63,6 +63,14 @@ class RecordSettings(BaseSettings):
         description="How long a call's question (`input_required`) waits for its caller's "
         "continuation; past it the tool's server is answered as if the caller declined.",
     )
+    input_max_open: int = Field(
+        default=8,
+        ge=1,
+        description="How many of one caller's calls may wait for its answers at once on a "
+        "worker while their server holds them open (servers before 2026-07-28 keep the "
+        "call, and its `max_in_flight` slot, while they ask); beyond it, the next question "
+        "is declined for the caller.",
+    )
     approval_timeout_s: float = Field(
         default=300.0,
         gt=0,

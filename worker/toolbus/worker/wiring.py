@@ -21,6 +21,7 @@ from toolbus.backends.local.functions import LocalTool
 from toolbus.calls.execute import Executor, Startup
 from toolbus.calls.inflight import Slots
 from toolbus.calls.quotas import Quotas
+from toolbus.calls.rounds import RoundsSettings
 from toolbus.config import Settings, tool_settings
 from toolbus.dedup import Bounds, Once, open_store, open_tasks
 from toolbus.doors.envelope.pipeline import Pipeline
@@ -230,7 +231,9 @@ def build_worker(
             caller_max_bytes=settings.task_caller_max_bytes,
         ),
         task_ttl_s=settings.task_ttl_s,
-        input_timeout_s=settings.input_timeout_s,
+        rounds=RoundsSettings(
+            input_timeout_s=settings.input_timeout_s, max_open=settings.input_max_open
+        ),
     )
     status.tasks = pipeline.tasks_in_flight  # `toolbus status`: tasks in flight
     return Worker(

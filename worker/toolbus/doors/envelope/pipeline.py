@@ -25,14 +25,12 @@ from toolbus.calls.call import Call, ReplyAddress
 from toolbus.calls.execute import Executor
 from toolbus.calls.inflight import Slots
 from toolbus.calls.quotas import Quotas
-from toolbus.calls.relay import Relay
 from toolbus.calls.replies import INTERNAL, internal_reply
-from toolbus.calls.rounds import Rounds
+from toolbus.calls.rounds import Rounds, RoundsSettings
 from toolbus.calls.running import ProgressSink, RunningCalls, StatusSink
 from toolbus.calls.tasks import Tasks
 from toolbus.dedup import Once
 from toolbus.dedup.tasks import TaskBoundExceeded, TaskStore
-from toolbus.dedup.tokens import MemoryTokens, TokenStore
 from toolbus.doors.envelope.cancel import hear_cancel
 from toolbus.doors.envelope.decode import MAX_CALLS, Calls, Rejected, decode
 from toolbus.doors.envelope.encode import (
@@ -83,8 +81,7 @@ class Pipeline:
         max_calls: the most calls one message may carry.
         progress_rate_per_s: the most progress updates per second per call (0: no limit).
         task_store, task_ttl_s: where calls run as tasks are kept, and how long.
-        token_store, input_timeout_s, relay: where continuations live (default: this
-            worker's memory), how long a question waits, the pool's relay (calls/routing).
+        rounds: how calls that ask their callers are kept (calls/rounds.py).
     """
 
     def __init__(
@@ -107,9 +104,7 @@ class Pipeline:
         progress_rate_per_s: float = 10.0,
         task_store: TaskStore | None = None,
         task_ttl_s: float = 3600.0,
-        token_store: TokenStore | None = None,
-        input_timeout_s: float = 120.0,
-        relay: Relay | None = None,
+        rounds: RoundsSettings | None = None,
     ) -> None:
         self.executor = executor
         self._once = once
@@ -132,8 +127,7 @@ class Pipeline:
         )
         self._reply, self._dead = self._outbox.reply, self._outbox.dead
         running = RunningCalls()
-        tokens = token_store if token_store is not None else MemoryTokens(worker_id)
-        self.rounds = Rounds(tokens, input_timeout_s=input_timeout_s, running=running, relay=relay)
+        self.rounds = Rounds.of(rounds or RoundsSettings(), running, worker_id)
         self._answerer = Answerer(
             executor,
             self._metrics,
