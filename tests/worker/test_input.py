@@ -12,7 +12,10 @@ retried with `inputResponses` and `requestState`) and pinned to the handshake er
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ import pytest_asyncio
 from tests.acceptance import conftest as acceptance
 from tests.support.harness import Broker, make_settings, running_worker
 from tests.support.mqtt import Caller, call_topic, reply_topic_for
+from toolbus.dedup.tokens import ENDED
 from toolbus.worker.service import Worker
 
 ASKING = Path(__file__).parents[1] / "support" / "servers" / "asking_server.py"
@@ -214,3 +218,35 @@ async def test_two_questions_of_both_generations_are_answered_in_rounds(
     assert reply["ok"] is True, reply
     assert rounds == (1 if server == "modern" else 2)
     assert reply["result"]["structured"] == {"devices": ["lamp", "fan"]}
+
+
+@pytest.mark.parametrize("server", ["modern", "legacy"])
+async def test_a_call_waiting_for_its_caller_can_be_cancelled(
+    broker: Broker, worker: Worker, server: str
+) -> None:
+    """The caller's cancel names the request that got the question: the call ends
+    (held: its run is cancelled; stateless: its token ends), and the continuation that
+    comes later gets that end, `cancelled`."""
+    reply_topic = reply_topic_for(worker.topics, "asker")
+    ident = f"cancel-{server}-{uuid.uuid4().hex[:6]}"
+    async with Caller(broker.url) as caller:
+        first = await call(
+            caller,
+            worker,
+            f"{server}.pick_device",
+            {"id": ident, "input": True, "arguments": {"room": "hall"}},
+        )
+        key, token, _ = question(first, "elicitation/create")
+        await caller.publish(
+            worker.topics.cancel, json.dumps({"id": ident}).encode(), response_topic=reply_topic
+        )
+        tokens = worker.pipeline.rounds.tokens
+        async with asyncio.timeout(WAIT_S):
+            while (record := await tokens.get(token)) is None or record.state != ENDED:
+                await asyncio.sleep(0.02)  # polled, bounded: the worker heard the cancel
+        answer = {"action": "accept", "content": {"device": "lamp"}}
+        late = await call(
+            caller, worker, None, {"continuation": token, "input_responses": {key: answer}}
+        )
+    assert late["error"]["code"] == "cancelled", late
+    assert late["error"]["details"]["cause"] == "caller"

@@ -98,6 +98,8 @@ class Answerer:
                 await self._once.remember_cancel(key)
             except Exception as exc:  # a running call is still cancelled below
                 log.warning("dedup store failed remembering a cancel: %s", exc)
+        if self._continuing is not None and await self._continuing.rounds.cancel(key):
+            return True  # its questions were open, kept on a token: it ends there
         return self.running.cancel(key, "caller") > 0
 
     def room(self, caller: str | None) -> int | None:

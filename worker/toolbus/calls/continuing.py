@@ -58,7 +58,7 @@ class Continuing:
         closed: Callable[[Verdict, Outcome, Reply], Awaitable[None]],
         refuse: Callable[[Call, ToolbusError], Reply],
     ) -> None:
-        self._rounds = rounds
+        self._rounds = self.rounds = rounds
         self._routing = None if rounds.relay is None else Routing(rounds, rounds.relay)
         self._once = once
         self._executor = executor
@@ -201,6 +201,8 @@ class Continuing:
         held = self._rounds.held(record.token)
         if held is not None:
             return await self._rounds.resume(held, answers, key, sink, deadline_s)
+        if (ending := self._rounds.ending(record.token)) is not None:
+            return ending  # it ended here unheard a moment ago
         if self._routing is not None and record.owner != self._rounds.tokens.owner:
             return await self._routing.resume(record.owner, record.token, answers, key, deadline_s)
         return None  # its question timed out here

@@ -46,7 +46,14 @@ from toolbus.dedup.tokens import (
 )
 from toolbus.tools.context import Answers
 from toolbus.wire.asking import InputRequest
-from toolbus.wire.errors import InputRequired, RateLimited, ToolbusError, Unavailable
+from toolbus.wire.contracts import Reply
+from toolbus.wire.errors import (
+    Cancelled,
+    InputRequired,
+    RateLimited,
+    ToolbusError,
+    Unavailable,
+)
 
 log = logging.getLogger("toolbus.rounds")
 
@@ -138,6 +145,12 @@ class Rounds:
         self._running = running
         self._held: dict[str, Held] = {}
         self._unheard: set[asyncio.Task[None]] = set()
+        # A stateless call's open token by the key of the request it answered (what a
+        # cancel names), until it expires: kept here, by the worker that made it.
+        self._origins: dict[str, tuple[str, float]] = {}
+        # A held call's end by its last token, here too for `input_timeout_s`: a
+        # continuation that takes the token before the store has the end still gets it.
+        self._endings: dict[str, tuple[str, float]] = {}
 
     @classmethod
     def of(cls, settings: RoundsSettings, running: RunningCalls, worker_id: str) -> Rounds:
@@ -270,7 +283,31 @@ class Rounds:
             "origin": origin,
         }
         await self._keep(token, holder, body, asked.questions)
+        if origin is not None:
+            _kept(self._origins, origin, token, self.timeout_s)
         return asked_error(asked.questions, token, self.timeout_s)
+
+    def ending(self, token: str) -> Reply | None:
+        """The end of the held call `token` continues, if it ended here unheard."""
+        kept = self._endings.get(token)
+        return None if kept is None else Reply.model_validate_json(kept[0])
+
+    async def cancel(self, key: str) -> bool:
+        """The caller cancels the call whose questions the request `key` got, kept on
+        a token (a stateless server's): the token ends `cancelled`, and its continuation
+        gets that. True when there was one. (A held call is cancelled as it runs.)"""
+        token, _ = self._origins.pop(key, (None, 0.0))
+        if token is None:
+            return False
+        ended = Cancelled(
+            "the caller cancelled the call while it waited for its answers",
+            started=True,
+            in_doubt=True,
+            cause="caller",
+        )
+        reply = Reply(id="", ok=False, error=ended.body(), duration_ms=0.0)
+        await self._tell(token, reply.model_dump_json(exclude_none=True))
+        return True
 
     async def _keep(
         self, token: str, holder: str, body: dict[str, Any], questions: dict[str, InputRequest]
@@ -310,6 +347,7 @@ class Rounds:
             return
         # Its id is the continuing request's, set when one comes for it.
         reply = reply_for("", False, task.result()).model_dump_json(exclude_none=True)
+        _kept(self._endings, last, reply, self.timeout_s)
         told = asyncio.ensure_future(self._tell(last, reply))
         self._unheard.add(told)
         told.add_done_callback(self._unheard.discard)
@@ -344,6 +382,16 @@ class Rounds:
 
 async def _outcome(run: Awaitable[Outcome]) -> Outcome:
     return await run
+
+
+def _kept(kept: dict[str, tuple[str, float]], key: str, value: str, for_s: float) -> None:
+    """`value` under `key` for `for_s`; what has expired goes (each a held call's or a
+    question's: bounded as they are)."""
+    now = time.monotonic()
+    for old, (_, until) in list(kept.items()):
+        if until <= now:
+            del kept[old]
+    kept[key] = (value, now + for_s)
 
 
 def _event(held: Held, name: str, count: int) -> None:

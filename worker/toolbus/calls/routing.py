@@ -69,8 +69,12 @@ class Routing:
 
     async def _serve(self, message: dict[str, Any]) -> dict[str, Any]:
         """Another worker's continuation of a call held here: its next round."""
-        held = self._rounds.held(str(message.get("token")))
+        token = str(message.get("token"))
+        held = self._rounds.held(token)
         if held is None:
+            ending = self._rounds.ending(token)  # it ended here unheard a moment ago
+            if ending is not None:
+                return {"reply": ending.model_dump_json(exclude_none=True)}
             return {"gone": True}
         ended = await self._rounds.resume(
             held, dict(message["answers"]), message.get("key"), None, float(message["deadline_s"])
