@@ -21,6 +21,7 @@ from toolbus.calls.quotas import Quotas
 from toolbus.calls.rounds import RoundsSettings
 from toolbus.config import Settings
 from toolbus.dedup import MemoryStore, Once
+from toolbus.dedup.tasks import MemoryTasks
 from toolbus.doors.envelope.pipeline import Pipeline
 from toolbus.wire.messages import Inbound
 from toolbus.worker.wiring import build_executor, build_registry, topics_for
@@ -66,6 +67,7 @@ class Rig:
             dead_letter_max_bytes=settings.dead_letter_max_bytes,
             once=Once(MemoryStore("w1"), 60.0, executor.idempotent),
             quotas=Quotas(settings.callers),
+            task_store=MemoryTasks("w1"),
             rounds=RoundsSettings(
                 input_timeout_s=settings.input_timeout_s, max_open=settings.input_max_open
             ),
@@ -365,3 +367,16 @@ async def test_the_rounds_of_a_call_join_the_callers_trace(rig: Rig) -> None:
         user_properties=header,
     )
     assert first["trace_id"] == final["trace_id"] == trace_id
+
+
+async def test_a_task_cannot_ask_its_questions_are_declined(rig: Rig) -> None:
+    """Nobody waits on a task's reply to answer it: its tool gets `decline`."""
+    working = await rig.call(
+        {"id": "job", "tool": "which", "arguments": {"room": "x"}, "task": True, "input": True}
+    )
+    assert working["type"] == "task" and working["status"] == "working"
+    async with asyncio.timeout(5):
+        while len(rig.sent.on(REPLY)) < 2:
+            await asyncio.sleep(0.005)  # polled, bounded: the task's end is pushed
+    end = json.loads(rig.sent.on(REPLY)[-1].payload)
+    assert end["ok"] is True and end["result"]["structured"]["action"] == "decline", end

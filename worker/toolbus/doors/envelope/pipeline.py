@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Self
 
 from opentelemetry import trace
@@ -280,6 +281,7 @@ class Pipeline:
             # the answerer's to refuse, in the task's end).
             with contextlib.suppress(ToolbusError):
                 call = self.executor.locate(call)
+            call = replace(call, wants_input=False)  # nobody waits on a reply to answer
             try:
                 await self.tasks.start(call, lambda status: self._answer(call, address, status))
             except TaskBoundExceeded:
