@@ -74,12 +74,16 @@ class Rig:
         )
 
     async def call(
-        self, body: dict[str, Any], reply_topic: str = REPLY, **inbound: Any
+        self,
+        body: dict[str, Any],
+        reply_topic: str = REPLY,
+        topic: str = "tb/call",
+        **inbound: Any,
     ) -> dict[str, Any]:
         """One request; its reply (every wait bounded)."""
         before = len(self.sent.on(reply_topic))
         message = Inbound(
-            topic="tb/call",
+            topic=topic,
             payload=json.dumps(body).encode(),
             response_topic=reply_topic,
             correlation_data=b"c",
@@ -380,3 +384,20 @@ async def test_a_task_cannot_ask_its_questions_are_declined(rig: Rig) -> None:
             await asyncio.sleep(0.005)  # polled, bounded: the task's end is pushed
     end = json.loads(rig.sent.on(REPLY)[-1].payload)
     assert end["ok"] is True and end["result"]["structured"]["action"] == "decline", end
+
+
+async def test_in_topic_mode_a_token_is_bound_to_the_caller_the_topic_proves() -> None:
+    """`caller_identity = "topic"`: the broker's ACL lets a login publish only under its
+    own `call/{caller}`; a continuation from another caller's topic continues nothing."""
+    started.clear()
+    rig = Rig(caller_identity="topic")
+    async with rig.pipeline:
+        alice, mallory = "tb/reply/alice/r", "tb/reply/mallory/r"
+        body = {"id": "a1", "tool": "which", "arguments": {"room": "x"}, "input": True}
+        token = asked(await rig.call(body, alice, topic="tb/call/alice"))
+        steal = {"id": "m1", "continuation": token, "input_responses": {"elicitation": ACCEPT}}
+        refused = await rig.call(steal, mallory, topic="tb/call/mallory")
+        assert refused["error"]["code"] == "continuation_invalid"
+        assert refused["error"]["details"]["reason"] == "unknown"
+        final = await rig.call({**steal, "id": "a2"}, alice, topic="tb/call/alice")
+        assert final["ok"] is True
