@@ -23,6 +23,30 @@ ENVELOPE: Examples = [
         },
     ),
     ("toolNamedByTopic", {"arguments": {"text": "hi"}, "timeout_s": 5}),
+    (
+        "aCallerThatCanAnswer",
+        {"tool": "pick_device", "arguments": {"room": "hall"}, "id": "q1", "input": True},
+    ),
+    (
+        "continuation",
+        {
+            "id": "q2",
+            "continuation": "c.7Dq2vXoZ1m0rJcQnE9bG3sYhKpLw4tUa",
+            "input_responses": {
+                "elicitation-1": {"action": "accept", "content": {"device": "lamp"}}
+            },
+            "input": True,
+        },
+    ),
+    (
+        "approved",
+        {
+            "tool": "delete_file",
+            "arguments": {"path": "/tmp/x"},
+            "id": "d2",
+            "approval": "a.Zk3nQ8cWm1pVx7eRt2bYs9uHj4LfGdAo",
+        },
+    ),
 ]
 TOOLS_REQUEST: Examples = [("ours", {}), ("forOpenAI", {"format": ToolsFormat.OPENAI.value})]
 

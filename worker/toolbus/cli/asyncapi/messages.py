@@ -197,7 +197,10 @@ def reply_messages() -> dict[str, Message]:
     messages = {
         "reply": _reply(
             "Reply",
-            "The answer to one call in our format, and the refusal of a whole message.",
+            "The answer to one call in our format, and the refusal of a whole message. A "
+            "call whose tool asks its caller (the request said `input`) answers a round "
+            "`input_required`: its questions and a `continuation` token, which a new "
+            "request answers; one a person must approve answers `approval_required`.",
             wire_ref("reply"),
         ),
         "toolsReply": _reply(
