@@ -57,6 +57,7 @@ from toolbus.wire.errors import (
 
 log = logging.getLogger("toolbus.rounds")
 
+MAX_ENDING_CHARS = 64 << 10  # the end of a held call kept in memory for a late continuation
 HELD = "held"
 STATELESS = "stateless"
 
@@ -347,7 +348,8 @@ class Rounds:
             return
         # Its id is the continuing request's, set when one comes for it.
         reply = reply_for("", False, task.result()).model_dump_json(exclude_none=True)
-        _kept(self._endings, last, reply, self.timeout_s)
+        if len(reply) <= MAX_ENDING_CHARS:  # a larger one only in the store, if at all
+            _kept(self._endings, last, reply, self.timeout_s)
         told = asyncio.ensure_future(self._tell(last, reply))
         self._unheard.add(told)
         told.add_done_callback(self._unheard.discard)

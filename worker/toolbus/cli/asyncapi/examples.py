@@ -42,7 +42,7 @@ ENVELOPE: Examples = [
         "approved",
         {
             "tool": "delete_file",
-            "arguments": {"path": "/tmp/x"},
+            "arguments": {"path": "reports/old.csv"},
             "id": "d2",
             "approval": "a.Zk3nQ8cWm1pVx7eRt2bYs9uHj4LfGdAo",
         },
