@@ -18,11 +18,13 @@ from opentelemetry.metrics import Meter
 
 from toolbus import __version__
 from toolbus.backends.local.functions import LocalTool
+from toolbus.calls.approvals import Approvals
 from toolbus.calls.execute import Executor, Startup
 from toolbus.calls.inflight import Slots
 from toolbus.calls.quotas import Quotas
 from toolbus.config import Settings, tool_settings
 from toolbus.dedup import Bounds, Once, open_store, open_tasks
+from toolbus.dedup.tokens import MemoryTokens, TokenStore
 from toolbus.doors.envelope.pipeline import Pipeline
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
@@ -98,6 +100,11 @@ def build_executor(
         log_arguments=settings.log_arguments,
         metrics=metrics,
         root_spans=root_spans,
+        approvals=Approvals(
+            settings.callers,
+            trusted=[name for name, server in settings.mcp_servers.items() if server.trusted],
+            timeout_s=settings.approval_timeout_s,
+        ),
     )
 
 
@@ -230,6 +237,7 @@ def build_worker(
             caller_max_bytes=settings.task_caller_max_bytes,
         ),
         task_ttl_s=settings.task_ttl_s,
+        token_store=open_tokens(settings, worker_id),
     )
     status.tasks = pipeline.tasks_in_flight  # `toolbus status`: tasks in flight
     return Worker(
@@ -256,6 +264,19 @@ def build_worker(
             keepalive_s=settings.keepalive_s,
             max_packet_bytes=max_packet_bytes(settings.max_payload_bytes),
         ),
+    )
+
+
+def open_tokens(settings: Settings, worker_id: str) -> TokenStore:
+    """The approvals' and continuations' tokens beside the dedup store: in memory, or in
+    the same Redis (a pool's: a token made by one worker is taken at another)."""
+    bound = settings.token_caller_max_bytes
+    if settings.dedup_store == "memory":
+        return MemoryTokens(worker_id, caller_max_bytes=bound)
+    from toolbus.dedup.redis_tokens import RedisTokens  # noqa: PLC0415 -- only with Redis
+
+    return RedisTokens(
+        settings.dedup_store, worker_id, prefix=settings.topic_prefix, caller_max_bytes=bound
     )
 
 

@@ -30,6 +30,7 @@ from toolbus.calls.running import ProgressSink, StatusSink
 from toolbus.calls.tasks import Tasks
 from toolbus.dedup import Once
 from toolbus.dedup.tasks import TaskBoundExceeded, TaskStore
+from toolbus.dedup.tokens import MemoryTokens, TokenStore
 from toolbus.doors.envelope.cancel import decode_cancel
 from toolbus.doors.envelope.decode import MAX_CALLS, Calls, Rejected, decode
 from toolbus.doors.envelope.encode import (
@@ -80,6 +81,7 @@ class Pipeline:
         max_calls: the most calls one message may carry.
         progress_rate_per_s: the most progress updates per second per call (0: no limit).
         task_store, task_ttl_s: where calls run as tasks are kept, and how long.
+        token_store: the approvals' and continuations' tokens (default: in memory).
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class Pipeline:
         progress_rate_per_s: float = 10.0,
         task_store: TaskStore | None = None,
         task_ttl_s: float = 3600.0,
+        token_store: TokenStore | None = None,
     ) -> None:
         self.executor = executor
         self._once = once
@@ -123,12 +126,14 @@ class Pipeline:
             dead_letter_max_bytes=dead_letter_max_bytes,
         )
         self._reply, self._dead = self._outbox.reply, self._outbox.dead
+        self.token_store = token_store or MemoryTokens(worker_id)
         self._answerer = Answerer(
             executor,
             self._metrics,
             require_caller=topics.require_caller,
             once=once,
             quotas=quotas if quotas is not None else Quotas({}),
+            tokens=self.token_store,
         )
         self._slots = slots if slots is not None else Slots(0)
         self._max_calls = max_calls
@@ -146,6 +151,7 @@ class Pipeline:
         """Open what the pipeline keeps across messages (the dedup store)."""
         if self._once is not None:
             await self._once.store.__aenter__()
+        await self.token_store.__aenter__()
         if self.tasks is not None:
             await self.tasks.store.__aenter__()
             self.tasks.sweeping()
@@ -155,6 +161,7 @@ class Pipeline:
         if self.tasks is not None:
             await self.tasks.drain(0.0)  # ended failed already unless `drain_tasks` ran
             await self.tasks.store.__aexit__(*exc)
+        await self.token_store.__aexit__(*exc)
         if self._once is not None:
             await self._once.store.__aexit__(*exc)
 
@@ -291,8 +298,9 @@ class Pipeline:
                 return await self._reply(address, refusal(call.id, refused))
             return None
         reply = await self._answer(call, call.reply)
-        if call.reply is None:
-            await self._dead_if_failed(message, call.id, reply)
+        if call.reply is None:  # a failed call's dead letter (a replay has had one)
+            if reply.error is not None and not reply.replayed:
+                await self._dead(message, reply.error, call.id)
             return None
         return await self._answer_with(message, call, call.reply, lambda: reply)
 
@@ -364,11 +372,6 @@ class Pipeline:
             return reply
         reason = "not_recording" if records_nothing(self._tracer) else "not_sampled"
         return reply.model_copy(update={"trace_unavailable": reason})
-
-    async def _dead_if_failed(self, message: Inbound, ident: str, reply: Reply) -> None:
-        """A failed call with no reply address: its dead letter (a replay has had one)."""
-        if reply.error is not None and not reply.replayed:
-            await self._dead(message, reply.error, ident)
 
     async def _last_resort(
         self, message: Inbound, decoded: Call | Calls | Rejected | None
