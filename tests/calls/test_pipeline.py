@@ -39,6 +39,7 @@ from toolbus.config import Settings
 from toolbus.dedup import DedupStore, MemoryStore, Once
 from toolbus.dedup.kept import KeptReplies
 from toolbus.dedup.redis import RedisStore
+from toolbus.dedup.tokens import TokenStore
 from toolbus.doors.envelope.encode import outbound_reply
 from toolbus.doors.envelope.pipeline import Pipeline
 from toolbus.observability.export import TraceCollector
@@ -153,6 +154,7 @@ def rig_for(
     store: DedupStore | None = None,
     slots: Slots | None = None,
     tracer: trace.Tracer | None = None,
+    tokens: TokenStore | None = None,
     **overrides: Any,
 ) -> Rig:
     """A pipeline over these tools; its spans recorded in memory unless `tracer` (the
@@ -190,6 +192,7 @@ def rig_for(
         slots=slots,
         max_calls=settings.max_calls_per_message,
         progress_rate_per_s=settings.progress_rate_per_s,
+        token_store=tokens,
     )
     return Rig(pipeline, sent, probe, spans, reader)
 
