@@ -43,7 +43,13 @@ def add_arguments(approve: argparse.ArgumentParser) -> None:
         metavar="key=value|key:=JSON",
         help="arguments, as `toolbus call` takes them",
     )
-    approve.add_argument("--json", dest="json_args", type=cli_values.json_object, metavar="OBJECT")
+    approve.add_argument(
+        "--json",
+        dest="json_args",
+        type=cli_values.json_object,
+        metavar="OBJECT",
+        help="arguments as a JSON object (pairs given too win over its keys)",
+    )
     approve.add_argument(
         "--reply",
         metavar="FILE",
