@@ -92,11 +92,12 @@ class Approvals:
         self.timeout_s = timeout_s
         self._named: dict[str, frozenset[str]] = {}  # caller -> qualified names it gates
         self._destructive: set[str] = set()  # callers whose list says `destructive`
+        self._any = any(profile.approve for profile in self._profiles.values())
 
     @property
     def any(self) -> bool:
         """Does any profile gate anything? (None does: no call pays for a look.)"""
-        return any(profile.approve for profile in self._profiles.values())
+        return self._any
 
     def refresh(self, registry: Registry) -> None:
         """Each profile's gated names as qualified names (the registry changed)."""
