@@ -40,6 +40,7 @@ from toolbus.config import Settings
 from toolbus.dedup import DedupStore, MemoryStore, Once
 from toolbus.dedup.kept import KeptReplies
 from toolbus.dedup.redis import RedisStore
+from toolbus.dedup.tokens import TokenStore
 from toolbus.doors.envelope.encode import outbound_reply
 from toolbus.doors.envelope.pipeline import Pipeline
 from toolbus.observability.export import TraceCollector
@@ -154,6 +155,7 @@ def rig_for(
     store: DedupStore | None = None,
     slots: Slots | None = None,
     tracer: trace.Tracer | None = None,
+    tokens: TokenStore | None = None,
     **overrides: Any,
 ) -> Rig:
     """A pipeline over these tools; its spans recorded in memory unless `tracer` (the
@@ -191,6 +193,7 @@ def rig_for(
         slots=slots,
         max_calls=settings.max_calls_per_message,
         progress_rate_per_s=settings.progress_rate_per_s,
+        token_store=tokens,
     )
     return Rig(pipeline, sent, probe, spans, reader)
 
@@ -817,6 +820,52 @@ async def test_unknown_task_from_a_worker_that_keeps_no_tasks(rig: Rig) -> None:
     assert answer["error"]["code"] == "unknown_task"
 
 
+def approving_rig() -> Rig:
+    """Caller `ops` must have `busy` approved; the dedup store is this worker's memory."""
+    probe = Probe()
+    return rig_for(
+        probe_tools(probe), probe, store=MemoryStore("w1"), callers={"ops": {"approve": ["busy"]}}
+    )
+
+
+async def test_approval_required_runs_nothing_and_the_approved_call_runs_once() -> None:
+    rig = approving_rig()
+    gated = await rig.call("ops/busy", {"id": "a-1", "arguments": {"n": "7"}})
+    assert gated["error"]["code"] == "approval_required"
+    details = gated["error"]["details"]
+    # The call as it would run: canonical name, normalized arguments ("7" is 7, a default).
+    assert details["call"] == {"tool": "busy", "arguments": {"n": 7, "hold_ms": 5.0}}
+    assert (details["reason"], details["expires_in_s"]) == ("tool", 300.0)
+    assert rig.probe.calls == 0
+    # The same request id, approved: it runs (the gated request left its id free), once.
+    approved = {"id": "a-1", "arguments": {"n": 7}, "approval": details["approval"]}
+    assert (await rig.call("ops/busy", approved))["ok"]
+    assert rig.probe.calls == 1
+    again = await rig.call("ops/busy", approved)  # a redelivery: replayed, not run
+    assert (again["ok"], again.get("replayed")) == (True, True)
+    assert rig.probe.calls == 1
+
+
+async def test_approval_invalid_when_used_again_or_altered() -> None:
+    rig = approving_rig()
+    gated = await rig.call("ops/busy", {"id": "b-1", "arguments": {"n": 1}})
+    token = gated["error"]["details"]["approval"]
+    altered = await rig.call("ops/busy", {"id": "b-2", "arguments": {"n": 2}, "approval": token})
+    assert altered["error"]["code"] == "approval_invalid"
+    assert altered["error"]["details"]["reason"] == "mismatch"
+    assert (await rig.call("ops/busy", {"id": "b-3", "arguments": {"n": 1}, "approval": token}))[
+        "ok"
+    ]
+    used = await rig.call("ops/busy", {"id": "b-4", "arguments": {"n": 1}, "approval": token})
+    assert (used["error"]["code"], used["error"]["details"]["reason"]) == (
+        "approval_invalid",
+        "used",
+    )
+    other = await rig.call("eve/busy", {"id": "b-5", "arguments": {"n": 1}, "approval": token})
+    assert other["ok"]  # eve is not gated: an approval is not looked at
+    assert rig.probe.calls == 2
+
+
 CODES_WITH_A_CASE = {
     "bad_request": test_bad_request,
     "unknown_tool": test_unknown_tool_with_candidates,
@@ -833,6 +882,8 @@ CODES_WITH_A_CASE = {
     "unknown_task": test_unknown_task_from_a_worker_that_keeps_no_tasks,
     "input_required": rounds.test_a_question_is_answered_with_a_continuation_and_the_call_goes_on,
     "continuation_invalid": rounds.test_a_token_is_single_use_and_a_copy_of_its_request_replays,
+    "approval_required": test_approval_required_runs_nothing_and_the_approved_call_runs_once,
+    "approval_invalid": test_approval_invalid_when_used_again_or_altered,
 }
 
 

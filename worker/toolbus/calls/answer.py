@@ -25,6 +25,7 @@ from toolbus.calls.replies import internal_reply, reply_for_call
 from toolbus.calls.rounds import Rounds
 from toolbus.calls.running import ProgressSink, RunningCall, RunningCalls, StatusSink
 from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict, fingerprint
+from toolbus.dedup.tokens import TokenStore
 from toolbus.observability.metrics import Metrics
 from toolbus.observability.spans import DEDUP_REPLAYED, mark_failed
 from toolbus.wire.contracts import Reply
@@ -55,6 +56,7 @@ class Answerer:
         quotas: per-caller admission (`[callers.NAME]` rates and in-flight bounds).
         running: the calls running now, by dedup key (what a cancel finds).
         rounds: calls that ask their callers (None: every tool's questions are declined).
+        tokens: where approvals (and continuations) are kept; no approval gate without.
     """
 
     def __init__(
@@ -67,12 +69,14 @@ class Answerer:
         quotas: Quotas,
         running: RunningCalls | None = None,
         rounds: Rounds | None = None,
+        tokens: TokenStore | None = None,
     ) -> None:
         self._executor = executor
         self._metrics = metrics
         self._require_caller = require_caller
         self._once = once
         self._quotas = quotas
+        self._tokens = tokens
         self.running = running if running is not None else RunningCalls()
         self._continuing = (
             None
@@ -189,8 +193,12 @@ class Answerer:
                     verdict = await self._claim(call, prepared)
                     if verdict.reply is not None:  # a repeat of an answered request
                         return self._replayed(call, prepared, verdict.reply)
-                    if verdict.error is not None:
-                        self._executor.refuse(prepared, verdict.error)
+                    # Gated after the claim: a repeat of an approved call that ran is
+                    # replayed above, whatever became of its token; a gated call leaves
+                    # its id free (not invoked: `_close` releases the claim).
+                    refused = verdict.error or await self._gate(call, prepared)
+                    if refused is not None:
+                        self._executor.refuse(prepared, refused)
                     outcome = await self._run(call, prepared, home)
         except asyncio.CancelledError:
             task = asyncio.current_task()
@@ -237,6 +245,17 @@ class Answerer:
                     await asyncio.shield(closing)
             except TimeoutError:
                 log.warning("dedup store too slow closing %s while stopping", reply.id)
+
+    async def _gate(self, call: Call, prepared: Prepared) -> ToolbusError | None:
+        """The approval gate (calls/approvals.py): what a call a person must approve first
+        gets instead of running; None when it runs."""
+        approvals = self._executor.approvals
+        if self._tokens is None or not approvals.any:
+            return None
+        refused = await approvals.gate(call, prepared, self._tokens)
+        if isinstance(refused, RateLimited):
+            self._metrics.rate_limited("token_bytes")
+        return refused
 
     async def _claim(self, call: Call, prepared: Prepared) -> Verdict:
         """Deduplication by the request's own id (generated ids are never repeated) and

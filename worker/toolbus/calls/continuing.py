@@ -29,6 +29,7 @@ from toolbus.calls.routing import Routing
 from toolbus.calls.running import ProgressSink, RunningCall, StatusSink
 from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict, fingerprint
 from toolbus.dedup.tokens import ENDED, TokenRecord
+from toolbus.dedup.tokens import holder_of as tokens_holder
 from toolbus.observability.spans import mark_failed
 from toolbus.tools.context import Answers, Resume
 from toolbus.wire.contracts import Reply
@@ -209,8 +210,11 @@ class Continuing:
 
 
 def holder_of(call: Call) -> str | None:
-    """Who may use a token a call's answer holds: its caller, as its dedup key has it."""
-    return Once.key(call.caller, call.reply_topic, "")
+    """Who may use a token a call's answer holds (`tokens.holder_of`, as approvals'); None:
+    a call with neither caller nor reply topic, which no one could continue."""
+    if not call.caller and not call.reply_topic:
+        return None
+    return tokens_holder(call.caller, call.reply_topic)
 
 
 def asking(before: Outcome, error: ToolbusError, elapsed_s: float) -> Outcome:

@@ -19,6 +19,7 @@ from typing import Any
 
 from opentelemetry import trace
 
+from toolbus.calls.approvals import Approvals
 from toolbus.calls.call import Call
 from toolbus.calls.call_log import log_call
 from toolbus.calls.invocation import cancelled, invoke_within
@@ -76,8 +77,10 @@ class Executor:
         log_arguments: bool = False,
         metrics: Metrics | None = None,
         root_spans: bool = True,
+        approvals: Approvals | None = None,
     ) -> None:
         self.registry = registry
+        self.approvals = approvals or Approvals({})  # the calls a person must approve first
         self.normalizer = normalizer
         self.access = access
         self._default_timeout_s = default_timeout_s
@@ -100,6 +103,7 @@ class Executor:
         """Per-tool tables follow the registry (MCP servers come, go and change tools)."""
         self._steps.clear()
         self.access.refresh(self.registry)
+        self.approvals.refresh(self.registry)
         self._task_tools = {tool.name for tool in self.registry.tools() if tool.settings.task}
 
     def deadline_s(self, call: Call, tool: Tool) -> float:

@@ -361,7 +361,7 @@ class Rounds:
             log.warning("token store failed keeping a held call's end: %s", exc)
 
     async def __aenter__(self) -> Rounds:
-        await self.tokens.__aenter__()
+        """The relay opened (the token store is its owner's, the pipeline's, to open)."""
         if self.relay is not None:
             await self.relay.__aenter__()
         return self
@@ -370,7 +370,6 @@ class Rounds:
         await self.close()
         if self.relay is not None:
             await self.relay.__aexit__(*exc)
-        await self.tokens.__aexit__(*exc)
 
     async def close(self) -> None:
         """The worker stops: every held call is stopped (its end kept on its token)."""

@@ -1,5 +1,5 @@
-"""Command line: toolbus serve | call | tools | status | health | mappings | schemas | bench |
-demo-server.
+"""Command line: toolbus serve | call | approve | tools | status | health | mappings | schemas |
+bench | demo-server.
 
 This is the entry point: the only place that reads the environment and files.
 Exit codes of `call`/`tools`: 0 ok, 1 the tool or worker answered with an error,
@@ -146,7 +146,14 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show the workers and MCP servers, live or once")
     config_flags(status)
     status_arguments(status)
-    client_id_argument(call, tools, status)
+    from toolbus.cli.approve import add_arguments as approve_arguments
+
+    approve = sub.add_parser(
+        "approve", help="call a tool a person must approve: show the call, ask, send"
+    )
+    config_flags(approve)
+    approve_arguments(approve)
+    client_id_argument(call, tools, status, approve)
 
     demo = sub.add_parser("demo-server", help="run the demo MCP device server on stdio")
     demo.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP on /mcp instead")
@@ -165,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "mappings": _mappings,
         "health": _health,
         "status": _status,
+        "approve": _approve,
     }
     try:
         code: int = handlers[args.command](args)
@@ -182,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"toolbus: {printable(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     return code
+
+
+def _approve(args: argparse.Namespace) -> int:
+    from toolbus.cli.approve import approve
+
+    return approve(args)
 
 
 def _pipe_closed() -> int:

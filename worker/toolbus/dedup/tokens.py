@@ -26,6 +26,8 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, replace
 from typing import Literal, Protocol, Self
 
+from toolbus.dedup.store import KEY_SEP
+
 OPEN = "open"
 TAKEN = "taken"
 ENDED = "ended"  # a held call ended while nobody waited: `reply` is its answer
@@ -33,6 +35,14 @@ TOKEN_CALLER_MAX_BYTES = 1 << 20
 
 TokenKind = Literal["continuation", "approval"]
 Refusal = Literal["unknown", "used", "expired", "mismatch"]
+
+
+def holder_of(caller: str | None, reply_topic: str | None) -> str:
+    """Who may use a token made for a call: its caller, or (anonymous) its reply topic, as
+    the dedup key has them (`Once.key`); the separator keeps the two apart."""
+    if caller:
+        return caller
+    return f"{KEY_SEP}{reply_topic or ''}"
 
 
 def new_token(kind: TokenKind) -> str:

@@ -18,12 +18,15 @@ from opentelemetry.metrics import Meter
 
 from toolbus import __version__
 from toolbus.backends.local.functions import LocalTool
+from toolbus.calls.approvals import Approvals
 from toolbus.calls.execute import Executor, Startup
 from toolbus.calls.inflight import Slots
 from toolbus.calls.quotas import Quotas
+from toolbus.calls.relay import Relay
 from toolbus.calls.rounds import RoundsSettings
 from toolbus.config import Settings, tool_settings
 from toolbus.dedup import Bounds, Once, open_store, open_tasks
+from toolbus.dedup.tokens import MemoryTokens, TokenStore
 from toolbus.doors.envelope.pipeline import Pipeline
 from toolbus.normalization.guards import Guards
 from toolbus.normalization.normalize import Normalizer
@@ -99,6 +102,11 @@ def build_executor(
         log_arguments=settings.log_arguments,
         metrics=metrics,
         root_spans=root_spans,
+        approvals=Approvals(
+            settings.callers,
+            trusted=[name for name, server in settings.mcp_servers.items() if server.trusted],
+            timeout_s=settings.approval_timeout_s,
+        ),
     )
 
 
@@ -208,6 +216,7 @@ def build_worker(
         cancel_remember_s=settings.cancel_remember_s,
     )
     slots = Slots(settings.concurrency)
+    tokens = open_tokens(settings, worker_id)
     pipeline = Pipeline(
         executor,
         topics,
@@ -232,8 +241,11 @@ def build_worker(
         ),
         task_ttl_s=settings.task_ttl_s,
         rounds=RoundsSettings(
-            input_timeout_s=settings.input_timeout_s, max_open=settings.input_max_open
+            input_timeout_s=settings.input_timeout_s,
+            max_open=settings.input_max_open,
+            relay=open_relay(settings, tokens.owner),
         ),
+        token_store=tokens,
     )
     status.tasks = pipeline.tasks_in_flight  # `toolbus status`: tasks in flight
     return Worker(
@@ -261,6 +273,29 @@ def build_worker(
             max_packet_bytes=max_packet_bytes(settings.max_payload_bytes),
         ),
     )
+
+
+def open_tokens(settings: Settings, worker_id: str) -> TokenStore:
+    """The approvals' and continuations' tokens beside the dedup store: in memory, or in
+    the same Redis (a pool's: a token made by one worker is taken at another)."""
+    bound = settings.token_caller_max_bytes
+    if settings.dedup_store == "memory":
+        return MemoryTokens(worker_id, caller_max_bytes=bound)
+    from toolbus.dedup.redis_tokens import RedisTokens  # noqa: PLC0415 -- only with Redis
+
+    return RedisTokens(
+        settings.dedup_store, worker_id, prefix=settings.topic_prefix, caller_max_bytes=bound
+    )
+
+
+def open_relay(settings: Settings, owner: str) -> Relay | None:
+    """How a continuation reaches the worker holding its call: the pool's Redis (pub/sub,
+    one channel per `owner`, the tokens' name for this worker); alone, no relay."""
+    if settings.dedup_store == "memory":
+        return None
+    from toolbus.dedup.redis_relay import RedisRelay  # noqa: PLC0415 -- only with Redis
+
+    return RedisRelay(settings.dedup_store, prefix=settings.topic_prefix, owner=owner)
 
 
 def _client_id_secret(settings: Settings, kept: bytes | None) -> bytes | None:

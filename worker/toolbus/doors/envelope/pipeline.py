@@ -32,6 +32,7 @@ from toolbus.calls.running import ProgressSink, RunningCalls, StatusSink
 from toolbus.calls.tasks import Tasks
 from toolbus.dedup import Once
 from toolbus.dedup.tasks import TaskBoundExceeded, TaskStore
+from toolbus.dedup.tokens import MemoryTokens, TokenStore
 from toolbus.doors.envelope.cancel import hear_cancel
 from toolbus.doors.envelope.decode import MAX_CALLS, Calls, Rejected, decode
 from toolbus.doors.envelope.encode import (
@@ -83,6 +84,7 @@ class Pipeline:
         progress_rate_per_s: the most progress updates per second per call (0: no limit).
         task_store, task_ttl_s: where calls run as tasks are kept, and how long.
         rounds: how calls that ask their callers are kept (calls/rounds.py).
+        token_store: the approvals' and continuations' tokens (default: in memory).
     """
 
     def __init__(
@@ -106,6 +108,7 @@ class Pipeline:
         task_store: TaskStore | None = None,
         task_ttl_s: float = 3600.0,
         rounds: RoundsSettings | None = None,
+        token_store: TokenStore | None = None,
     ) -> None:
         self.executor = executor
         self._once = once
@@ -128,7 +131,9 @@ class Pipeline:
         )
         self._reply, self._dead = self._outbox.reply, self._outbox.dead
         running = RunningCalls()
-        self.rounds = Rounds.of(rounds or RoundsSettings(), running, worker_id)
+        self.token_store = token_store or MemoryTokens(worker_id)
+        rounds = replace(rounds or RoundsSettings(), tokens=self.token_store)
+        self.rounds = Rounds.of(rounds, running, worker_id)
         self._answerer = Answerer(
             executor,
             self._metrics,
@@ -137,6 +142,7 @@ class Pipeline:
             quotas=quotas if quotas is not None else Quotas({}),
             running=running,
             rounds=self.rounds,
+            tokens=self.token_store,
         )
         self._slots = slots if slots is not None else Slots(0)
         self._max_calls = max_calls
@@ -154,6 +160,7 @@ class Pipeline:
         """Open what the pipeline keeps across messages (the dedup store)."""
         if self._once is not None:
             await self._once.store.__aenter__()
+        await self.token_store.__aenter__()
         if self.tasks is not None:
             await self.tasks.store.__aenter__()
             self.tasks.sweeping()
@@ -165,6 +172,7 @@ class Pipeline:
         if self.tasks is not None:
             await self.tasks.drain(0.0)  # ended failed already unless `drain_tasks` ran
             await self.tasks.store.__aexit__(*exc)
+        await self.token_store.__aexit__(*exc)
         if self._once is not None:
             await self._once.store.__aexit__(*exc)
 
@@ -289,8 +297,9 @@ class Pipeline:
                 return await self._reply(address, refusal(call.id, refused))
             return None
         reply = await self._answer(call, call.reply)
-        if call.reply is None:
-            await self._dead_if_failed(message, call.id, reply)
+        if call.reply is None:  # a failed call's dead letter (a replay has had one)
+            if reply.error is not None and not reply.replayed:
+                await self._dead(message, reply.error, call.id)
             return None
         return await self._answer_with(message, call, call.reply, lambda: reply)
 
@@ -362,11 +371,6 @@ class Pipeline:
             return reply
         reason = "not_recording" if records_nothing(self._tracer) else "not_sampled"
         return reply.model_copy(update={"trace_unavailable": reason})
-
-    async def _dead_if_failed(self, message: Inbound, ident: str, reply: Reply) -> None:
-        """A failed call with no reply address: its dead letter (a replay has had one)."""
-        if reply.error is not None and not reply.replayed:
-            await self._dead(message, reply.error, ident)
 
     async def _last_resort(
         self, message: Inbound, decoded: Call | Calls | Rejected | None
