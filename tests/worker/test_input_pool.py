@@ -1,0 +1,184 @@
+"""Input relayed in a pool: two workers share one `$share` subscription and one Redis.
+
+An older server's call waits on the worker whose session holds it. Its continuation may
+reach the other worker (behind `$share` the broker picks): that worker asks the holder,
+over the pool's Redis, to resume the call, and answers its own request with the round's
+end. Which worker the broker picks is its choice, so the test hands the continuation to
+the worker that does not hold the call, as the broker would (`Pipeline.handle`), and
+reads the reply on the broker. A 2026-07-28 server's call is resumed by whichever
+worker gets its continuation, from the token's record. When the holder is gone (its
+subscription to the relay closed, as a killed worker's is), the continuation is
+answered `in_doubt` at once, never left waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from tests.support.harness import Broker, RedisServer, make_settings, measured, running_worker
+from tests.support.mqtt import Caller, call_topic, correlation_of
+from toolbus.wire.messages import Inbound
+from toolbus.worker.service import Worker
+
+ASKING = Path(__file__).parents[1] / "support" / "servers" / "asking_server.py"
+WAIT_S = 20.0
+ACCEPT = {"action": "accept", "content": {"device": "lamp"}}
+
+
+@pytest_asyncio.fixture
+async def pool(broker: Broker, redis_server: RedisServer) -> AsyncIterator[list[Worker]]:
+    prefix = f"ip{uuid.uuid4().hex[:8]}"
+    servers = {
+        "legacy": {"command": sys.executable, "args": [str(ASKING), "--legacy"]},
+        "modern": {"command": sys.executable, "args": [str(ASKING)]},
+    }
+    async with AsyncExitStack() as stack:
+        workers = [
+            await stack.enter_async_context(
+                running_worker(
+                    make_settings(
+                        broker,
+                        topic_prefix=prefix,
+                        dedup_store=redis_server.url,
+                        mcpServers=servers,
+                    )
+                )
+            )
+            for _ in range(2)
+        ]
+        yield workers
+
+
+async def first_round(caller: Caller, worker: Worker, tool: str, reply: str) -> tuple[str, str]:
+    """The call, asked through the broker: its question's key and token."""
+    answer, _ = await caller.call(
+        call_topic(worker.topics, tool),
+        {"input": True, "arguments": {"room": "hall"}},
+        reply_topic=reply,
+        timeout_s=WAIT_S,
+    )
+    assert answer["error"]["code"] == "input_required", answer
+    [key] = answer["error"]["details"]["input_requests"]
+    return key, answer["error"]["details"]["continuation"]
+
+
+async def continue_at(
+    caller: Caller, worker: Worker, reply: str, token: str, key: str
+) -> dict[str, Any]:
+    """The continuation, delivered to `worker` as the broker would; its reply, read on
+    the broker."""
+    correlation = uuid.uuid4().hex.encode()
+    body = {"id": f"c-{correlation.decode()[:8]}", "continuation": token}
+    body["input_responses"] = {key: ACCEPT}  # type: ignore[assignment]
+    message = Inbound(
+        topic=call_topic(worker.topics),
+        payload=json.dumps(body).encode(),
+        response_topic=reply,
+        correlation_data=correlation,
+    )
+    await asyncio.wait_for(worker.pipeline.handle(message), WAIT_S)
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            got = await caller.next_message(WAIT_S)
+            if correlation_of(got) == correlation:
+                return dict(json.loads(got.payload))
+
+
+def holder_and_other(pool: list[Worker], token: str) -> tuple[Worker, Worker]:
+    holders = [w for w in pool if w.pipeline.rounds.held(token) is not None]
+    assert len(holders) == 1, "one worker holds the call"
+    [other] = [w for w in pool if w is not holders[0]]
+    return holders[0], other
+
+
+async def test_a_continuation_at_the_other_worker_resumes_the_held_call(
+    broker: Broker, pool: list[Worker]
+) -> None:
+    reply = f"{pool[0].topics.prefix}/reply/me"
+    async with Caller(broker.url) as caller:
+        await caller.subscribe(reply)
+        key, token = await first_round(caller, pool[0], "legacy.pick_device", reply)
+        holder, other = holder_and_other(pool, token)
+        started = time.monotonic()
+        final = await continue_at(caller, other, reply, token, key)
+        took_ms = (time.monotonic() - started) * 1000
+    assert final["ok"] is True, final
+    assert final["result"]["structured"] == {"action": "accept", "device": "lamp"}
+    assert holder.pipeline.rounds.held(token) is None
+    measured(f"continuation relayed to the holding worker and answered: {took_ms:.1f} ms")
+
+
+async def test_a_stateless_servers_continuation_is_resumed_by_either_worker(
+    broker: Broker, pool: list[Worker]
+) -> None:
+    reply = f"{pool[0].topics.prefix}/reply/me"
+    async with Caller(broker.url) as caller:
+        await caller.subscribe(reply)
+        for worker in pool:  # each worker resumes a call the other may have asked
+            key, token = await first_round(caller, worker, "modern.pick_device", reply)
+            final = await continue_at(caller, worker, reply, token, key)
+            assert final["ok"] is True, final
+            assert final["result"]["structured"]["device"] == "lamp"
+
+
+async def test_when_the_holder_is_gone_the_continuation_is_in_doubt_at_once(
+    broker: Broker, pool: list[Worker]
+) -> None:
+    reply = f"{pool[0].topics.prefix}/reply/me"
+    async with Caller(broker.url) as caller:
+        await caller.subscribe(reply)
+        key, token = await first_round(caller, pool[0], "legacy.pick_device", reply)
+        holder, other = holder_and_other(pool, token)
+        relay = holder.pipeline.rounds.relay
+        assert relay is not None
+        await relay.__aexit__(None, None, None)  # what a killed worker's connection does
+        started = time.monotonic()
+        final = await continue_at(caller, other, reply, token, key)
+        took_s = time.monotonic() - started
+    assert final["error"]["code"] == "in_doubt", final
+    assert final["error"]["details"]["cause"] == "worker_lost"
+    assert took_s < 2.0
+    measured(f"continuation whose holder is gone: in_doubt after {took_s * 1000:.0f} ms")
+
+
+@pytest.mark.parametrize("tool", ["legacy.pick_device", "modern.pick_device"])
+async def test_a_copy_of_a_continuation_at_the_other_worker_replays(
+    broker: Broker, pool: list[Worker], tool: str
+) -> None:
+    """The continuation's own id is claimed in the shared store: its copy delivered to
+    the other worker gets the same reply, and the answers reach the tool once."""
+    reply = f"{pool[0].topics.prefix}/reply/me"
+    async with Caller(broker.url) as caller:
+        await caller.subscribe(reply)
+        key, token = await first_round(caller, pool[0], tool, reply)
+        body = {"id": "copy-1", "continuation": token, "input_responses": {key: ACCEPT}}
+        replies = []
+        for worker in pool:
+            correlation = uuid.uuid4().hex.encode()
+            message = Inbound(
+                topic=call_topic(worker.topics),
+                payload=json.dumps(body).encode(),
+                response_topic=reply,
+                correlation_data=correlation,
+            )
+            await asyncio.wait_for(worker.pipeline.handle(message), WAIT_S)
+            async with asyncio.timeout(WAIT_S):
+                while True:
+                    got = await caller.next_message(WAIT_S)
+                    if correlation_of(got) == correlation:
+                        replies.append(json.loads(got.payload))
+                        break
+    first, copy = replies
+    assert first["ok"] is True and copy["replayed"] is True
+    assert copy["result"] == first["result"]
