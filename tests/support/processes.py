@@ -148,6 +148,11 @@ class Serve:
                 self.stderr.append(line.decode(errors="replace"))
                 self._seen.notify_all()
 
+    def kill(self) -> None:
+        """SIGKILL: no drain, no last words but the broker's will."""
+        assert self._proc is not None
+        self._proc.kill()
+
     async def wait_for(self, marker: str, times: int = 1) -> None:
         """Until `times` stderr lines hold `marker` (bounded; fails if the process ends
         first)."""

@@ -26,8 +26,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from tests.cli.test_cli import cli_env
 from tests.support.harness import Broker, RedisServer, make_settings, measured, running_worker
 from tests.support.mqtt import Caller, call_topic, correlation_of
+from tests.support.processes import Serve
 from toolbus.wire.messages import Inbound
 from toolbus.worker.service import Worker
 
@@ -182,3 +184,46 @@ async def test_a_copy_of_a_continuation_at_the_other_worker_replays(
     first, copy = replies
     assert first["ok"] is True and copy["replayed"] is True
     assert copy["result"] == first["result"]
+
+
+async def test_a_holder_killed_while_its_call_waits_is_in_doubt_not_a_hang(
+    broker: Broker, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The holder is a real `toolbus serve`, SIGKILLed while its call waits for the
+    caller; the continuation reaches the worker that lives: `in_doubt`, at once."""
+    prefix = f"ik{uuid.uuid4().hex[:8]}"
+    servers = tmp_path / "mcp.json"
+    legacy = {"command": sys.executable, "args": [str(ASKING), "--legacy"]}
+    servers.write_text(json.dumps({"mcpServers": {"legacy": legacy}}))
+    env = cli_env(prefix)
+    env["TOOLBUS_DEDUP_STORE"] = redis_server.url
+    settings = make_settings(
+        broker, topic_prefix=prefix, dedup_store=redis_server.url, mcpServers={"legacy": legacy}
+    )
+    reply = f"{prefix}/reply/me"
+    async with (
+        Serve(env, "--broker", broker.url, "--mcp-config", str(servers)) as serve,
+        running_worker(settings) as alive,
+        Caller(broker.url) as caller,
+    ):
+        await caller.subscribe(f"{prefix}/status/workers/+")
+        ready: set[str] = set()
+        async with asyncio.timeout(WAIT_S):  # both workers' `legacy` servers are ready
+            while len(ready) < 2:
+                status = json.loads((await caller.next_message(WAIT_S)).payload)
+                if status.get("servers", {}).get("legacy", {}).get("state") == "ready":
+                    ready.add(status["worker_id"])
+        await caller.subscribe(reply)
+        token = key = ""
+        for _ in range(8):  # `$share` picks: until the serve process holds one
+            key, token = await first_round(caller, alive, "legacy.pick_device", reply)
+            if alive.pipeline.rounds.held(token) is None:
+                break
+        assert token and alive.pipeline.rounds.held(token) is None, "the serve process holds it"
+        serve.kill()
+        started = time.monotonic()
+        final = await continue_at(caller, alive, reply, token, key)
+        took_s = time.monotonic() - started
+    assert final["error"]["code"] == "in_doubt", final
+    assert took_s < 3.0
+    measured(f"continuation whose holder was SIGKILLed: in_doubt after {took_s * 1000:.0f} ms")
