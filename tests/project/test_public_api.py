@@ -29,6 +29,7 @@ def test_exported_names() -> None:
         "ToolbusError",
         "ToolsFormat",
         "__version__",
+        "elicit",
         "progress",
         "tool",
     ]

@@ -28,7 +28,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -174,10 +174,10 @@ class Rounds:
         return len(self._held)
 
     async def first(
-        self, home: RunningCall, run: Awaitable[Outcome], tool: str, holder: str
+        self, home: RunningCall, run: Coroutine[Any, Any, Outcome], tool: str, holder: str
     ) -> Outcome | Asked:
         """Run a call whose caller can answer: its outcome, or its first questions."""
-        task = asyncio.create_task(_outcome(run), name=f"held-{home.ident}")
+        task = asyncio.create_task(run, name=f"held-{home.ident}")
         held = Held(home, task, tool, holder)
         home.asker = partial(self._ask, held)
         # Found by its first request's key until it ends (a cancel names that id), after
@@ -379,10 +379,6 @@ class Rounds:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(2.0):
                     await asyncio.gather(*self._unheard, return_exceptions=True)
-
-
-async def _outcome(run: Awaitable[Outcome]) -> Outcome:
-    return await run
 
 
 def _kept(kept: dict[str, tuple[str, float]], key: str, value: str, for_s: float) -> None:
