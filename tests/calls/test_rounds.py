@@ -13,6 +13,10 @@ import json
 from typing import Any
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.support.harness import ListPublisher
 from toolbus.backends.local import BUILTIN_TOOLS
@@ -51,12 +55,12 @@ async def twice() -> dict[str, Any]:
 
 
 class Rig:
-    def __init__(self, **overrides: Any) -> None:
+    def __init__(self, tracer: trace.Tracer | None = None, **overrides: Any) -> None:
         settings = Settings.model_validate(
             {"topic_prefix": "tb", "tools": {"which": {"timeout_s": 0.5}}, **overrides}
         )
         registry = build_registry([*BUILTIN_TOOLS, which, twice], settings)
-        executor = build_executor(settings, registry)
+        executor = build_executor(settings, registry, tracer=tracer)
         self.sent = ListPublisher()
         self.pipeline = Pipeline(
             executor,
@@ -65,6 +69,7 @@ class Rig:
             worker_id="w1",
             max_payload_bytes=settings.max_payload_bytes,
             dead_letter_max_bytes=settings.dead_letter_max_bytes,
+            tracer=tracer,
             once=Once(MemoryStore("w1"), 60.0, executor.idempotent),
             quotas=Quotas(settings.callers),
             task_store=MemoryTasks("w1"),
@@ -401,3 +406,34 @@ async def test_in_topic_mode_a_token_is_bound_to_the_caller_the_topic_proves() -
         assert refused["error"]["details"]["reason"] == "unknown"
         final = await rig.call({**steal, "id": "a2"}, alice, topic="tb/call/alice")
         assert final["ok"] is True
+
+
+async def test_one_trace_holds_every_round_of_a_held_call() -> None:
+    """The held call's `execute_tool` span lives from the first round to the end, in the
+    first request's trace, with an event for each question and each answer (counts,
+    never what they say); the continuing request's own spans join the trace it sends."""
+    started.clear()
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    rig = Rig(tracer=provider.get_tracer("test"))
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    header = (("traceparent", f"00-{trace_id}-b7ad6b7169203331-01"),)
+    async with rig.pipeline:
+        first = await rig.call(
+            {"id": "o1", "tool": "which", "arguments": {"room": "x"}, "input": True},
+            user_properties=header,
+        )
+        final = await rig.call(
+            {"id": "o2", "continuation": asked(first), "input_responses": {"elicitation": ACCEPT}},
+            user_properties=header,
+        )
+    assert final["ok"] is True
+    [tool_span] = [s for s in spans.get_finished_spans() if s.name == "execute_tool which"]
+    assert f"{tool_span.context.trace_id:032x}" == trace_id
+    events = [(e.name, dict(e.attributes or {})) for e in tool_span.events]
+    assert ("toolbus.input_required", {"toolbus.input.count": 1}) in events
+    assert ("toolbus.input_answered", {"toolbus.input.count": 1}) in events
+    assert all("lamp" not in str(attributes) for _, attributes in events)
+    traces = {f"{s.context.trace_id:032x}" for s in spans.get_finished_spans()}
+    assert traces == {trace_id}
