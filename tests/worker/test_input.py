@@ -171,6 +171,22 @@ async def test_elicitation_from_servers_of_both_generations(
     assert final["ok"] is True, final
     assert final["result"]["structured"] == {"action": "accept", "device": "lamp"}
     assert runs.read_text().count("pick_device") == before + 1  # its body ran once
+    assert worker._status.waiting() == 0  # `toolbus status`: nothing waits any more
+
+
+async def test_a_held_call_is_counted_in_the_workers_status(broker: Broker, worker: Worker) -> None:
+    async with Caller(broker.url) as caller:
+        first = await call(
+            caller, worker, "legacy.pick_device", {"input": True, "arguments": {"room": "x"}}
+        )
+        key, token, _ = question(first, "elicitation/create")
+        assert worker._status.waiting() == 1
+        answer = {"action": "decline"}
+        final = await call(
+            caller, worker, None, {"continuation": token, "input_responses": {key: answer}}
+        )
+    assert final["result"]["structured"]["action"] == "decline"
+    assert worker._status.waiting() == 0
 
 
 @pytest.mark.parametrize("server", ["modern", "legacy"])

@@ -108,7 +108,15 @@ def render(pool: Pool, topics: Topics, note: str = "") -> RenderableType:
     workers = pool.workers()
     offline = {w.worker_id for w in workers if w.state == "offline"}
     table = Table(
-        "worker", "state", "since", "version", "in flight", "tasks", "handled", title="workers"
+        "worker",
+        "state",
+        "since",
+        "version",
+        "in flight",
+        "tasks",
+        "waiting",
+        "handled",
+        title="workers",
     )
     for worker in workers:
         state = Text(worker.state, style=STATE_STYLES.get(worker.state, "red"))
@@ -120,6 +128,7 @@ def render(pool: Pool, topics: Topics, note: str = "") -> RenderableType:
             _plain(worker.version or "-"),  # a status from before versions were reported
             str(worker.in_flight),
             str(worker.tasks),
+            str(worker.waiting),
             str(worker.handled),
         )
     servers = Table(

@@ -336,6 +336,9 @@ class WorkerStatus(_Wire):
     )
     in_flight: int = Field(default=0, description="Requests being handled now.")
     tasks: int = Field(default=0, description="Calls run as tasks running here now.")
+    waiting: int = Field(
+        default=0, description="Calls held here waiting for their callers' answers."
+    )
     handled: int = Field(
         default=0,
         description="Requests handled since the worker started (a message carrying many "

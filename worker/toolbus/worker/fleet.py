@@ -118,6 +118,7 @@ class Fleet:
                 "version": status.version,
                 "in_flight": status.in_flight,
                 "tasks": status.tasks,
+                "waiting": status.waiting,
                 "handled": status.handled,
                 "servers": {name: s.state for name, s in status.servers.items()},
                 "heard_s_ago": round(now - at, 1),

@@ -118,6 +118,7 @@ class StatusReporter:
         self._handled_before = 0  # for the will: what a crash would leave to say
         self._heartbeat: asyncio.Task[None] | None = None
         self.tasks: Callable[[], int] = lambda: 0  # the pipeline's, once built (wiring)
+        self.waiting: Callable[[], int] = lambda: 0  # held calls (calls/rounds.py), likewise
         self._changes: set[asyncio.Task[None]] = set()
 
     # -- the worker's lifecycle ----------------------------------------------------
@@ -221,6 +222,7 @@ class StatusReporter:
             since=since,
             in_flight=counts.count,
             tasks=self.tasks(),
+            waiting=self.waiting(),
             handled=counts.handled,
             servers={
                 name: ServerSummary(state=s.state, last_error=s.last_error)

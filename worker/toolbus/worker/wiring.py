@@ -248,6 +248,7 @@ def build_worker(
         token_store=tokens,
     )
     status.tasks = pipeline.tasks_in_flight  # `toolbus status`: tasks in flight
+    status.waiting = pipeline.rounds.__len__  # and calls waiting for their callers
     return Worker(
         broker=settings.broker,
         worker_id=worker_id,
