@@ -437,3 +437,22 @@ async def test_one_trace_holds_every_round_of_a_held_call() -> None:
     assert all("lamp" not in str(attributes) for _, attributes in events)
     traces = {f"{s.context.trace_id:032x}" for s in spans.get_finished_spans()}
     assert traces == {trace_id}
+
+
+async def test_a_cancel_naming_a_later_rounds_request_cancels_the_held_call(rig: Rig) -> None:
+    """The caller knows the id of the request that got the latest question: a cancel
+    naming it finds the held call as the first request's id does."""
+    first = await rig.call({"id": "l1", "tool": "twice", "input": True})
+    answers = {"elicitation": ACCEPT}
+    second = await rig.call(
+        {"id": "l2", "continuation": asked(first), "input_responses": answers, "input": True}
+    )
+    token = asked(second)
+    key = Once.key(None, REPLY, "l2")
+    assert key is not None
+    assert await rig.pipeline._answerer.cancel(key)
+    async with asyncio.timeout(5):
+        while rig.pipeline.rounds.held(token) is not None or len(rig.pipeline.running):
+            await asyncio.sleep(0.005)  # polled, bounded: the call has ended
+    late = await rig.call({"id": "l3", "continuation": token, "input_responses": answers})
+    assert late["error"]["code"] == "cancelled", late

@@ -8,17 +8,15 @@ reply, or the next questions. Servers ask in one of two ways:
 
 - held (MCP before 2026-07-28): the server asks on its open session while its call
   runs (`CallContext.ask`). The call goes on waiting here, on the worker whose session
-  holds it, for at most `input_timeout_s`, its deadline paused; the continuation's
-  answers resume it, and the continuing request waits for its next round. Past
-  `input_timeout_s` the server is answered as if the caller declined.
+  holds it, its deadline paused; the continuation's answers resume it, and the
+  continuing request waits for its next round. Past `input_timeout_s`: declined.
 - stateless (2026-07-28): the server's result is the questions and its own state (the
   backend raises `InputRequired` with `state`). The call ends; the token's record keeps
   what it takes to call again (tool, arguments, the server's state), and any worker
   resumes it (`Resume`).
 
-A token is single-use, bound to its caller (`holder`), expires (dedup/tokens.py). A held
-call that ends while no request waits on it (its caller cancelled it, or never answered)
-leaves its final reply on the token: a late continuation gets that reply.
+A token is single-use, bound to its caller, expires (dedup/tokens.py). A held call that
+ends while no request waits on it leaves its final reply on the token for a late one.
 """
 
 from __future__ import annotations
@@ -115,6 +113,7 @@ class Held:
         self.token: str | None = None  # the open question's
         self.last_token: str | None = None  # the latest question's: where an unheard end goes
         self.origin = home.key  # the dedup key of the request the next question answers
+        self.keys: list[str] = []  # its requests' keys: a cancel naming any finds it
         self.lock = asyncio.Lock()  # one question at a time
 
 
@@ -180,10 +179,9 @@ class Rounds:
         task = asyncio.create_task(run, name=f"held-{home.ident}")
         held = Held(home, task, tool, holder)
         home.asker = partial(self._ask, held)
-        # Found by its first request's key until it ends (a cancel names that id), after
-        # that request has its answer.
-        if home.key is not None:
-            self._running.add(home.key, home)
+        # Found by each of its requests' keys until it ends (a cancel names the id of any
+        # request that got its questions), after those requests have their answers.
+        self._found_by(held, home.key)
         task.add_done_callback(partial(self._ended, held))
         return await self._next(held, lambda: None)
 
@@ -208,8 +206,13 @@ class Rounds:
             held.home.retime(deadline_s)  # the continuing request's deadline, from now
             waiting.set_result(answers)
 
-        with self._running.also(key, held.home):
-            return await self._next(held, answer)
+        self._found_by(held, key)
+        return await self._next(held, answer)
+
+    def _found_by(self, held: Held, key: str | None) -> None:
+        if key is not None and key not in held.keys:
+            held.keys.append(key)
+            self._running.add(key, held.home)
 
     async def _next(self, held: Held, before: Callable[[], None]) -> Outcome | Asked:
         """The next round of `held`: its outcome or its next questions, whichever first.
@@ -337,8 +340,8 @@ class Rounds:
     def _ended(self, held: Held, task: asyncio.Task[Outcome]) -> None:
         """`held`'s run ended: no longer found by its key; an open question is closed;
         and with no request waiting, its reply is kept on its last token."""
-        if held.home.key is not None:
-            self._running.discard(held.home.key, held.home)
+        for key in held.keys:
+            self._running.discard(key, held.home)
         if held.answers is not None and not held.answers.done():
             held.answers.set_result(None)
         if held.round is not None or task.cancelled():

@@ -169,17 +169,6 @@ class RunningCalls:
             if not calls:
                 del self._calls[key]
 
-    @contextmanager
-    def also(self, key: str | None, call: RunningCall) -> Iterator[None]:
-        """`call` found by `key` too while the block runs (a continuing request's id)."""
-        if key is not None:
-            self.add(key, call)
-        try:
-            yield
-        finally:
-            if key is not None:
-                self.discard(key, call)
-
     def get(self, key: str) -> list[RunningCall]:
         return list(self._calls.get(key, ()))
 
