@@ -34,6 +34,7 @@ from toolbus.backends.mcp.hints import startup_hint
 from toolbus.backends.mcp.http import open_http
 from toolbus.backends.mcp.keeping import keep
 from toolbus.backends.mcp.listing import ToolListing
+from toolbus.backends.mcp.output_schema import schema_violation
 from toolbus.backends.mcp.retry import (
     Stopping,
     connect_attempts,
@@ -351,7 +352,13 @@ class McpServer:
                 )
                 refused.reached_tool = False  # nothing was sent: a repeat may run it
                 raise refused
-            result = await send(current, plan, arguments, self._tracer, ctx)
+            try:
+                result = await send(current, plan, arguments, self._tracer, ctx)
+            except RuntimeError as exc:  # the SDK's output-schema check: this call's error
+                violation = schema_violation(exc, self.name, plan.remote_name)
+                if violation is None:
+                    raise
+                raise violation from None  # its text quotes the value: never chained
         return checked_result(result, self.name, self.max_result_bytes)
 
     def _partial_dropped(self) -> None:
