@@ -32,7 +32,7 @@ from tests.support.mqtt import Caller, reply_topic_for
 from tests.support.processes import RUN_BOUND_S, Serve, serve_env
 from toolbus.wire.topics import Topics
 
-SERVER = Path(__file__).parent.parent / "support" / "servers" / "eras.py"
+ROOT = Path(__file__).parents[2]  # run as a module from here: it imports `legacy_only`
 MODERN, LEGACY = "2026-07-28", "2025-11-25"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -65,7 +65,8 @@ class Worker:
 
 
 def eras_server(**env: str) -> dict[str, Any]:
-    return {"command": sys.executable, "args": [str(SERVER)], "env": env}
+    args = ["-m", "tests.support.servers.eras"]
+    return {"command": sys.executable, "args": args, "cwd": str(ROOT), "env": env}
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
-"""An MCP test server (the SDK's MCPServer, over stdio) of either protocol era.
+"""An MCP test server (the SDK's MCPServer, over stdio) of either protocol era; run it as
+`python -m tests.support.servers.eras` from the repository's root.
 
 By default it speaks what the client opens with: 2026-07-28 to a client that asks
 `server/discover`, 2025-11-25 to one that opens with `initialize` (the SDK's servers serve
-both). With `TB_ERA=legacy` it is a server of 2025-11-25 only: it answers
+both). With `TB_ERA=legacy` it is a server of 2025-11-25 only (`legacy_only`): it answers
 `server/discover` as such a server does, "method not found", so a client falls back to
 `initialize`.
 
@@ -30,15 +31,10 @@ from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.stdio import stdio_server
-from mcp.shared.message import SessionMessage
 from mcp_types import (
     BlobResourceContents,
     CallToolResult,
     EmbeddedResource,
-    ErrorData,
-    JSONRPCError,
-    JSONRPCRequest,
     ResourceLink,
     TextContent,
     TextResourceContents,
@@ -47,8 +43,9 @@ from mcp_types import (
     ToolExecution,
 )
 
+from tests.support.servers.legacy_only import serve_legacy_only
+
 LEGACY = os.environ.get("TB_ERA") == "legacy"
-METHOD_NOT_FOUND = -32601
 OBJECT = {"type": "object"}
 
 
@@ -150,32 +147,8 @@ def _links() -> list[Any]:
 server = Eras("toolbus-test-eras")
 
 
-async def serve_legacy_only() -> None:
-    """Serve, answering `server/discover` "method not found" as a 2025-11-25 server does
-    (before the SDK's loop sees it: its first request would decide the era)."""
-    async with stdio_server() as (read, write):
-        inner_send, inner_read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-
-        async def sieve() -> None:
-            async with inner_send:
-                async for item in read:
-                    message = item.message if isinstance(item, SessionMessage) else None
-                    if isinstance(message, JSONRPCRequest) and message.method == "server/discover":
-                        error = ErrorData(code=METHOD_NOT_FOUND, message="Method not found")
-                        refusal = JSONRPCError(jsonrpc="2.0", id=message.id, error=error)
-                        await write.send(SessionMessage(refusal))
-                        continue
-                    await inner_send.send(item)
-
-        lowlevel = server._lowlevel_server  # the loop MCPServer runs, on our streams
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(sieve)
-            await lowlevel.run(inner_read, write, lowlevel.create_initialization_options())
-            tasks.cancel_scope.cancel()
-
-
 if __name__ == "__main__":
     if LEGACY:
-        anyio.run(serve_legacy_only)
+        anyio.run(serve_legacy_only, server)
     else:
         server.run()
