@@ -5,8 +5,10 @@ server's own task. That task connects (tenacity: `[mcp].startup_attempts` with d
 delays), registers the tools, holds the session until it ends, and reconnects in the
 background with capped, jittered backoff, for as long as the worker runs. Its tools
 stay registered while it is away, so calls get `unavailable` naming the server, never
-`unknown_tool`. HTTP sessions are pinged every `[mcp].health_interval_s`. A tool call is
-never re-sent; a result over `max_result_bytes` is that call's `tool_error`, no more.
+`unknown_tool`. A session opens at the newest protocol version both sides speak (`era`);
+it is kept by `keeping` (tool list changes, HTTP health checks every
+`[mcp].health_interval_s`). A tool call is never re-sent; a result over `max_result_bytes`,
+or one breaking the tool's `outputSchema`, is that call's `tool_error`, no more.
 
 States: `connecting` (start-up), `ready`, `degraded` (lost its session, reconnecting),
 `down` (start-up attempts exhausted; still retried in the background), `stopped`.
