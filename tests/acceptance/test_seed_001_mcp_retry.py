@@ -219,8 +219,15 @@ async def test_attempts_and_delay_are_one_setting_each(broker: Broker, tmp_path:
 
 
 def of_server(records: list[logging.LogRecord], server: str) -> list[logging.LogRecord]:
-    """The worker's own MCP lines about `server` (not its stderr, not other tests' servers)."""
-    return [r for r in records if r.name == "toolbus.mcp" and vars(r).get("server") == server]
+    """The worker's own MCP lines about `server` (not its stderr, not other tests' servers),
+    about its connection: not the line saying which protocol version a session speaks."""
+    return [
+        r
+        for r in records
+        if r.name == "toolbus.mcp"
+        and vars(r).get("server") == server
+        and "protocol_version" not in vars(r)
+    ]
 
 
 def default_delays() -> list[float]:

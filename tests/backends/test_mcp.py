@@ -36,6 +36,8 @@ async def test_streamable_http_server(
     settings = make_settings(broker, mcpServers={"http_devices": {"url": http_demo_server}})
     async with running_worker(settings) as worker:
         assert worker.mcp.states() == {"http_devices": "ready"}
+        # The newest version both speak (the demo server serves either era; issue 32).
+        assert worker.mcp.servers["http_devices"].protocol_version == "2026-07-28"
         reply = await caller.call_tool(
             worker.topics, "control_zwave_device", {"device_name": "Switch One", "command": "off"}
         )

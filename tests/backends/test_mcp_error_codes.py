@@ -197,6 +197,8 @@ async def test_over_http_an_error_answer_is_tool_error_and_a_dead_server_is_not(
 class _Answers:
     """A session whose server answers pings: alive, as far as the transport can tell."""
 
+    protocol_version = "2025-11-25"  # a handshake-era session: `era.probe` pings it
+
     async def send_ping(self) -> None:
         return None
 

@@ -357,6 +357,8 @@ async def test_http_server_restart_reinitializes_the_session(
         async with running_worker(settings) as worker:
             states = ServerStates(caller_for_faults, worker, "web")
             assert (await call(caller_for_faults, worker, "list_devices"))["ok"]
+            # 2026-07-28 over HTTP: no `ping` there, its health is asked with server/discover.
+            assert worker.mcp.servers["web"].protocol_version == "2026-07-28"
             await stop_process(server)
             began = time.monotonic()
             await states.until("degraded")

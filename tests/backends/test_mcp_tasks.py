@@ -64,14 +64,18 @@ async def test_a_required_task_tool_answers_a_plain_call_and_relays_a_tasks_stat
 CLAIMER = Path(__file__).parents[1] / "support" / "servers" / "task_claimer.py"
 
 
-@pytest.mark.parametrize(("answer", "expected"), [("plain", None), ("garbage", "tool_error")])
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [("plain", None), ("garbage", "bad_task_answer"), ("unshaped", "output_schema")],
+)
 async def test_a_server_that_answers_a_task_call_its_own_way(
     broker: Broker, answer: str, expected: str | None
 ) -> None:
     """Tell the peer's words from the transport's: a server listing a tool as task-only
     that answers the task's `tools/call` with a plain result has answered (its result is
     the reply); one that answers with neither a task nor a result has answered badly
-    (`tool_error`), and the server stays up for the next call."""
+    (`tool_error`), and the server stays up for the next call. A task's result is checked
+    against the tool's outputSchema as a plain call's is (issue 32)."""
     server = {"command": sys.executable, "args": [str(CLAIMER)], "env": {"TB_TASK_ANSWER": answer}}
     settings = make_settings(broker, mcpServers={"claimer": server})
     async with running_worker(settings, []), Caller(broker.url) as caller:
@@ -86,5 +90,5 @@ async def test_a_server_that_answers_a_task_call_its_own_way(
             if expected is None:
                 assert reply["ok"] is True and "report on bees" in json.dumps(reply["result"])
             else:
-                assert reply["error"]["code"] == expected
-                assert reply["error"]["details"]["reason"] == "bad_task_answer"
+                assert reply["error"]["code"] == "tool_error"
+                assert reply["error"]["details"]["reason"] == expected

@@ -51,7 +51,7 @@ PARAMETERS = [
 
 def ok(
     text: str = "",
-    structured: dict[str, Any] | None = None,
+    structured: Any = None,
     content: list[ContentItem] | None = None,
 ) -> Reply:
     result = ToolResult(text=text, structured=structured, content=content)
@@ -90,6 +90,20 @@ CASES: dict[str, Reply] = {
     "empty": ok(),
     "blank": ok("  \n"),
     "structured_only": ok(structured={"temperature_c": 21.5, "room": "kitchen"}),
+    "structured_array": ok(structured=[1, 2.5, 3]),
+    "named_link_and_blob": ok(
+        content=[
+            ContentItem(
+                type="resource_link",
+                uri="file:///r.pdf",
+                name="report",
+                mime_type="application/pdf",
+            ),
+            ContentItem(
+                type="resource", uri="blob://one", mime_type="application/octet-stream", data="AAE="
+            ),
+        ]
+    ),
 }
 WITH_IMAGE = {"image", "image_only"}
 
@@ -159,6 +173,18 @@ def test_calls_are_answered_in_order(format: ReplyFormat, count: int) -> None:
         assert {item["type"] for item in appended} == {"function_call_output"}
     else:
         assert [m["tool_name"] for m in appended] == [call.name for call in calls]
+
+
+@pytest.mark.parametrize("format", PROVIDERS)
+def test_a_structured_array_a_named_link_and_a_binary_resource_are_carried(
+    format: ReplyFormat,
+) -> None:
+    """Structured content of any JSON value, and MCP's resource links and embedded
+    resources, as text every provider takes (issue 32)."""
+    appended = json.dumps(appended_in(format, answered("structured_array", "named_link_and_blob")))
+    assert "[1,2.5,3]" in appended
+    assert "[link: report: file:///r.pdf (application/pdf)]" in appended
+    assert "resource blob://one (application/octet-stream) content left out" in appended
 
 
 def test_toolbus_format_appends_nothing() -> None:

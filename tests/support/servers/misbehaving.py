@@ -149,6 +149,14 @@ def noisy(value: str) -> str:
     return f"clean {value}"
 
 
+async def tools_changed(ctx: Context) -> None:
+    """Say the tools changed in both eras' words: on the session (a client that opened it
+    with `initialize`) and to `subscriptions/listen` streams (a 2026-07-28 client's only
+    way to hear it; a handshake-era client opens none, so nobody hears that one)."""
+    await ctx.session.send_tool_list_changed()
+    await ctx.notify_tools_changed()
+
+
 @server.tool()
 async def add_tool(name: str, ctx: Context) -> str:
     """Adds a tool called `name` and tells the client."""
@@ -157,7 +165,7 @@ async def add_tool(name: str, ctx: Context) -> str:
         return f"{name}: {text}"
 
     server.add_tool(extra, name=name, description=f"added at run time as {name}")
-    await ctx.session.send_tool_list_changed()
+    await tools_changed(ctx)
     return f"added {name}"
 
 
@@ -165,7 +173,7 @@ async def add_tool(name: str, ctx: Context) -> str:
 async def remove_tool(name: str, ctx: Context) -> str:
     """Removes the tool called `name` and tells the client."""
     server.remove_tool(name)
-    await ctx.session.send_tool_list_changed()
+    await tools_changed(ctx)
     return f"removed {name}"
 
 
@@ -257,7 +265,7 @@ async def list_flood(count: int, ctx: Context, gap_s: float = 0.0) -> str:
     """Says `count` times that its tools changed (they did not), `gap_s` apart (a loop's
     pace: a simulated sleep)."""
     for _ in range(count):
-        await ctx.session.send_tool_list_changed()
+        await tools_changed(ctx)
         await anyio.sleep(gap_s)
     return f"said so {count} times"
 

@@ -1,6 +1,7 @@
 """An MCP server whose listing says its tools run only as tasks, but which answers a task's
 `tools/call` as it likes (TB_TASK_ANSWER): `plain`, the result at once (a server that
-ignores the task it was asked for); `garbage`, neither a task nor a result."""
+ignores the task it was asked for); `garbage`, neither a task nor a result; `unshaped`,
+the result at once without the structured content its tool's outputSchema promises."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ async def claims_tasks(ctx: Any, call_next: Any) -> Any:
         return listed
     if ctx.method == "tools/call" and ANSWER == "garbage":
         return {"neither": "a task nor a result"}
+    if ctx.method == "tools/call" and ANSWER == "unshaped":
+        answered = dict(await call_next(ctx))
+        answered.pop("structuredContent", None)
+        return answered
     return await call_next(ctx)
 
 

@@ -132,7 +132,7 @@ def render(pool: Pool, topics: Topics, note: str = "") -> RenderableType:
             str(worker.handled),
         )
     servers = Table(
-        "server", "worker", "state", "since", "tools", "last error", title="MCP servers"
+        "server", "worker", "state", "since", "tools", "protocol", "last error", title="MCP servers"
     )
     for server in pool.servers():
         shown = server.state + (" (worker offline)" if server.worker_id in offline else "")
@@ -143,6 +143,7 @@ def render(pool: Pool, topics: Topics, note: str = "") -> RenderableType:
             Text(printable(shown), style=style),
             _since(server.since, now),
             str(server.tool_count),
+            _plain(server.protocol_version or "-"),  # the MCP version its session speaks
             _plain(server.last_error or ""),
         )
     parts: list[RenderableType] = [table, servers]

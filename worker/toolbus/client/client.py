@@ -238,13 +238,13 @@ class Client:
             await self._ask(topic, body, timeout_s, None, Reply.model_validate_json)
         )
         structured = reply.result.structured if reply.result is not None else None
-        listed = structured.get("tools") if structured is not None else None
+        listed = structured.get("tools") if isinstance(structured, dict) else None
         if not isinstance(listed, list):
             raise ToolbusError.from_body(
                 ErrorBody(code=ErrorCode.INTERNAL, message="the tool list came without tools"),
                 reply=reply,
             )
-        pending = structured.get("pending") if structured is not None else None
+        pending = structured.get("pending") if isinstance(structured, dict) else None
         return (
             [item for item in listed if isinstance(item, dict)],
             [item for item in pending if isinstance(item, dict)]

@@ -6,13 +6,22 @@ to the provider as it is, so each definition holds the provider's fields and no 
 - `anthropic`: `{name, description, input_schema}` (a `ToolParam`);
 - `openai` and `ollama`: `{type: "function", function: {name, description, parameters}}`
   (Chat Completions' `ChatCompletionFunctionToolParam`, Ollama's `Tool`);
-- `openai-responses`: `{type: "function", name, description, parameters, strict}`
-  (`FunctionToolParam`; `strict` false, as our schemas are not written for strict mode);
-- `mcp`: an MCP `Tool`: `{name, title, description, inputSchema, annotations}`;
-- `toolbus`: our own `ToolList` entries (canonical names, origin, original name).
+- `openai-responses`: `{type: "function", name, description, parameters, strict,
+  output_schema}` (`FunctionToolParam`; `strict` false, as our schemas are not written
+  for strict mode; `output_schema` when the MCP tool has an `outputSchema`);
+- `mcp`: an MCP `Tool`: `{name, title, description, inputSchema, outputSchema,
+  annotations, execution}`;
+- `toolbus`: our own `ToolList` entries (canonical names, origin, original name, and the
+  MCP tool's title, outputSchema, annotations and execution).
 
 Beside `tools`, every format's list says which MCP servers were not ready when it was
 made (`pending`, our `PendingServer`s): the definitions themselves stay the provider's.
+The MCP fields a provider's definition has no place for (Anthropic's `ToolParam`, Chat
+Completions' `FunctionDefinition` and Ollama's `Tool` have none for `outputSchema`,
+`annotations` or `execution`, and the APIs refuse fields they do not know) are listed
+beside the definitions instead, in `mcp` (provider name -> those fields, for the tools that
+have any): for the application (a gate on `destructiveHint`, a check of a result), never
+sent to the model.
 
 Every format but ours lists a tool under its provider name (`toolbus.wire.formats.names`),
 which the registry resolves back to the same tool. Every schema but ours is an object
@@ -42,10 +51,14 @@ class Listing:
     definitions: list[Definition]
     pending: list[PendingServer] = field(default_factory=list)
 
+    mcp: dict[str, Definition] = field(default_factory=dict)  # beside a provider's definitions
+
     def structured(self) -> dict[str, Any]:
-        """The `result.structured` of a `{prefix}/tools` reply: the definitions, and the
-        servers whose tools they may lack (`ToolList.pending`)."""
-        return {"tools": self.definitions, "pending": [p.model_dump() for p in self.pending]}
+        """The `result.structured` of a `{prefix}/tools` reply: the definitions, the
+        servers whose tools they may lack (`ToolList.pending`), and the MCP fields the
+        provider's definitions have no place for (`mcp`, when any tool has some)."""
+        listed = {"tools": self.definitions, "pending": [p.model_dump() for p in self.pending]}
+        return {**listed, "mcp": self.mcp} if self.mcp else listed
 
 
 def listing(
@@ -59,12 +72,38 @@ def listing(
     if tools_format is ToolsFormat.TOOLBUS:
         ours = ToolList(tools=registry.definitions(allowed))
         names = [t.name for t in ours.tools]
-        return Listing(tools_format, names, ours.model_dump(by_alias=True)["tools"], [*pending])
+        dumped = [_without_absent(d) for d in ours.model_dump(by_alias=True)["tools"]]
+        return Listing(tools_format, names, dumped, [*pending])
     shape = _shape(tools_format)
     tools = registry.listed(allowed)
     names = [registry.provider_name(tool) for tool in tools]
     definitions = [shape(name, tool) for name, tool in zip(names, tools, strict=True)]
-    return Listing(tools_format, names, definitions, [*pending])
+    beside: dict[str, Definition] = {}
+    if tools_format not in (ToolsFormat.MCP,):  # MCP's `Tool` has a place for each
+        for name, tool in zip(names, tools, strict=True):
+            if fields := _mcp_fields(tool):
+                beside[name] = fields
+    return Listing(tools_format, names, definitions, [*pending], beside)
+
+
+_MCP_ONLY = ("title", "outputSchema", "annotations", "execution")
+
+
+def _without_absent(definition: Definition) -> Definition:
+    """Our definition without the MCP-only fields a tool lacks (a local tool has none)."""
+    return {k: v for k, v in definition.items() if v is not None or k not in _MCP_ONLY}
+
+
+def _mcp_fields(tool: Tool) -> Definition:
+    """The MCP tool's fields a provider's definition has no place for."""
+    fields: Definition = {}
+    if tool.output_schema is not None:
+        fields["outputSchema"] = tool.output_schema
+    if tool.annotations:
+        fields["annotations"] = tool.annotations
+    if tool.execution:
+        fields["execution"] = tool.execution
+    return fields
 
 
 def object_schema(schema: dict[str, Any]) -> dict[str, Any]:
@@ -106,6 +145,8 @@ def _responses_function(name: str, tool: Tool) -> Definition:
         # The SDK's type requires the field. Strict mode would need every property
         # required and `additionalProperties: false`, which our schemas do not promise.
         "strict": False,
+        # The only provider shape with a place for it (`FunctionToolParam.output_schema`).
+        **({"output_schema": tool.output_schema} if tool.output_schema is not None else {}),
     }
 
 
@@ -115,8 +156,12 @@ def _mcp(name: str, tool: Tool) -> Definition:
         definition["title"] = tool.title
     definition.update(_description(tool))
     definition["inputSchema"] = object_schema(tool.input_schema)
+    if tool.output_schema is not None:
+        definition["outputSchema"] = tool.output_schema
     if tool.annotations:
         definition["annotations"] = tool.annotations
+    if tool.execution:
+        definition["execution"] = tool.execution
     return definition
 
 

@@ -86,6 +86,8 @@ class Tool:
     settings: ToolSettings = NO_TOOL_SETTINGS
     title: str | None = None  # the MCP server's display name, listed again in the MCP format
     annotations: dict[str, Any] | None = None  # the MCP server's hints, as it sent them
+    output_schema: dict[str, Any] | None = None  # MCP `outputSchema`: its structured result's
+    execution: dict[str, Any] | None = None  # MCP `execution` (`taskSupport`), as it was sent
     validator: CompiledSchema = field(init=False, repr=False)
     shape: Shape = field(default=ANY, repr=False)
     parameters: Parameters = field(init=False, repr=False)
@@ -122,6 +124,10 @@ class Tool:
             input_schema=self.input_schema,
             origin=self.origin,
             original_name=self.original_name,
+            title=self.title,
+            output_schema=self.output_schema,
+            annotations=self.annotations,
+            execution=self.execution,
         )
 
 

@@ -193,11 +193,12 @@ class ContentItem(_Wire):
     data: str | None = Field(default=None, description="Base64 for binary content.")
     text: str | None = None
     uri: str | None = None
+    name: str | None = Field(default=None, description="A resource link's name.")
 
 
 class ToolResult(_Wire):
     text: str = ""
-    structured: dict[str, JsonValue] | None = None
+    structured: JsonValue = Field(default=None, description="Any JSON value (MCP: any, too).")
     content: list[ContentItem] | None = None
 
 
@@ -311,6 +312,7 @@ class ServerStatus(_Wire):
         "would show to every reader, whatever tools their caller profile lets them use.",
     )
     bad_stdout_lines: int = Field(default=0, description="Non-JSON lines the server printed.")
+    protocol_version: str | None = Field(default=None, description="The MCP version spoken.")
 
 
 class ServerSummary(_Wire):

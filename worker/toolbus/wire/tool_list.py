@@ -21,6 +21,20 @@ class ToolDefinition(WireModel):
         alias="originalName",
         description="The name the MCP server announced, when it had to be sanitized.",
     )
+    title: str | None = Field(default=None, description="MCP: the tool's display name.")
+    output_schema: dict[str, JsonValue] | None = Field(
+        default=None,
+        alias="outputSchema",
+        description="MCP: the JSON Schema of the tool's `structured` result (checked).",
+    )
+    annotations: dict[str, JsonValue] | None = Field(
+        default=None,
+        description="MCP: the server's hints (`readOnlyHint`, `destructiveHint`, ...), as sent; "
+        "hints only, unless the server is `trusted`.",
+    )
+    execution: dict[str, JsonValue] | None = Field(
+        default=None, description="MCP: how the tool runs (`taskSupport`), as the server sent it."
+    )
 
 
 class PendingServer(WireModel):

@@ -252,6 +252,7 @@ class StatusReporter:
             last_error=server.last_error,
             tool_count=server.tool_count,
             bad_stdout_lines=server.bad_stdout_lines,
+            protocol_version=server.source.protocol_version if server.source else None,
         )
         return Outbound(
             topic=self._topics.server_status(name, self._worker_id),

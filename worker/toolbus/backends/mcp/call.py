@@ -37,6 +37,7 @@ from opentelemetry import trace
 
 from toolbus.backends.mcp.asking import responses, settle
 from toolbus.backends.mcp.convert import call_error, describe
+from toolbus.backends.mcp.era import probe
 from toolbus.backends.mcp.session import Session
 from toolbus.backends.mcp.tasks import call_as_task
 from toolbus.observability.propagation import inject_headers
@@ -226,7 +227,7 @@ async def lost(current: Session) -> bool:
         return False  # stdio: while the session is open, so are the pipes
     try:
         async with asyncio.timeout(current.ping_to_tell_s):
-            await current.session.send_ping()
+            await probe(current.session)  # `ping`, or `server/discover` from 2026-07-28 on
     except (MCPError, TimeoutError, *TRANSPORT_ERRORS) as exc:
         current.end(f"no answer to a ping: {describe(exc)}")
         return True

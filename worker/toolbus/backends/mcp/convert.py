@@ -69,6 +69,12 @@ def to_tool(
             if listed.annotations is not None
             else None
         ),
+        output_schema=dict(listed.output_schema) if listed.output_schema is not None else None,
+        execution=(
+            listed.execution.model_dump(mode="json", by_alias=True, exclude_none=True)
+            if listed.execution is not None
+            else None
+        ),
     )
 
 
@@ -87,11 +93,9 @@ def to_result(result: CallToolResult) -> ToolResult:
             texts.append(block.text)
         else:
             other.append(_content_item(block))
-    structured = result.structured_content
+    # Whatever JSON value it is (2026-07-28 allows any; an array, a number): never dropped.
     return ToolResult.model_construct(
-        text="\n".join(texts),
-        structured=structured if isinstance(structured, dict) else None,
-        content=other or None,
+        text="\n".join(texts), structured=result.structured_content, content=other or None
     )
 
 
@@ -114,7 +118,7 @@ def _content_item(block: ContentBlock) -> ContentItem:
         )
     if isinstance(block, ResourceLink):
         return ContentItem.model_construct(
-            type=block.type, uri=str(block.uri), mime_type=block.mime_type
+            type=block.type, uri=str(block.uri), mime_type=block.mime_type, name=block.name
         )
     # A content type newer than this code: carried whole, as base64 JSON.
     raw = json.dumps(block.model_dump(mode="json"), ensure_ascii=False)

@@ -115,6 +115,18 @@ def log_connected(server: str, attempt: int) -> None:
     )
 
 
+def log_protocol(server: str, version: str | None, listening: bool) -> None:
+    """The protocol version a session was opened at: what an operator checks first when a
+    server's behaviour differs between versions (a 2026-07-28 one is stateless)."""
+    log.info(
+        "MCP server %s speaks protocol %s%s",
+        server,
+        version,
+        ", its tool list changes on subscriptions/listen" if listening else "",
+        extra={"server": server, "protocol_version": version},
+    )
+
+
 def log_failed_attempt(
     server: str, attempt: int, error: str | None, delay_s: float, *, background: bool = False
 ) -> None:

@@ -5,8 +5,10 @@ server's own task. That task connects (tenacity: `[mcp].startup_attempts` with d
 delays), registers the tools, holds the session until it ends, and reconnects in the
 background with capped, jittered backoff, for as long as the worker runs. Its tools
 stay registered while it is away, so calls get `unavailable` naming the server, never
-`unknown_tool`. HTTP sessions are pinged every `[mcp].health_interval_s`. A tool call is
-never re-sent; a result over `max_result_bytes` is that call's `tool_error`, no more.
+`unknown_tool`. A session opens at the newest protocol version both sides speak (`era`);
+it is kept by `keeping` (tool list changes, HTTP health checks every
+`[mcp].health_interval_s`). A tool call is never re-sent; a result over `max_result_bytes`,
+or one breaking the tool's `outputSchema`, is that call's `tool_error`, no more.
 
 States: `connecting` (start-up), `ready`, `degraded` (lost its session, reconnecting),
 `down` (start-up attempts exhausted; still retried in the background), `stopped`.
@@ -17,32 +19,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from typing import Any, Literal
 
 from mcp import ClientSession
 from mcp.client import IncomingMessage
-from mcp.shared.exceptions import MCPError
 from mcp_types import ToolListChangedNotification
 from opentelemetry import trace
 from tenacity import RetryCallState
 
 from toolbus.backends.mcp.asking import Asking
-from toolbus.backends.mcp.call import TRANSPORT_ERRORS, CallPlan, send
+from toolbus.backends.mcp.call import CallPlan, send
 from toolbus.backends.mcp.convert import bad_line, checked_result, describe
+from toolbus.backends.mcp.era import listen_for_tool_changes, negotiate
 from toolbus.backends.mcp.hints import startup_hint
 from toolbus.backends.mcp.http import open_http
+from toolbus.backends.mcp.keeping import keep
 from toolbus.backends.mcp.listing import ToolListing
+from toolbus.backends.mcp.output_schema import schema_violation
 from toolbus.backends.mcp.retry import (
     Stopping,
     connect_attempts,
     log_connected,
     log_exhausted,
     log_failed_attempt,
+    log_protocol,
 )
-from toolbus.backends.mcp.session import Ending, Session, first_of, list_tools
+from toolbus.backends.mcp.session import Ending, Session, list_tools
 from toolbus.backends.mcp.stderr import StderrTail, by_attempt
 from toolbus.backends.mcp.stdio import CLOSE_DEADLINE_S, open_stdio
 from toolbus.config import McpPolicy, McpServerConfig, ToolSettings
@@ -93,6 +97,7 @@ class McpServer:
         self.bad_stdout_lines = 0
         self.partial_stdout_lines = 0  # dropped unfinished (`stdio.PARTIAL_LINE_S`)
         self.connects = 0
+        self.protocol_version: str | None = None  # the last session's (`era.negotiate`)
         self.attempts = 0  # of the current (re)connect: start-up's go on in the background
         self._current: Session | None = None
         self._asking = Asking(name)  # its questions, to its calls' callers (asking.py)
@@ -279,12 +284,16 @@ class McpServer:
             async with AsyncExitStack() as stack:
                 async with asyncio.timeout(self.config.connect_timeout_s):
                     session = await self._open_session(stack, ending)
-                    await session.initialize()
+                    self.protocol_version = await negotiate(session)
                     tools = await list_tools(session)
+                    listening = await listen_for_tool_changes(stack, session)
                 self.connects += 1
+                log_protocol(self.name, self.protocol_version, listening is not None)
                 # The holder closes it, later, in this same task.
                 ping_s = self.config.connect_timeout_s if self.config.command is None else None
-                return Session(session, tools, stack.pop_all(), ending, ping_s, self._asking)
+                return Session(
+                    session, tools, stack.pop_all(), ending, ping_s, self._asking, listening
+                )
         except Exception as exc:
             if ending.event.is_set():  # the server's side ended first: that is why
                 raise ConnectionError(ending.why) from exc
@@ -307,53 +316,20 @@ class McpServer:
         )
 
     async def _hold(self, current: Session) -> None:
-        """Serve through this session until it ends or the worker stops: re-list the
-        tools when the server asks (paced, see `listing`), ping an HTTP server."""
+        """Serve through this session until it ends or the worker stops (`keeping`)."""
         if current.ended.is_set():
             return  # ended while opening: never `ready` (its listener heard nothing then)
         self._current = current
         self._tools.sync(current.tools)
         self._set_state("ready")
-        health_s = self.policy.health_interval_s if self.config.url else math.inf
-        next_ping = time.monotonic() + health_s
-        while not self._stop.is_set() and not current.ended.is_set():
-            relist_in = self._tools.due_in()
-            wake_in = min(
-                math.inf if relist_in is None else relist_in, next_ping - time.monotonic()
-            )
-            waits = [self._stop.wait(), current.ended.wait()]
-            if relist_in is None:  # one is already asked for: it waits its turn, not the event
-                waits.append(self._tools.asked.wait())
-            await first_of(waits, None if wake_in == math.inf else max(0.0, wake_in))
-            if self._stop.is_set() or current.ended.is_set():
-                break
-            if self._tools.due_in() == 0.0:
-                await self._relist(current)
-            if time.monotonic() >= next_ping:
-                await self._ping(current)
-                next_ping = time.monotonic() + health_s
-
-    async def _relist(self, current: Session) -> None:
-        self._tools.starting()
-        try:
-            async with asyncio.timeout(self.config.connect_timeout_s):
-                tools = await list_tools(current.session)
-        except (MCPError, TimeoutError, *TRANSPORT_ERRORS) as exc:
-            current.end(f"re-listing tools failed: {describe(exc)}")
-            return
-        added, removed = self._tools.sync(tools)
-        if added or removed:
-            log.info(
-                "mcp tools changed",
-                extra={"server": self.name, "added": added, "removed": removed},
-            )
-
-    async def _ping(self, current: Session) -> None:
-        try:
-            async with asyncio.timeout(self.config.connect_timeout_s):
-                await current.session.send_ping()
-        except (MCPError, TimeoutError, *TRANSPORT_ERRORS) as exc:
-            current.end(f"health check failed: {describe(exc)}")
+        await keep(
+            current,
+            self._tools,
+            server=self.name,
+            stop=self._stop,
+            health_s=self.policy.health_interval_s if self.config.url else math.inf,
+            timeout_s=self.config.connect_timeout_s,
+        )
 
     def limit(self, remote_name: str) -> int:
         """Calls to this tool that may run at once: its own limit, else the server's."""
@@ -380,7 +356,13 @@ class McpServer:
                 )
                 refused.reached_tool = False  # nothing was sent: a repeat may run it
                 raise refused
-            result = await send(current, plan, arguments, self._tracer, ctx)
+            try:
+                result = await send(current, plan, arguments, self._tracer, ctx)
+            except RuntimeError as exc:  # the SDK's output-schema check: this call's error
+                violation = schema_violation(exc, self.name, plan.remote_name)
+                if violation is None:
+                    raise
+                raise violation from None  # its text quotes the value: never chained
         return checked_result(result, self.name, self.max_result_bytes)
 
     def _partial_dropped(self) -> None:

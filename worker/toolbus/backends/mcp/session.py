@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mcp import ClientSession
+from mcp.client.subscriptions import Subscription
 from mcp_types import PaginatedRequestParams
 from mcp_types import Tool as ListedTool
 
@@ -57,7 +58,8 @@ class Session:
 
     `ping_to_tell_s`: None when the transport ends the session the moment its connection
     ends (stdio), so that an open session's connection is up; else how long a ping may
-    take to show that it is (HTTP).
+    take to show that it is (HTTP). `subscription`: the `subscriptions/listen` stream a
+    2026-07-28 server tells its tool list changes on (`era`), else None.
     """
 
     session: ClientSession
@@ -66,6 +68,7 @@ class Session:
     ending: Ending = field(default_factory=Ending)
     ping_to_tell_s: float | None = None
     asking: Asking | None = None  # its questions' way to the callers (backends/mcp/asking.py)
+    subscription: Subscription | None = None
 
     @property
     def ended(self) -> asyncio.Event:

@@ -7,7 +7,8 @@ client API (issue 31 notes): `tools/call` with `task` goes through the session's
 dispatcher (its result is a `CreateTaskResult`, which `send_request`'s validation of
 `tools/call` would refuse), then `tasks/get` is polled at the server's `pollInterval`
 (status notifications are session-scoped and arrive twice from some servers: polling is
-the reliable path), and `tasks/result` fetches the result. Each status change (with its
+the reliable path), and `tasks/result` fetches the result, checked against the tool's
+`outputSchema` as a plain call's is (`output_schema`). Each status change (with its
 `statusMessage`) goes to the call's context: relayed to a caller that asked for a task.
 Cancelled (the caller, the deadline, a stopping worker), the task is cancelled upstream.
 """
@@ -66,7 +67,7 @@ async def call_as_task(
     raw = await session._dispatcher.send_raw_request("tools/call", params, opts)
     try:
         if isinstance(raw, dict) and "task" not in raw:  # it ran it at once: its result
-            return CallToolResult.model_validate(raw)
+            return await _checked(current, remote_name, CallToolResult.model_validate(raw))
         task = CreateTaskResult.model_validate(raw).task
     except ValidationError:  # the peer's answer, not the transport: its tool failed
         raise ToolFailed(
@@ -80,11 +81,21 @@ async def call_as_task(
         raise
     if task.status == "completed":
         payload = GetTaskPayloadRequest(params=GetTaskPayloadRequestParams(task_id=task.task_id))
-        return await session.send_request(payload, CallToolResult)
+        return await _checked(
+            current, remote_name, await session.send_request(payload, CallToolResult)
+        )
     if task.status == "cancelled":
         raise Cancelled("the MCP server cancelled the task", started=True, cause="server")
     said = (task.status_message or "")[:MAX_MESSAGE_CHARS]  # a status line, cut
     raise ToolFailed(said or f"the MCP server's task {task.status}")
+
+
+async def _checked(current: Session, remote_name: str, result: CallToolResult) -> CallToolResult:
+    """The result, checked against the tool's `outputSchema` as `call_tool` checks a plain
+    call's (the SDK's `RuntimeError`, which `output_schema` makes the caller's error)."""
+    if not result.is_error:
+        await current.session.validate_tool_result(remote_name, result)
+    return result
 
 
 async def _followed(current: Session, task: Task, context: CallContext) -> Task:

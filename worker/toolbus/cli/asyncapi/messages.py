@@ -208,7 +208,8 @@ def reply_messages() -> dict[str, Message]:
             "The answer to a tools request: a `Reply` whose `result.structured` is "
             '`{"tools": [...], "pending": [...]}`: the definitions in the asked `format` '
             "(`result.text`: the names), and the MCP servers not ready when it was made "
-            "(a list asked while they connect waits for them within its deadline).",
+            "(a list asked while they connect waits for them within its deadline); for a "
+            "provider's format, `mcp`: the MCP fields its definitions have no place for.",
             {"allOf": [wire_ref("reply"), _listing()]},
         ),
         "progress": {
@@ -266,10 +267,13 @@ def _listing() -> dict[str, Any]:
     tools = {"type": "array", "items": {"oneOf": [_ref(name) for name in provided]}}
     # Beside a provider's definitions, our word on what the list may lack (`ToolList`'s).
     pending = {"type": "array", "items": _ref("PendingServer")}
+    # Provider name -> the MCP fields (`outputSchema`, `annotations`, `execution`) the
+    # provider's definitions have no place for.
+    mcp = {"type": "object", "additionalProperties": {"type": "object"}}
     theirs = {
         "type": "object",
         "required": ["tools"],
-        "properties": {"tools": tools, "pending": pending},
+        "properties": {"tools": tools, "pending": pending, "mcp": mcp},
     }
     # anyOf: our definitions are MCP's and more, so ours also pass as MCP's.
     structured = {"anyOf": [wire_ref("tool-list"), theirs]}

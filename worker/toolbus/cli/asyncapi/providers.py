@@ -290,18 +290,22 @@ DEFINITIONS: dict[ToolsFormat, tuple[str, Schema]] = {
             description=_DESCRIPTION,
             parameters=_INPUT_SCHEMA,
             strict=_const(False),
+            output_schema={"type": "object"},
         ),
     ),
     ToolsFormat.MCP: (
         "McpTool",
         _object(
             ["name", "inputSchema"],
-            "An MCP `Tool`: `title` and `annotations` when the MCP server gave them.",
+            "An MCP `Tool`: `title`, `outputSchema`, `annotations` and `execution` when "
+            "the MCP server gave them.",
             name=_NAME,
             title=_DESCRIPTION,
             description=_DESCRIPTION,
             inputSchema=_INPUT_SCHEMA,
+            outputSchema={"type": "object"},
             annotations={"type": "object"},
+            execution={"type": "object"},
         ),
     ),
 }

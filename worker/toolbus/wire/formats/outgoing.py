@@ -123,7 +123,8 @@ def _content_part(item: ContentItem, accepted: frozenset[str]) -> _Part:
     if item.type == "resource" and item.text is not None and item.text.strip():
         return f"[resource {shown(item.uri or '', 300)}]\n{item.text}"
     if item.type == "resource_link" and item.uri:
-        return f"[link: {shown(item.uri, 300)}{f' ({mime})' if mime else ''}]"
+        named = f"{shown(item.name, 200)}: " if item.name else ""
+        return f"[link: {named}{shown(item.uri, 300)}{f' ({mime})' if mime else ''}]"
     what = f"{kind} {shown(item.uri, 300)}" if item.uri else kind
     what += f" ({mime})" if mime else ""
     return f"[{what} content left out: it cannot be passed on to the model]"
