@@ -132,12 +132,14 @@ class Rounds:
         return reply  # still asking after `max_rounds`: raised, with its tokens
 
     async def answers(self, requests: object) -> dict[str, dict[str, Any]]:
-        """An answer to each question by its key, asked concurrently (each callback may
-        serialize its own, as a terminal's prompts do)."""
-        asked = requests.items() if isinstance(requests, Mapping) else ()
-        keys = [key for key, _ in asked]
-        found = await asyncio.gather(*(self._answer(question) for _, question in asked))
-        return {key: answer for key, answer in zip(keys, found, strict=True) if answer is not None}
+        """An answer to each question by its key, one after another in the order listed:
+        a person answers one at a time, and a callback need not be re-entrant."""
+        found: dict[str, dict[str, Any]] = {}
+        for key, question in requests.items() if isinstance(requests, Mapping) else ():
+            answer = await self._answer(question)
+            if answer is not None:
+                found[str(key)] = answer
+        return found
 
     async def _answer(self, question: object) -> dict[str, Any] | None:
         if not isinstance(question, Mapping):
