@@ -20,6 +20,8 @@ the command line) is tested against the contract before the worker's own relay e
   caller's, a used, or an altered one gets `approval_invalid`.
 - a provider's message (`toolbus` options beside it) is answered as a `CallsReply`, each
   call as above, `append` rendered by toolbus's own renderer.
+- `{prefix}/tools` lists the tools of `questions` and `gated` in the format asked, each
+  taking a `text`.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class AskingWorker:
         self.requests: list[dict[str, Any]] = []  # every body, as it came
         self.topics: list[str] = []  # and its topic
         self.runs: list[tuple[str, dict[str, Any]]] = []  # (tool, arguments) run to the end
+        self.answers: list[list[dict[str, Any]]] = []  # and what its questions got, each run
         self.violations: list[str] = []
         self._continuations: dict[str, Pending] = {}
         self._approvals: dict[str, Approval] = {}
@@ -90,6 +93,7 @@ class AskingWorker:
     async def running(self) -> AsyncIterator[AskingWorker]:
         async with self._caller:
             await self._caller.subscribe(f"{self.prefix}/call/#")
+            await self._caller.subscribe(f"{self.prefix}/tools/#")
             self._reader = asyncio.create_task(self._serve())
             try:
                 yield self
@@ -107,8 +111,10 @@ class AskingWorker:
         self.requests.append(body)
         self.topics.append(message.topic.value)
         shape = read(body)
-        if shape.calls is None:
-            answer: Reply | CallsReply = self._envelope(body, message.topic.value)
+        if message.topic.value.startswith(f"{self.prefix}/tools"):
+            answer: Reply | CallsReply = self._tools(str(body.get("format", "toolbus")))
+        elif shape.calls is None:
+            answer = self._envelope(body, message.topic.value)
         else:
             opts = read_options(shape.options)
             replies = [
@@ -131,6 +137,22 @@ class AskingWorker:
         await self._caller.publish(
             topic, answer.model_dump_json(by_alias=True, exclude_none=True), correlation=correlation
         )
+
+    def _tools(self, format: str) -> Reply:
+        schema = {"type": "object", "properties": {"text": {"type": "string"}}}
+        listed: list[Any] = []
+        for name in sorted(set(self.questions) | self.gated):
+            about = {"name": name, "description": f"{name}, which asks"}
+            if format == "anthropic":
+                listed.append({**about, "input_schema": schema})
+            elif format == "openai":
+                listed.append({"type": "function", "function": {**about, "parameters": schema}})
+            elif format == "openai-responses":
+                listed.append({"type": "function", **about, "parameters": schema})
+            else:
+                listed.append({**about, "inputSchema": schema, "origin": "local"})
+        result = ToolResult(structured={"tools": listed, "pending": []})
+        return Reply(id="tools", ok=True, result=result, duration_ms=1.0)
 
     def _envelope(self, body: dict[str, Any], topic: str) -> Reply:
         request = read_request(body, list_tools=False)
@@ -205,6 +227,7 @@ class AskingWorker:
             )
             pending.round += 1
         self.runs.append((pending.tool, pending.arguments))
+        self.answers.append(pending.answers)
         return Reply(
             id=ident,
             ok=True,
