@@ -8,6 +8,7 @@ MCP's own types accept): every test ends asserting it saw no violation.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from collections.abc import AsyncIterator
@@ -194,6 +195,30 @@ async def test_a_callback_that_fails_fails_the_call(broker: Broker, asking: Aski
     async with client_of(broker, asking) as client:
         with pytest.raises(ValueError, match="ElicitResult"):
             await client.call("pick", on_input=wrong)
+
+
+async def test_a_call_cancelled_while_its_question_waits_is_cancelled_at_the_workers(
+    broker: Broker, asking: AskingWorker
+) -> None:
+    asking.questions["pick"] = [{"device": DEVICE}]
+    asked = asyncio.Event()
+
+    async def never(_: dict[str, Any]) -> dict[str, Any]:
+        asked.set()
+        await asyncio.Event().wait()  # the person never answers
+        raise AssertionError("unreachable")
+
+    async with client_of(broker, asking, caller="kitchen") as client:
+        call = asyncio.create_task(client.call("pick", id="pick-1", on_input=never))
+        async with asyncio.timeout(10):
+            await asked.wait()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        async with asyncio.timeout(10):
+            await asking.cancelled.wait()
+    assert asking.cancels == [{"id": "pick-1", "caller": "kitchen"}]
+    assert asking.runs == []
 
 
 async def test_a_models_tool_calls_go_round_too(broker: Broker, asking: AskingWorker) -> None:

@@ -20,6 +20,7 @@ the command line) is tested against the contract before the worker's own relay e
   caller's, a used, or an altered one gets `approval_invalid`.
 - a provider's message (`toolbus` options beside it) is answered as a `CallsReply`, each
   call as above, `append` rendered by toolbus's own renderer.
+- a cancel (`{prefix}/cancel/#`) is kept in `cancels` (and sets `cancelled`).
 - `{prefix}/tools` lists the tools of `questions` and `gated` in the format asked, each
   taking a `text`.
 """
@@ -82,6 +83,8 @@ class AskingWorker:
         self.topics: list[str] = []  # and its topic
         self.runs: list[tuple[str, dict[str, Any]]] = []  # (tool, arguments) run to the end
         self.answers: list[list[dict[str, Any]]] = []  # and what its questions got, each run
+        self.cancels: list[dict[str, Any]] = []
+        self.cancelled = asyncio.Event()
         self.violations: list[str] = []
         self._continuations: dict[str, Pending] = {}
         self._approvals: dict[str, Approval] = {}
@@ -94,6 +97,7 @@ class AskingWorker:
         async with self._caller:
             await self._caller.subscribe(f"{self.prefix}/call/#")
             await self._caller.subscribe(f"{self.prefix}/tools/#")
+            await self._caller.subscribe(f"{self.prefix}/cancel/#")
             self._reader = asyncio.create_task(self._serve())
             try:
                 yield self
@@ -108,6 +112,10 @@ class AskingWorker:
     async def _answer(self, message: aiomqtt.Message) -> None:
         assert isinstance(message.payload, bytes)
         body = json.loads(message.payload)
+        if message.topic.value.startswith(f"{self.prefix}/cancel"):
+            self.cancels.append(body)  # never answered: the call's own reply says so
+            self.cancelled.set()
+            return
         self.requests.append(body)
         self.topics.append(message.topic.value)
         shape = read(body)

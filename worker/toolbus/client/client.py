@@ -213,14 +213,16 @@ class Client:
             topic = f"{self.prefix}/call/{self.caller}/{tool}"
         else:
             topic, body["tool"] = f"{self.prefix}/call", tool
-        asked = Asked(topic, dict(body), self._calls_topic())
+        asked = Asked(topic, dict(body), self._calls_topic(), ident)
 
         async def send(topic: str, body: dict[str, Any], ident: str) -> Reply:
             parse, claimed = Reply.model_validate_json, self._claimed(body)
             return await self._ask(topic, claimed, timeout_s, ident, parse, on_progress=on_progress)
 
         reply = await send(topic, body, ident)
-        return _raise_failed(await rounds.drive(reply, asked, send) if rounds else reply)
+        return _raise_failed(
+            await rounds.drive(reply, asked, send, self._cancel) if rounds else reply
+        )
 
     async def tools(
         self, format: ToolsFormat | str = ToolsFormat.TOOLBUS, *, timeout_s: float | None = None
@@ -328,7 +330,7 @@ class Client:
             parse = Reply.model_validate_json
             return await self._ask(topic, self._claimed(body), timeout_s, ident, parse)
 
-        return await rounds.settle(answer, body, send, topic) if rounds else answer
+        return await rounds.settle(answer, body, send, topic, self._cancel) if rounds else answer
 
     async def request(
         self, topic: str, body: Mapping[str, Any], *, timeout_s: float | None = None
@@ -381,5 +383,8 @@ class Client:
         except RequestRefused as exc:  # an ACL's "not authorized": say what to check
             raise explained(exc, self._in_topic, self.caller, self._login) from None
         except asyncio.CancelledError:  # not wanted any more: the workers hear so
-            await self._cancels.send(self._requester.connection, ident, self.reply_topic)
+            await self._cancel(ident)
             raise
+
+    async def _cancel(self, ident: str | None) -> None:
+        await self._cancels.send(self._requester.connection, ident, self.reply_topic)

@@ -47,6 +47,8 @@ OnApproval = Callable[[dict[str, Any]], Any]
 """The call as it would run, `{"tool", "arguments"}` -> True to run it, False not to."""
 Send = Callable[[str, dict[str, Any], str], Awaitable[Reply]]
 """Publish one request body on a topic, under its id; its reply, as it came."""
+Cancel = Callable[[str], Awaitable[None]]
+"""Tell the workers the call with this id is not wanted any more."""
 
 
 class Callbacks(TypedDict, total=False):
@@ -68,6 +70,7 @@ class Asked:
     topic: str
     body: dict[str, Any]
     continue_on: str
+    ident: str | None = None  # the id the call is known by (its first request's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +107,20 @@ class Rounds:
             code is ErrorCode.APPROVAL_REQUIRED and self.on_approval is not None
         )
 
-    async def drive(self, reply: Reply, asked: Asked, send: Send) -> Reply:
-        """The rounds that follow `reply`, to the call's last reply."""
+    async def drive(
+        self, reply: Reply, asked: Asked, send: Send, cancel: Cancel | None = None
+    ) -> Reply:
+        """The rounds that follow `reply`, to the call's last reply. Cancelled meanwhile
+        (waiting for a callback, say), the call is cancelled at the workers by its first
+        id: a server's question waiting there is given up, not kept to its expiry."""
+        try:
+            return await self._rounds(reply, asked, send)
+        except asyncio.CancelledError:
+            if cancel is not None and asked.ident is not None and self.asks(reply):
+                await cancel(asked.ident)
+            raise
+
+    async def _rounds(self, reply: Reply, asked: Asked, send: Send) -> Reply:
         for _ in range(self.max_rounds):
             if not self.asks(reply):
                 return reply
@@ -157,7 +172,7 @@ class Rounds:
         return None  # sampling nobody answers, or a method of a later contract
 
     async def settle(
-        self, answer: CallsReply, body: dict[str, Any], send: Send, on: str
+        self, answer: CallsReply, body: dict[str, Any], send: Send, on: str, cancel: Cancel
     ) -> CallsReply:
         """A provider message's answer with each call that asked driven to its end (its
         rounds as plain requests on `on`), and `append` rendered again from the ends."""
@@ -170,8 +185,11 @@ class Rounds:
             *(
                 self.drive(
                     reply,
-                    Asked(on, {"tool": call.name, "arguments": call.arguments, **options}, on),
+                    Asked(
+                        on, {"tool": call.name, "arguments": call.arguments, **options}, on, call.id
+                    ),
                     send,
+                    cancel,
                 )
                 if self.asks(reply)
                 else _same(reply)
