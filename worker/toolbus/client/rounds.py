@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import threading
 import uuid
@@ -256,12 +257,11 @@ async def _called(
             outcome()
 
     def run() -> None:
+        outcome: Callable[[], None]
         try:
-            value = callback(argument)
-            outcome: Callable[[], None] = lambda: done.set_result(value)  # noqa: E731
+            outcome = functools.partial(done.set_result, callback(argument))
         except Exception as exc:  # the callback's failure is the call's
-            failure = exc
-            outcome = lambda: done.set_exception(failure)  # noqa: E731
+            outcome = functools.partial(done.set_exception, exc)
         with contextlib.suppress(RuntimeError):  # the loop ended (Ctrl-C): nobody waits
             loop.call_soon_threadsafe(settle, outcome)
 
