@@ -222,7 +222,8 @@ async def test_a_call_cancelled_while_its_question_waits_is_cancelled_at_the_wor
 
 
 async def test_a_models_tool_calls_go_round_too(broker: Broker, asking: AskingWorker) -> None:
-    """An Anthropic message of two calls, one asking: `append` holds both calls' ends."""
+    """An Anthropic message of three calls, two asking: `append` holds every call's end,
+    and the two calls' questions are put one at a time."""
     asking.questions["pick"] = [{"device": DEVICE}]
     message = {
         "id": "msg_1",
@@ -231,28 +232,46 @@ async def test_a_models_tool_calls_go_round_too(broker: Broker, asking: AskingWo
         "content": [
             {"type": "tool_use", "id": "toolu_1", "name": "pick", "input": {"room": "hall"}},
             {"type": "tool_use", "id": "toolu_2", "name": "plain", "input": {}},
+            {"type": "tool_use", "id": "toolu_3", "name": "pick", "input": {"room": "porch"}},
         ],
     }
-    accept = {"action": "accept", "content": {"device": "hall"}}
+    asked_at_once, most = 0, 0
+
+    async def on_input(params: dict[str, Any]) -> dict[str, Any]:
+        nonlocal asked_at_once, most
+        asked_at_once += 1
+        most = max(most, asked_at_once)
+        for _turn in range(3):
+            await asyncio.sleep(0)  # room for the other call's question to come in
+        asked_at_once -= 1
+        return {"action": "accept", "content": {"device": "hall"}}
+
     async with client_of(broker, asking, caller="kitchen") as client:
-        answer = await client.run_tool_calls_reply(message, on_input=lambda _: accept)
-    assert answer.ok and [r.ok for r in answer.results] == [True, True]
+        answer = await client.run_tool_calls_reply(message, on_input=on_input)
+    assert answer.ok and [r.ok for r in answer.results] == [True, True, True]
+    assert most == 1
     (user,) = answer.append
     blocks = user["content"]
     assert isinstance(blocks, list)
     assert [(b["tool_use_id"], b.get("is_error")) for b in blocks if isinstance(b, dict)] == [
         ("toolu_1", None),
         ("toolu_2", None),
+        ("toolu_3", None),
     ]
-    first, continued = asking.requests
-    assert first["toolbus"]["input"] is True
-    assert continued["caller"] == "kitchen" and "continuation" in continued
-    assert sorted(asking.runs) == [("pick", {"room": "hall"}), ("plain", {})]
     assert blocks[0] == {
         "type": "tool_result",
         "tool_use_id": "toolu_1",
         "content": [{"type": "text", "text": "done"}],
     }
+    first, *continued = asking.requests
+    assert first["toolbus"]["input"] is True
+    assert len(continued) == 2
+    assert all(body["caller"] == "kitchen" and "continuation" in body for body in continued)
+    assert sorted(asking.runs, key=repr) == [
+        ("pick", {"room": "hall"}),
+        ("pick", {"room": "porch"}),
+        ("plain", {}),
+    ]
 
 
 async def test_topic_identity_continues_on_the_callers_topic(broker: Broker) -> None:

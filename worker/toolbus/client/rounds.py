@@ -26,7 +26,7 @@ import inspect
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from toolbus.wire.asking import ELICITATION, SAMPLING
@@ -82,6 +82,9 @@ class Rounds:
     on_sampling: OnSampling | None = None
     on_approval: OnApproval | None = None
     max_rounds: int = MAX_ROUNDS
+    # One question at a time, across the calls of a message too: a person answers one
+    # at a time, and a callback need not be re-entrant.
+    _turn: asyncio.Lock = field(default_factory=asyncio.Lock, compare=False, repr=False)
 
     @classmethod
     def of(cls, callbacks: Callbacks) -> Rounds | None:
@@ -130,7 +133,9 @@ class Rounds:
             if reply.error.code is ErrorCode.APPROVAL_REQUIRED:
                 call = details.get("call")
                 shown = dict(call) if isinstance(call, Mapping) else {}
-                if await _called(self.on_approval, shown) is not True:
+                async with self._turn:
+                    approved = await _called(self.on_approval, shown)
+                if approved is not True:
                     return reply  # refused: raised as `ApprovalRequired`
                 topic, body = asked.topic, {**asked.body, "approval": details.get("approval")}
             else:
@@ -148,11 +153,11 @@ class Rounds:
         return reply  # still asking after `max_rounds`: raised, with its tokens
 
     async def answers(self, requests: object) -> dict[str, dict[str, Any]]:
-        """An answer to each question by its key, one after another in the order listed:
-        a person answers one at a time, and a callback need not be re-entrant."""
+        """An answer to each question by its key, one after another in the order listed."""
         found: dict[str, dict[str, Any]] = {}
         for key, question in requests.items() if isinstance(requests, Mapping) else ():
-            answer = await self._answer(question)
+            async with self._turn:
+                answer = await self._answer(question)
             if answer is not None:
                 found[str(key)] = answer
         return found
