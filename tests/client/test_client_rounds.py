@@ -200,16 +200,22 @@ async def test_a_callback_that_fails_fails_the_call(broker: Broker, asking: Aski
 async def test_a_call_cancelled_while_its_question_waits_is_cancelled_at_the_workers(
     broker: Broker, asking: AskingWorker
 ) -> None:
-    asking.questions["pick"] = [{"device": DEVICE}]
+    """Cancelled in its second round: the cancel names the request that got the question
+    (the first round's continuation), as docs/topics.md has it."""
+    asking.questions["pick"] = [{"device": DEVICE}, {"again": DEVICE}]
     asked = asyncio.Event()
 
-    async def never(_: dict[str, Any]) -> dict[str, Any]:
+    async def second_never(params: dict[str, Any]) -> dict[str, Any]:
+        if asked.is_set():
+            raise AssertionError("asked a third time")
+        if len(asking.requests) == 1:
+            return {"action": "accept", "content": {"device": "hall"}}
         asked.set()
-        await asyncio.Event().wait()  # the person never answers
+        await asyncio.Event().wait()  # the person never answers this one
         raise AssertionError("unreachable")
 
     async with client_of(broker, asking, caller="kitchen") as client:
-        call = asyncio.create_task(client.call("pick", id="pick-1", on_input=never))
+        call = asyncio.create_task(client.call("pick", id="pick-1", on_input=second_never))
         async with asyncio.timeout(10):
             await asked.wait()
         call.cancel()
@@ -217,7 +223,9 @@ async def test_a_call_cancelled_while_its_question_waits_is_cancelled_at_the_wor
             await call
         async with asyncio.timeout(10):
             await asking.cancelled.wait()
-    assert asking.cancels == [{"id": "pick-1", "caller": "kitchen"}]
+    first, continued = asking.requests
+    assert first["id"] == "pick-1"
+    assert asking.cancels == [{"id": continued["id"], "caller": "kitchen"}]
     assert asking.runs == []
 
 

@@ -71,7 +71,7 @@ class Asked:
     topic: str
     body: dict[str, Any]
     continue_on: str
-    ident: str | None = None  # the id the call is known by (its first request's)
+    ident: str | None = None  # the id of its first request (None: it had none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,16 +115,20 @@ class Rounds:
         self, reply: Reply, asked: Asked, send: Send, cancel: Cancel | None = None
     ) -> Reply:
         """The rounds that follow `reply`, to the call's last reply. Cancelled meanwhile
-        (waiting for a callback, say), the call is cancelled at the workers by its first
-        id: a server's question waiting there is given up, not kept to its expiry."""
+        (waiting for a callback, say), the call is cancelled at the workers by the id of
+        the request that got the question: the question waiting there is given up, not
+        kept to its expiry (a round's request in flight is cancelled by its own, as any)."""
+        asking = [asked.ident]  # the id of the request whose reply asks now
         try:
-            return await self._rounds(reply, asked, send)
+            return await self._rounds(reply, asked, send, asking)
         except asyncio.CancelledError:
-            if cancel is not None and asked.ident is not None and self.asks(reply):
-                await cancel(asked.ident)
+            if cancel is not None and asking[0] is not None:
+                await cancel(asking[0])
             raise
 
-    async def _rounds(self, reply: Reply, asked: Asked, send: Send) -> Reply:
+    async def _rounds(
+        self, reply: Reply, asked: Asked, send: Send, asking: list[str | None]
+    ) -> Reply:
         for _ in range(self.max_rounds):
             if not self.asks(reply):
                 return reply
@@ -150,6 +154,7 @@ class Rounds:
                         body[option] = asked.body[option]
             ident = uuid.uuid4().hex  # a round is a new request, never a repeat
             reply = await send(topic, {**body, "id": ident}, ident)
+            asking[0] = ident
         return reply  # still asking after `max_rounds`: raised, with its tokens
 
     async def answers(self, requests: object) -> dict[str, dict[str, Any]]:
