@@ -1,7 +1,8 @@
 """`toolbus call` when the tool asks or the call waits for an approval, as a real process
 against `AskingWorker` (the issue 32 contract) on a real mosquitto: on a terminal (a
 pseudo-terminal as its standard input) it asks the person; piped, it asks nothing and
-nothing waits on it."""
+nothing waits on it. Then against a real worker relaying an MCP server of each
+generation (tests/support/servers/asking_server.py)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ import pty
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest_asyncio
 
 from tests.cli.test_cli import cli_env
 from tests.support.asking_worker import AskingWorker, elicitation, sampling
-from tests.support.harness import Broker
+from tests.support.harness import Broker, make_settings, running_worker
 from toolbus.worker.exit_codes import EXIT_ERROR, EXIT_OK
 
 BOUND_S = 30.0
+ASKING = Path(__file__).parents[1] / "support" / "servers" / "asking_server.py"
 DEVICE = elicitation("Which Switch One?", device={"type": "string", "enum": ["hall", "porch"]})
 
 
@@ -35,7 +38,7 @@ async def asking(broker: Broker) -> AsyncIterator[AskingWorker]:
 
 
 async def toolbus_call(
-    broker: Broker, worker: AskingWorker, *args: str, typed: bytes | None = None
+    broker: Broker, worker: AskingWorker | str, *args: str, typed: bytes | None = None
 ) -> tuple[int, str, str]:
     """`toolbus call ARGS`: its standard input a pseudo-terminal `typed` is typed on
     ahead (the terminal keeps it until read), or, with `typed` None, nothing at all."""
@@ -46,7 +49,7 @@ async def toolbus_call(
         "-m",
         "toolbus",
         *argv,
-        env=cli_env(worker.prefix),
+        env=cli_env(worker if isinstance(worker, str) else worker.prefix),
         stdin=stdin,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -116,3 +119,31 @@ async def test_piped_nothing_is_asked_and_nothing_waits(
     assert reply["error"]["code"] == "approval_required"
     assert reply["error"]["details"]["call"] == {"tool": "wipe", "arguments": {"disk": "b"}}
     assert asking.runs == [("pick", {})]
+
+
+async def test_a_real_workers_servers_are_answered_at_the_terminal(broker: Broker) -> None:
+    """The worker's relay, both server generations: the form answered, a completion typed."""
+    servers = {
+        "modern": {"command": sys.executable, "args": [str(ASKING)]},
+        "legacy": {"command": sys.executable, "args": [str(ASKING), "--legacy"]},
+    }
+    settings = make_settings(broker, mcpServers=servers)
+    async with running_worker(settings) as worker:
+        prefix = worker.topics.prefix
+        for tool in ("modern.pick_device", "legacy.pick_device"):
+            code, out, err = await toolbus_call(
+                broker, prefix, tool, "room=hall", typed=b"a\nlamp\n"
+            )
+            assert code == EXIT_OK, err
+            assert json.loads(out)["result"]["structured"] == {"action": "accept", "device": "lamp"}
+            assert "Which device in hall?" in err
+        for tool in ("modern.summarize", "legacy.summarize"):
+            code, out, err = await toolbus_call(
+                broker, prefix, tool, "text=long", typed=b"a short summary\n\n"
+            )
+            assert code == EXIT_OK, err
+            assert json.loads(out)["result"]["structured"] == {
+                "summary": "a short summary",
+                "model": "toolbus-call-user",
+            }
+            assert "Summarize: long" in err
