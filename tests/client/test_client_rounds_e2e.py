@@ -19,7 +19,7 @@ import pytest_asyncio
 from tests.acceptance import conftest as acceptance
 from tests.support.harness import Broker, make_settings, running_worker
 from toolbus import Client
-from toolbus.wire.errors import ApprovalRequired
+from toolbus.wire.errors import ApprovalRequired, ToolFailed
 from toolbus.worker.service import Worker
 
 ASKING = Path(__file__).parents[1] / "support" / "servers" / "asking_server.py"
@@ -107,10 +107,16 @@ async def test_rounds_of_both_server_generations(
         summary = await client.call(
             f"{server}.summarize", {"text": "long"}, on_sampling=lambda _: SAMPLED
         )
+        # Sampling left unanswered (no `on_sampling`): what a caller that cannot sample gets.
+        with pytest.raises(ToolFailed) as unanswered:
+            await client.call(f"{server}.summarize", {"text": "long"}, on_input=on_input)
+        with pytest.raises(ToolFailed) as unable:
+            await client.call(f"{server}.summarize", {"text": "long"})
     assert twice.result is not None and twice.result.structured == {"devices": ["lamp", "fan"]}
     assert len(asked) == 2
     assert summary.result is not None
     assert summary.result.structured == {"summary": "a short summary", "model": "caller-model"}
+    assert unanswered.value.details == unable.value.details
 
 
 @pytest.mark.parametrize("name", ["pick_device", "legacy__pick_device"])
