@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from anthropic.types import MessageParam, ToolParam
+from anthropic.types import MessageCreateParams, MessageParam, ToolParam
 from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 from openai.types.responses import FunctionToolParam, ResponseInputItemParam
 from pydantic import TypeAdapter
 
+from tests.support.asking_worker import AskingWorker, elicitation, sampling
 from tests.support.harness import Broker, make_settings, running_worker
-from tests.support.model_standin import ECHOED, FINAL, TOOL, ModelStandIn
+from tests.support.model_standin import ECHOED, FINAL, SAMPLED, TOOL, ModelStandIn
 from tests.support.processes import run_bounded
 
 ROOT = Path(__file__).parents[2]
@@ -64,8 +65,10 @@ async def worker(own_broker: Broker) -> AsyncIterator[None]:
         yield
 
 
-async def run_example(code: str, broker: Broker, model: ModelStandIn, tmp_path: Path) -> str:
-    """The block as a program of its own; its standard output."""
+async def run_example(
+    code: str, broker: Broker, model: ModelStandIn, tmp_path: Path, typed: bytes | None = None
+) -> str:
+    """The block as a program of its own (`typed` on its standard input); its output."""
     script = tmp_path / "example.py"
     script.write_text(code, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLBUS_", "OTEL_"))}
@@ -78,7 +81,7 @@ async def run_example(code: str, broker: Broker, model: ModelStandIn, tmp_path: 
         NO_PROXY="127.0.0.1,localhost",
     )
     exit_code, out, err = await run_bounded(
-        sys.executable, str(script), env=env, cwd=tmp_path, bound_s=RUN_BOUND_S
+        sys.executable, str(script), env=env, cwd=tmp_path, bound_s=RUN_BOUND_S, typed=typed
     )
     assert exit_code == 0, err[-3000:]
     return out
@@ -173,3 +176,49 @@ async def test_the_example_runs_as_written(
     with ModelStandIn() as model:
         output = await run_example(runnable()[name], own_broker, model, tmp_path)
     JUDGES[name](output, model)
+
+
+ASKED = {
+    "summary": sampling("Summarize: the hall light is on.", system="Be brief."),
+    "who": elicitation("Who is asking?", name={"type": "string", "title": "Name"}),
+}
+SAMPLING_PATHS = {"anthropic": "/v1/messages", "openai-chat": "/v1/chat/completions"}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLING_PATHS))
+async def test_the_loops_answer_sampling_with_the_model_and_elicitation_with_a_prompt(
+    name: str, own_broker: Broker, tmp_path: Path
+) -> None:
+    """The loops as written, against a worker whose `echo` asks (`AskingWorker`, the
+    issue 32 contract): its sampling request reaches the stand-in model in the provider's
+    own shape and the model's answer comes back as an MCP `CreateMessageResult`; its
+    elicitation is answered with what is typed on standard input."""
+    asking = AskingWorker(own_broker.url, "toolbus")
+    asking.questions[TOOL] = [ASKED]
+    async with asking.running():
+        with ModelStandIn() as model:
+            output = await run_example(
+                runnable()[name], own_broker, model, tmp_path, typed=b"Ada\nAda\n"
+            )
+    assert not asking.violations
+    assert FINAL in output.strip().splitlines()[-1]  # after the prompts input() wrote
+    path = SAMPLING_PATHS[name]
+    sampled = [body for body in model.requests[path] if "tools" not in body]
+    looped = [body for body in model.requests[path] if "tools" in body]
+    assert len(sampled) == len(ECHOED) and len(looped) == 2  # one per `echo` call
+    for body in sampled:
+        if name == "anthropic":
+            TypeAdapter(MessageCreateParams).validate_python(body)
+            assert body["system"] == "Be brief." and body["max_tokens"] == 100
+        else:
+            TypeAdapter(list[ChatCompletionMessageParam]).validate_python(body["messages"])
+            assert body["messages"][0] == {"role": "system", "content": "Be brief."}
+            assert body["max_completion_tokens"] == 100
+    completion = {
+        "role": "assistant",
+        "content": {"type": "text", "text": f"{SAMPLED} Summarize: the hall light is on."},
+        "model": looped[0]["model"],
+        "stopReason": "endTurn",
+    }
+    who = {"action": "accept", "content": {"name": "Ada"}}
+    assert asking.answers == [[{"summary": completion, "who": who}]] * len(ECHOED)

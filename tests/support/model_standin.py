@@ -4,8 +4,10 @@ API and OpenAI's Chat Completions and Responses APIs for an agent loop to run of
 The SDKs talk to it over real HTTP (`ANTHROPIC_BASE_URL`, `OPENAI_BASE_URL`). Its first
 answer asks for two `echo` calls, as a model would; once the conversation holds tool
 results, it answers with `FINAL` and the results' text, so what the tools said has to
-travel all the way round. Every request body is kept for the test to judge. Its answers
-are built with the SDKs' own models (`model_validate`), so they are what the APIs send.
+travel all the way round. A request that lists no tools is a tool's sampling request
+answered by the caller's model: it is answered `SAMPLED` and the last message's text.
+Every request body is kept for the test to judge. Its answers are built with the SDKs'
+own models (`model_validate`), so they are what the APIs send.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from openai.types.responses import Response
 FINAL = "All done, the tools said:"
 ECHOED = ("hello", "again")  # the texts the model asks `echo` to send back
 TOOL = "echo"
+SAMPLED = "Sampled:"  # how an answer to a request without tools starts
 
 
 class ModelStandIn:
@@ -97,15 +100,21 @@ def _final_text(results: list[str]) -> str:
 
 def _messages(body: dict[str, Any]) -> dict[str, Any]:
     """Anthropic's Messages API."""
-    name = _tool_named(body.get("tools", []), "name")
     last = body["messages"][-1]
     content = last["content"] if isinstance(last["content"], list) else []
     results = [block for block in content if block.get("type") == "tool_result"]
-    if results:
+    if "tools" not in body:
+        stop = "end_turn"
+        blocks: list[dict[str, Any]] = [
+            {"type": "text", "text": f"{SAMPLED} {_text_of(last['content'])}"}
+        ]
+    elif results:
+        _tool_named(body["tools"], "name")  # still listed
         said = [_text_of(block.get("content")) for block in results]
-        blocks: list[dict[str, Any]] = [{"type": "text", "text": _final_text(said)}]
+        blocks = [{"type": "text", "text": _final_text(said)}]
         stop = "end_turn"
     else:
+        name = _tool_named(body.get("tools", []), "name")
         blocks = [{"type": "text", "text": "Let me call the tool."}]
         blocks += [
             {"type": "tool_use", "id": f"toolu_{n}", "name": name, "input": {"text": text}}
@@ -137,15 +146,19 @@ def _text_of(content: Any) -> str:
 
 def _chat(body: dict[str, Any]) -> dict[str, Any]:
     """OpenAI's Chat Completions API."""
-    name = _tool_named(body.get("tools", []), "function", "name")
     results = [m for m in body["messages"] if m.get("role") == "tool"]
-    if results:
-        message: dict[str, Any] = {
+    if "tools" not in body:
+        said = f"{SAMPLED} {_text_of(body['messages'][-1].get('content'))}"
+        message: dict[str, Any] = {"role": "assistant", "content": said}
+        finish = "stop"
+    elif results:
+        message = {
             "role": "assistant",
             "content": _final_text([_text_of(m.get("content")) for m in results]),
         }
         finish = "stop"
     else:
+        name = _tool_named(body.get("tools", []), "function", "name")
         message = {
             "role": "assistant",
             "content": None,

@@ -30,16 +30,26 @@ async def wait_for_line(
 
 
 async def run_bounded(
-    *argv: str, env: dict[str, str], bound_s: float, cwd: Path | None = None
+    *argv: str,
+    env: dict[str, str],
+    bound_s: float,
+    cwd: Path | None = None,
+    typed: bytes | None = None,
 ) -> tuple[int, str, str]:
     """Run `argv` to its end: exit code, standard output and error. Killed (and reaped)
-    when it overruns `bound_s`, which then fails the test with a `TimeoutError`."""
+    when it overruns `bound_s`, which then fails the test with a `TimeoutError`.
+    `typed`: its standard input, a pipe holding these bytes (else it inherits ours)."""
     proc = await asyncio.create_subprocess_exec(
-        *argv, env=env, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        *argv,
+        env=env,
+        cwd=cwd,
+        stdin=asyncio.subprocess.PIPE if typed is not None else None,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         async with asyncio.timeout(bound_s):
-            out, err = await proc.communicate()
+            out, err = await proc.communicate(typed)
     finally:
         if proc.returncode is None:
             proc.kill()

@@ -9,6 +9,11 @@ PUBACK 0x87, said at once), or another command taking the client id, 5 no worker
 (not sent). An error reply is one line on a terminal (`code: message`, and when to retry);
 piped, or with `--json-reply`, the whole reply as JSON, as ever. `--progress` shows the
 call's progress on stderr (cli/progress_view.py).
+
+On a terminal (standard input one) `call` answers what the tool asks and approves a gated
+call by asking the person (cli/prompts.py); otherwise it says nothing of `input`, so the
+workers decline the tool's questions for it, and a gated call's `approval_required` is
+printed as the error it is (its token for `toolbus approve`), never waited on.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from rich.text import Text
 
 from toolbus.cli import values as cli_values
 from toolbus.cli.progress_view import ProgressView
+from toolbus.cli.prompts import Prompter
 from toolbus.cli.settings import _settings, client_id, refused
 from toolbus.client.client import Client, Retry
 from toolbus.client.tasks import run_task
@@ -141,17 +147,26 @@ def call(args: argparse.Namespace) -> int:
     client = _client(args, settings)
 
     view = ProgressView(sys.stderr) if args.progress else None
+    # A person there to answer: asked; else nobody waits on a question (stdin piped).
+    person = Prompter.terminal().callbacks() if sys.stdin.isatty() else {}
 
     async def talk() -> Any:
         async with client:
             try:
-                asking = run_task if args.task else Client.call
-                return await asking(
-                    client,
+                if args.task:
+                    return await run_task(
+                        client,
+                        args.tool,
+                        arguments,
+                        on_progress=view,
+                        extend_on_progress=args.extend_on_progress,
+                    )
+                return await client.call(
                     args.tool,
                     arguments,
                     on_progress=view,
                     extend_on_progress=args.extend_on_progress,
+                    **person,
                 )
             except ToolbusError as error:
                 if error.reply is None:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from toolbus.wire.contracts import CallsReply, Progress, Reply
+from toolbus.wire.contracts import CallsReply, ErrorBody, ErrorCode, Progress, Reply
+from toolbus.wire.errors import ToolbusError
 
 log = logging.getLogger("toolbus.client")
 
@@ -100,3 +101,33 @@ def read_answer(payload: bytes) -> Reply | CallsReply:
     if isinstance(data, dict) and "results" in data:
         return CallsReply.model_validate(data)
     return Reply.model_validate(data)
+
+
+def said(answer: Reply | CallsReply) -> Said:
+    """What an answer says of its request: a message's, the least any of its calls says
+    (one call's "did not run" may be contradicted by another copy of the message)."""
+    if isinstance(answer, CallsReply):
+        return min((said(reply) for reply in answer.results), default=Said.FINAL)
+    error = answer.error
+    if answer.ok or error is None or answer.replayed:
+        return Said.FINAL  # it ran, or the record of its run answered
+    details = error.details
+    if (
+        error.code is ErrorCode.RATE_LIMITED
+        or (error.code is ErrorCode.UNAVAILABLE and details.get("store") is True)
+        or (error.code is ErrorCode.TIMEOUT and details.get("expired") is True)
+    ):
+        return Said.NOT_RUN  # nothing claimed or run for this delivery, by its own word
+    if error.code is ErrorCode.UNAVAILABLE:
+        # A server down when it came (it did not run), or one lost mid-call, or a worker
+        # stopping (it may have): the other copies' answers say which.
+        return Said.UNKNOWN
+    return Said.FINAL
+
+
+def raise_failed(reply: Reply) -> Reply:
+    """`reply`, when it is ok; else its error raised as the class of its code."""
+    if reply.ok:
+        return reply
+    error = reply.error or ErrorBody(code=ErrorCode.INTERNAL, message="failed, without an error")
+    raise ToolbusError.from_body(error, reply=reply)

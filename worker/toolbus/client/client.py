@@ -22,21 +22,23 @@ import json
 import uuid
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, Unpack
 
-from toolbus.client.answers import OnProgress, read_answer
+from toolbus.client.answers import OnProgress, read_answer, said
+from toolbus.client.answers import raise_failed as _raise_failed
 from toolbus.client.bodies import provider_body
 from toolbus.client.cancelling import Canceller
 from toolbus.client.presence import Presence
 from toolbus.client.refusals import explained
-from toolbus.client.requester import Requester, Retry, Said
+from toolbus.client.requester import Requester, Retry
+from toolbus.client.rounds import Asked, Callbacks, Rounds
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.contracts import CallsReply, ErrorBody, ErrorCode, Reply, ReplyFormat, ToolsFormat
 from toolbus.wire.errors import NoReply, RequestRefused, ToolbusError
 from toolbus.wire.topics import ANONYMOUS_CALLER, CallerIdentity, Topics
 
-# What `toolbus.client.client` offers (`Retry` lives in requester).
-__all__ = ["Client", "NoReply", "Retry", "provider_body"]
+# What `toolbus.client.client` offers (`Retry` lives in requester, `said` in answers).
+__all__ = ["Client", "NoReply", "Retry", "provider_body", "said"]
 
 DEFAULT_TIMEOUT_S = 30.0  # the workers' own `default_timeout_s`
 # Past a call's deadline, the wait for the worker's own `timeout` answer: the expiry that
@@ -175,6 +177,7 @@ class Client:
         id: str | None = None,
         on_progress: OnProgress | None = None,
         extend_on_progress: bool = False,
+        **asking: Unpack[Callbacks],
     ) -> Reply:
         """Run `tool` and return its reply (`reply.result.text`, `.structured`,
         `.content`). Raises the `toolbus.wire.errors` class of the worker's error code
@@ -189,6 +192,9 @@ class Client:
         (`.progress`, `.total`, `.message`), in order, all before this returns.
         `extend_on_progress`: each update restarts the deadline on the worker, up to
         the tool's `max_timeout_s` (this client still waits `timeout_s` at most).
+
+        `on_input`, `on_sampling`, `on_approval` answer what the tool asks and approve a
+        gated call, round by round (`toolbus.client.rounds`; `max_rounds`, 10).
         """
         if arguments is not None and not isinstance(arguments, Mapping):
             raise TypeError(
@@ -201,19 +207,22 @@ class Client:
             body["progress"] = True
         if extend_on_progress:
             body["extend_on_progress"] = True
+        if (rounds := Rounds.of(asking)) is not None and rounds.input:
+            body["input"] = True
         if self._in_topic and self.caller:
             topic = f"{self.prefix}/call/{self.caller}/{tool}"
         else:
             topic, body["tool"] = f"{self.prefix}/call", tool
-        reply = await self._ask(
-            topic,
-            self._claimed(body),
-            timeout_s,
-            ident,
-            Reply.model_validate_json,
-            on_progress=on_progress,
+        asked = Asked(topic, dict(body), self._calls_topic(), ident)
+
+        async def send(topic: str, body: dict[str, Any], ident: str) -> Reply:
+            parse, claimed = Reply.model_validate_json, self._claimed(body)
+            return await self._ask(topic, claimed, timeout_s, ident, parse, on_progress=on_progress)
+
+        reply = await send(topic, body, ident)
+        return _raise_failed(
+            await rounds.drive(reply, asked, send, self._cancel) if rounds else reply
         )
-        return _raise_failed(reply)
 
     async def tools(
         self, format: ToolsFormat | str = ToolsFormat.TOOLBUS, *, timeout_s: float | None = None
@@ -258,6 +267,7 @@ class Client:
         *,
         reply_format: ReplyFormat | str | None = None,
         timeout_s: float | None = None,
+        **asking: Unpack[Callbacks],
     ) -> list[dict[str, Any]]:
         """Run the tool calls of a model's message and return what to append to the
         conversation, in the message's own provider format (or `reply_format`).
@@ -267,10 +277,11 @@ class Client:
         one tool call; a Responses `Response`, its `output` or one `function_call`; an
         Ollama response. SDK objects (pydantic models) or plain dicts and lists. The
         calls run concurrently; one call's failure is an error result the model sees,
-        never an exception. Raises when the message as a whole is refused.
+        never an exception. Raises when the message as a whole is refused. The callbacks
+        answer its calls' questions and approvals as `call`'s do.
         """
         answer = await self.run_tool_calls_reply(
-            message, reply_format=reply_format, timeout_s=timeout_s
+            message, reply_format=reply_format, timeout_s=timeout_s, **asking
         )
         return [dict(item) for item in answer.append]
 
@@ -280,6 +291,7 @@ class Client:
         *,
         reply_format: ReplyFormat | str | None = None,
         timeout_s: float | None = None,
+        **asking: Unpack[Callbacks],
     ) -> CallsReply:
         """As `run_tool_calls`, the whole answer: `append`, and each call's own `Reply`
         in `results` (ok, error code, duration, what normalization changed)."""
@@ -293,27 +305,32 @@ class Client:
             options["reply_format"] = ReplyFormat(reply_format).value
         if self.caller and not self._in_topic:
             options["caller"] = self.caller
+        if (rounds := Rounds.of(asking)) is not None and rounds.input:
+            options["input"] = True
         body["toolbus"] = options
-        topic = f"{self.prefix}/call"
-        if self._in_topic and self.caller:
-            topic = f"{topic}/{self.caller}"
+        topic = self._calls_topic()
         answer = await self._ask(topic, body, timeout_s, ident, read_answer)
-        if isinstance(answer, CallsReply):
-            return answer
-        # A plain `Reply`: one call answered in our own format, or, as an error where
-        # a provider's format was due, the message refused whole (nothing to append).
-        if not answer.ok and options.get("reply_format") != ReplyFormat.TOOLBUS.value:
-            _raise_failed(answer)
-        return CallsReply(
-            id=answer.id,
-            id_generated=answer.id_generated,
-            format=ReplyFormat.TOOLBUS,
-            ok=answer.ok,
-            results=[answer],
-            duration_ms=answer.duration_ms,
-            trace_id=answer.trace_id,
-            traceparent=answer.traceparent,
-        )
+        if not isinstance(answer, CallsReply):
+            # A plain `Reply`: one call answered in our own format, or, as an error where
+            # a provider's format was due, the message refused whole (nothing to append).
+            if not answer.ok and options.get("reply_format") != ReplyFormat.TOOLBUS.value:
+                _raise_failed(answer)
+            answer = CallsReply(
+                id=answer.id,
+                id_generated=answer.id_generated,
+                format=ReplyFormat.TOOLBUS,
+                ok=answer.ok,
+                results=[answer],
+                duration_ms=answer.duration_ms,
+                trace_id=answer.trace_id,
+                traceparent=answer.traceparent,
+            )
+
+        async def send(topic: str, body: dict[str, Any], ident: str) -> Reply:
+            parse = Reply.model_validate_json
+            return await self._ask(topic, self._claimed(body), timeout_s, ident, parse)
+
+        return await rounds.settle(answer, body, send, topic, self._cancel) if rounds else answer
 
     async def request(
         self, topic: str, body: Mapping[str, Any], *, timeout_s: float | None = None
@@ -323,6 +340,11 @@ class Client:
         sent as given; give it an `id` for its repeats to be known as such."""
         ident = body.get("id") if isinstance(body.get("id"), str) else None
         return await self._ask(topic, dict(body), timeout_s, ident, read_answer)
+
+    def _calls_topic(self) -> str:
+        """Where a request naming its tool in the body goes (a continuation needs none)."""
+        in_topic = self._in_topic and self.caller
+        return f"{self.prefix}/call/{self.caller}" if in_topic else f"{self.prefix}/call"
 
     def _claimed(self, body: dict[str, Any]) -> dict[str, Any]:
         """The body naming the caller, where the workers read it from the body."""
@@ -361,34 +383,8 @@ class Client:
         except RequestRefused as exc:  # an ACL's "not authorized": say what to check
             raise explained(exc, self._in_topic, self.caller, self._login) from None
         except asyncio.CancelledError:  # not wanted any more: the workers hear so
-            await self._cancels.send(self._requester.connection, ident, self.reply_topic)
+            await self._cancel(ident)
             raise
 
-
-def said(answer: Reply | CallsReply) -> Said:
-    """What an answer says of its request: a message's, the least any of its calls says
-    (one call's "did not run" may be contradicted by another copy of the message)."""
-    if isinstance(answer, CallsReply):
-        return min((said(reply) for reply in answer.results), default=Said.FINAL)
-    error = answer.error
-    if answer.ok or error is None or answer.replayed:
-        return Said.FINAL  # it ran, or the record of its run answered
-    details = error.details
-    if (
-        error.code is ErrorCode.RATE_LIMITED
-        or (error.code is ErrorCode.UNAVAILABLE and details.get("store") is True)
-        or (error.code is ErrorCode.TIMEOUT and details.get("expired") is True)
-    ):
-        return Said.NOT_RUN  # nothing claimed or run for this delivery, by its own word
-    if error.code is ErrorCode.UNAVAILABLE:
-        # A server down when it came (it did not run), or one lost mid-call, or a worker
-        # stopping (it may have): the other copies' answers say which.
-        return Said.UNKNOWN
-    return Said.FINAL
-
-
-def _raise_failed(reply: Reply) -> Reply:
-    if reply.ok:
-        return reply
-    error = reply.error or ErrorBody(code=ErrorCode.INTERNAL, message="failed, without an error")
-    raise ToolbusError.from_body(error, reply=reply)
+    async def _cancel(self, ident: str | None) -> None:
+        await self._cancels.send(self._requester.connection, ident, self.reply_topic)

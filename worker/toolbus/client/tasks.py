@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from toolbus.client.answers import OnProgress, final
-from toolbus.client.client import REPLY_GRACE_S, Client, _raise_failed
+from toolbus.client.answers import raise_failed as _raise_failed
+from toolbus.client.client import REPLY_GRACE_S, Client
 from toolbus.wire.contracts import Reply
 from toolbus.wire.task_wire import TaskState
 
