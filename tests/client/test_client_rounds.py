@@ -58,7 +58,7 @@ async def test_an_elicitation_is_answered_by_on_input(broker: Broker, asking: As
     async with client_of(broker, asking, caller="kitchen") as client:
         reply = await client.call("pick", {"room": "hall"}, on_input=on_input)
 
-    assert reply.result is not None and reply.result.structured is not None
+    assert reply.result is not None and isinstance(reply.result.structured, dict)
     assert reply.result.structured["answers"] == [
         {"device": {"action": "accept", "content": {"device": "porch"}}}
     ]
@@ -89,7 +89,7 @@ async def test_rounds_follow_one_another_with_plain_functions(
     async with client_of(broker, asking) as client:
         reply = await client.call("plan", on_input=on_input, on_sampling=on_sampling)
 
-    assert reply.result is not None and reply.result.structured is not None
+    assert reply.result is not None and isinstance(reply.result.structured, dict)
     accepted = {"action": "accept", "content": {"device": "hall"}}
     assert reply.result.structured["answers"] == [
         {"device": accepted, "summary": completion("The hall light is on.")},

@@ -158,7 +158,7 @@ async def test_a_gated_call_runs_once_approved_and_never_refused(
             await client.call("echo", {"text": "stop"}, on_approval=approve)
         with pytest.raises(ApprovalRequired):
             await client.call("echo", {"text": "go"})  # no callback: as ever
-    assert approved.result is not None and approved.result.structured is not None
+    assert approved.result is not None and isinstance(approved.result.structured, dict)
     assert approved.result.structured["text"] == "go"
     assert [call["tool"] for call in shown] == ["echo", "echo"]
     assert refused.value.details["call"]["arguments"]["text"] == "stop"
