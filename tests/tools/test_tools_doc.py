@@ -36,7 +36,7 @@ from toolbus.wire.errors import InvalidArguments, ToolFailed
 DOC = Path(__file__).parents[2] / "docs" / "tools.md"
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 FILE_NAME = re.compile(r"# ([\w.-]+)\n")
-MODULES = ("greeting", "thermostat", "lamps", "firmware")
+MODULES = ("greeting", "thermostat", "lamps", "firmware", "switch")
 
 
 def blocks(language: str) -> list[str]:
@@ -206,3 +206,20 @@ async def test_a_tool_reports_progress(rig: Rig, modules: dict[str, ModuleType])
     rig.sent.sent.clear()
     assert (await rig.call("flash_firmware", {"arguments": {"device": "b"}}))["ok"] is True
     assert await modules["firmware"].flash_firmware(device="c", blocks=2) == "c: 2 blocks written"
+
+
+async def test_asking_the_caller(rig: Rig, modules: dict[str, ModuleType]) -> None:
+    """The guide's `switch.py`: a caller that can answer is asked and its answer used; one
+    that cannot gets the tool's answer to a decline, as does a direct call."""
+    first = await rig.call("switch_on", {"id": "s1", "arguments": {"room": "hall"}, "input": True})
+    assert first["error"]["code"] == "input_required"
+    [key] = first["error"]["details"]["input_requests"]
+    answer = {"action": "accept", "content": {"device": "lamp"}}
+    token = first["error"]["details"]["continuation"]
+    final = await rig.call(
+        None, {"id": "s2", "continuation": token, "input_responses": {key: answer}}
+    )
+    assert final["result"]["text"] == "lamp is on"
+    declined = await rig.call("switch_on", {"arguments": {"room": "hall"}})
+    assert declined["result"]["text"] == "nothing switched"
+    assert await modules["switch"].switch_on(room="den") == "nothing switched"

@@ -114,7 +114,7 @@ class Continuing:
                 call,
                 tool=body["tool"],
                 arguments=body["arguments"],
-                resume=Resume(answers, body.get("state")),
+                resume=Resume(answers, body.get("state"), body.get("questions")),
                 continuation=None,
                 input_responses=None,
                 topic_path=False,

@@ -318,7 +318,7 @@ class Rounds:
     ) -> None:
         """The token's record; `rate_limited` over the caller's bound, `unavailable` when
         the store fails."""
-        kept = {**body, "questions": len(questions)}
+        kept = {**body, "questions": {key: q.method for key, q in questions.items()}}
         record = TokenRecord(
             token=token,
             kind="continuation",

@@ -28,6 +28,7 @@ class Resume:
 
     answers: Answers
     state: str | None
+    asked: dict[str, str] | None = None  # each question's method, by key: one unanswered
 
 
 class CallContext(Protocol):

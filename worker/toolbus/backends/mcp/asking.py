@@ -164,10 +164,23 @@ async def settle(
 
 
 def responses(resume: Resume | None) -> InputResponses | None:
-    """The caller's answers as the SDK sends them (`inputResponses`)."""
+    """The caller's answers as the SDK sends them (`inputResponses`). A question left
+    unanswered is what a caller that cannot answer gets: an elicitation declined, a
+    sampling the end of the call (`input_unavailable`), as an older server's would."""
     if resume is None:
         return None
-    return {key: _response(answer) for key, answer in resume.answers.items()}
+    answered: InputResponses = {k: _response(a) for k, a in resume.answers.items()}
+    for key, method in (resume.asked or {}).items():
+        if key in answered:
+            continue
+        if method != ELICITATION:
+            raise ToolFailed(
+                "the tool asks for what only its caller could give (sampling), and the "
+                "caller did not answer",
+                reason="input_unavailable",
+            )
+        answered[key] = ElicitResult(action="decline")
+    return answered
 
 
 def _response(answer: dict[str, Any]) -> InputResponse:
