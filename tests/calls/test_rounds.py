@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from toolbus.calls.rounds import RoundsSettings
 from toolbus.config import Settings
 from toolbus.dedup import MemoryStore, Once
 from toolbus.dedup.tasks import MemoryTasks
+from toolbus.dedup.tokens import TokenRecord, holder_of
 from toolbus.doors.envelope.pipeline import Pipeline
 from toolbus.wire.messages import Inbound
 from toolbus.worker.wiring import build_executor, build_registry, topics_for
@@ -47,6 +49,14 @@ async def which(room: str) -> dict[str, Any]:
 
 
 @tool
+async def stalls() -> str:
+    """Asks, then never ends (a server that hangs after its question is declined)."""
+    await elicit("Anything?", SCHEMA)
+    await asyncio.Event().wait()
+    return "never"
+
+
+@tool
 async def twice() -> dict[str, Any]:
     """Asks two questions, one after the other."""
     first = await elicit("First?", SCHEMA)
@@ -59,7 +69,7 @@ class Rig:
         settings = Settings.model_validate(
             {"topic_prefix": "tb", "tools": {"which": {"timeout_s": 0.5}}, **overrides}
         )
-        registry = build_registry([*BUILTIN_TOOLS, which, twice], settings)
+        registry = build_registry([*BUILTIN_TOOLS, which, twice, stalls], settings)
         executor = build_executor(settings, registry, tracer=tracer)
         self.sent = ListPublisher()
         self.pipeline = Pipeline(
@@ -456,3 +466,30 @@ async def test_a_cancel_naming_a_later_rounds_request_cancels_the_held_call(rig:
             await asyncio.sleep(0.005)  # polled, bounded: the call has ended
     late = await rig.call({"id": "l3", "continuation": token, "input_responses": answers})
     assert late["error"]["code"] == "cancelled", late
+
+
+async def test_a_held_call_declined_past_input_timeout_is_bounded_again() -> None:
+    """Its deadline stops while the caller thinks; declined past `input_timeout_s`, the
+    tool gets a bound again: a tool that then hangs is cancelled, not held forever."""
+    rig = Rig(input_timeout_s=0.2)
+    async with rig.pipeline:
+        asked(await rig.call({"id": "h1", "tool": "stalls", "input": True}))
+        async with asyncio.timeout(5):
+            while len(rig.pipeline.running):
+                await asyncio.sleep(0.01)  # polled, bounded: the run was cancelled
+
+
+async def test_an_approval_token_continues_nothing_and_stays_unused(rig: Rig) -> None:
+    record = TokenRecord(
+        token="a.test",
+        kind="approval",
+        holder=holder_of(None, REPLY),
+        owner="w",
+        body="{}",
+        expires_at=time.time() + 60,
+    )
+    await rig.pipeline.rounds.tokens.put(record, 60)
+    reply = await rig.call({"id": "ap1", "continuation": "a.test", "input_responses": {}})
+    assert reply["error"]["code"] == "continuation_invalid"
+    kept = await rig.pipeline.rounds.tokens.get("a.test")
+    assert kept is not None and kept.state == "open"

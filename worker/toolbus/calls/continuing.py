@@ -131,11 +131,15 @@ class Continuing:
         tokens = self._rounds.tokens
         try:
             record = await tokens.get(token)
+            other = record is not None and record.kind != "continuation"  # an approval's
             origin = None if record is None else json.loads(record.body).get("origin")
-            taken = None if origin == key else await tokens.take(token, holder, key, None)
+            stop = origin == key or other
+            taken = None if stop else await tokens.take(token, holder, key, None)
         except Exception as exc:
             log.warning("token store failed for %s: %s", call.id, exc)
             raise Unavailable("the token store is unreachable", store=True) from None
+        if other:  # not taken: it is not this kind's to use
+            raise ContinuationInvalid("the continuation continues no call", reason="unknown")
         if taken is None:  # its first request's id: a dedup record holds that one's reply
             raise BadRequest("a continuation takes an id of its own", reason="id_reused")
         if taken.record is None:

@@ -55,7 +55,7 @@ from toolbus.wire.errors import (
 
 log = logging.getLogger("toolbus.rounds")
 
-MAX_ENDING_CHARS = 64 << 10  # the end of a held call kept in memory for a late continuation
+MAX_ENDING_CHARS = 64 << 10  # a held call's end kept in memory for a late continuation
 HELD = "held"
 STATELESS = "stateless"
 
@@ -179,8 +179,7 @@ class Rounds:
         task = asyncio.create_task(run, name=f"held-{home.ident}")
         held = Held(home, task, tool, holder)
         home.asker = partial(self._ask, held)
-        # Found by each of its requests' keys until it ends (a cancel names the id of any
-        # request that got its questions), after those requests have their answers.
+        # Found by each of its requests' keys until it ends (a cancel may name any).
         self._found_by(held, home.key)
         task.add_done_callback(partial(self._ended, held))
         return await self._next(held, lambda: None)
@@ -193,8 +192,8 @@ class Rounds:
         sink: ProgressSink | None,
         deadline_s: float,
     ) -> Outcome | Asked | None:
-        """The caller's answers to `held`'s open question; the call's next round. None:
-        the question is not open any more (it timed out, or the call ended)."""
+        """The answers to `held`'s open question; the call's next round (None: the
+        question is not open any more: it timed out, or the call ended)."""
         waiting = held.answers
         if waiting is None or waiting.done() or held.run.done():
             return None
@@ -261,8 +260,9 @@ class Rounds:
             try:
                 async with asyncio.timeout(self.timeout_s):
                     return await held.answers
-            except TimeoutError:
+            except TimeoutError:  # declined, and the tool's end is bounded again
                 log.info("%s: no answer within input_timeout_s; declined", held.tool)
+                held.home.retime(self.timeout_s)
                 return None
             finally:
                 self._held.pop(token, None)
