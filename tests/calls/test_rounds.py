@@ -493,3 +493,20 @@ async def test_an_approval_token_continues_nothing_and_stays_unused(rig: Rig) ->
     assert reply["error"]["code"] == "continuation_invalid"
     kept = await rig.pipeline.rounds.tokens.get("a.test")
     assert kept is not None and kept.state == "open"
+
+
+async def test_a_copy_of_a_continuation_past_its_tokens_expiry_replays() -> None:
+    """A redelivery of the continuation after the token expired still gets that
+    continuation's reply (its dedup record), never `expired` for a call that went on."""
+    started.clear()
+    rig = Rig(input_timeout_s=0.3)
+    async with rig.pipeline:
+        token = asked(
+            await rig.call({"id": "x1", "tool": "which", "arguments": {"room": "x"}, "input": True})
+        )
+        body = {"id": "x2", "continuation": token, "input_responses": {"elicitation": ACCEPT}}
+        final = await rig.call(body)
+        await asyncio.sleep(0.4)  # past the token's expiry (what is tested is the clock)
+        again = await rig.call(body)
+    assert final["ok"] is True and again["replayed"] is True
+    assert again["result"] == final["result"]

@@ -86,6 +86,19 @@ async def test_refusals_unknown_mismatch_expired(tokens: TokenStore) -> None:
     assert (await tokens.take(late.token, "ops", "ops\x1fr3", "b1")).refused == "expired"
 
 
+async def test_a_copy_of_the_request_that_took_it_takes_it_again_past_expiry(
+    tokens: TokenStore,
+) -> None:
+    """A redelivery or retry of the request that used a token, after it expired, must
+    reach that request's replay (dedup), not be told `expired`; anyone else is `used`
+    before expiry and `expired` after."""
+    taken = replace(record(), expires_at=time.time() - 1, state="taken", taker="ops\x1fr1")
+    await tokens.put(taken, 60.0)
+    again = await tokens.take(taken.token, "ops", "ops\x1fr1", "b1")
+    assert again.record is not None and again.record.taker == "ops\x1fr1"
+    assert (await tokens.take(taken.token, "ops", "ops\x1fr2", "b1")).refused == "expired"
+
+
 async def test_an_ended_call_keeps_its_reply_for_the_continuation(tokens: TokenStore) -> None:
     kept = replace(record(binding=""), kind="continuation")
     await tokens.put(kept, 60.0)

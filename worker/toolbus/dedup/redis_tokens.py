@@ -90,6 +90,7 @@ if not raw then return {'unknown'} end
 local r = cjson.decode(raw)
 if r.holder ~= ARGV[1] then return {'unknown'} end
 if r.state == 'ended' then return {'', raw} end
+if r.state == 'taken' and r.taker == ARGV[2] then return {'', raw} end
 if tonumber(r.expires_at) <= tonumber(ARGV[5]) then return {'expired'} end
 if ARGV[4] == '1' and r.binding ~= ARGV[3] then return {'mismatch'} end
 if r.state == 'taken' then

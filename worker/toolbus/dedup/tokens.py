@@ -120,14 +120,16 @@ class TokenBoundExceeded(Exception):
 
 
 def refusal(
-    record: TokenRecord | None, holder: str, binding: str | None, now: float
+    record: TokenRecord | None, holder: str, taker: str, binding: str | None, now: float
 ) -> Refusal | None:
-    """Why `record` cannot be taken by `holder` now (None: it can): the one rule, for
-    every store (the Redis script applies the same)."""
+    """Why `record` cannot be taken by `holder` for `taker` now (None: it can): the one
+    rule, for every store (the Redis script applies the same)."""
     if record is None or record.holder != holder:
         return "unknown"
     if record.state == ENDED:
         return None  # its call's answer is kept for whoever continues it
+    if record.state == TAKEN and record.taker == taker:
+        return None  # a copy of the request that took it, even past expiry: its replay
     if record.expires_at <= now:
         return "expired"
     if binding is not None and binding != record.binding:
@@ -192,7 +194,7 @@ class MemoryTokens:
         self._forget()
         kept = self._records.get(token)
         record = kept[0] if kept is not None else None
-        refused = refusal(record, holder, binding, time.time())
+        refused = refusal(record, holder, taker, binding, time.time())
         if refused is not None or record is None or kept is None:
             return Taken(refused=refused or "unknown")
         if record.state == TAKEN and record.taker != taker:
