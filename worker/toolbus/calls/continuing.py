@@ -20,11 +20,12 @@ from typing import Any
 
 from opentelemetry import trace
 
+from toolbus.calls.asked import Asked
 from toolbus.calls.call import Call
 from toolbus.calls.execute import Executor
 from toolbus.calls.preparation import Outcome, Prepared
-from toolbus.calls.replies import reply_for_call
-from toolbus.calls.rounds import STATELESS, Asked, Rounds
+from toolbus.calls.replies import replayed, reply_for_call
+from toolbus.calls.rounds import STATELESS, Rounds
 from toolbus.calls.routing import Routing
 from toolbus.calls.running import ProgressSink, RunningCall, StatusSink
 from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict, fingerprint
@@ -32,6 +33,7 @@ from toolbus.dedup.tokens import ENDED, TokenRecord
 from toolbus.dedup.tokens import holder_of as tokens_holder
 from toolbus.observability.spans import mark_failed
 from toolbus.tools.context import Answers, Resume
+from toolbus.wire.asking import answer_errors
 from toolbus.wire.contracts import Reply
 from toolbus.wire.errors import (
     BadRequest,
@@ -110,6 +112,7 @@ class Continuing:
             return ended_reply(call, record.reply)
         body = json.loads(record.body)
         if body["kind"] == STATELESS:
+            self._rounds.taken(body.get("origin"))  # a cancel now finds the resumed call
             resumed = replace(
                 call,
                 tool=body["tool"],
@@ -132,14 +135,23 @@ class Continuing:
         try:
             record = await tokens.get(token)
             other = record is not None and record.kind != "continuation"  # an approval's
-            origin = None if record is None else json.loads(record.body).get("origin")
-            stop = origin == key or other
+            body = {} if record is None else json.loads(record.body)
+            # Answers that fit no question are refused before the take: the token stays
+            # for the corrected request (checked only for the caller the token is for).
+            bad = [] if record is None or record.holder != holder or other else _misfits(call, body)
+            stop = body.get("origin") == key or other or bool(bad)
             taken = None if stop else await tokens.take(token, holder, key, None)
         except Exception as exc:
             log.warning("token store failed for %s: %s", call.id, exc)
             raise Unavailable("the token store is unreachable", store=True) from None
         if other:  # not taken: it is not this kind's to use
             raise ContinuationInvalid("the continuation continues no call", reason="unknown")
+        if bad:
+            raise BadRequest(
+                "input_responses do not answer the questions asked",
+                reason="bad_input_responses",
+                errors=bad,
+            )
         if taken is None:  # its first request's id: a dedup record holds that one's reply
             raise BadRequest("a continuation takes an id of its own", reason="id_reused")
         if taken.record is None:
@@ -168,7 +180,7 @@ class Continuing:
                 log.warning("dedup store failed for %s: %s", call.id, exc)
                 return self._refuse(call, Unavailable("the dedup store is unreachable", store=True))
             if verdict.reply is not None:
-                return replayed(call, verdict.reply)
+                return replayed(call, verdict.reply, [trace.get_current_span()])
             if verdict.error is not None:
                 return self._refuse(call, verdict.error)
         started = time.perf_counter()
@@ -213,6 +225,11 @@ class Continuing:
         return None  # its question timed out here
 
 
+def _misfits(call: Call, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """What in `call`'s answers fits none of the token's questions (`answer_errors`)."""
+    return answer_errors(body.get("questions") or {}, call.input_responses or {})
+
+
 def holder_of(call: Call) -> str | None:
     """Who may use a token a call's answer holds (`tokens.holder_of`, as approvals'); None:
     a call with neither caller nor reply topic, which no one could continue."""
@@ -229,12 +246,6 @@ def asking(before: Outcome, error: ToolbusError, elapsed_s: float) -> Outcome:
         normalized=before.normalized,
         duration_ms=elapsed_s * 1000,
         invoked=True,
-    )
-
-
-def replayed(call: Call, stored: bytes) -> Reply:
-    return Reply.model_validate_json(stored).model_copy(
-        update={"replayed": True, "id": call.id, "id_generated": False}
     )
 
 

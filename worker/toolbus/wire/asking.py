@@ -4,14 +4,18 @@ from an MCP server: elicitation, sampling), and of a call a person must approve.
 `Asking` is part of `contracts.Options` (as `Steering` is): a caller that can answer
 says `input: true`; it answers a reply `input_required` with a new request holding
 `continuation` and `input_responses`; it re-sends a call answered `approval_required`
-with `approval`. `InputRequest` is one question, as MCP defines it.
+with `approval`. `InputRequest` is one question, as MCP defines it; `ElicitAnswer` and
+`SamplingAnswer` are the shapes of the answers MCP defines (`ElicitResult`, the
+`CreateMessageResult` of a sampling without tools), checked before a continuation takes
+its token (`answer_errors`): a malformed answer is the caller's `bad_request`, and the
+token stays unused for a corrected one.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from toolbus.wire.model import WireModel as _Wire
 
@@ -28,6 +32,51 @@ class InputRequest(_Wire):
 
     method: InputMethod
     params: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class ElicitAnswer(_Wire):
+    """An answer to an elicitation (MCP `ElicitResult`)."""
+
+    action: Literal["accept", "decline", "cancel"]
+    content: dict[str, str | int | float | bool | list[str] | None] | None = None
+
+
+class SamplingContent(_Wire):
+    """One content block of a sampling answer (text, image, audio: MCP's own)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    type: str
+
+
+class SamplingAnswer(_Wire):
+    """An answer to a sampling request (MCP `CreateMessageResult`)."""
+
+    role: Literal["user", "assistant"]
+    content: SamplingContent | list[SamplingContent]
+    model: str
+
+
+ANSWERS: dict[str, type[BaseModel]] = {ELICITATION: ElicitAnswer, SAMPLING: SamplingAnswer}
+
+
+def answer_errors(asked: dict[str, str], answers: dict[str, Any]) -> list[dict[str, Any]]:
+    """What is wrong with `answers` to the questions `asked` (key -> method): an answer
+    to no question asked, or one not of its question's shape (`path`, `problem`; never
+    the value). A question left unanswered is no error: it is declined."""
+    errors: list[dict[str, Any]] = []
+    for key, answer in answers.items():
+        method = asked.get(key)
+        if method is None:
+            errors.append({"path": f"input_responses/{key}", "problem": "not_asked"})
+            continue
+        try:
+            ANSWERS[method].model_validate(answer)
+        except ValidationError as bad:
+            for error in bad.errors()[:8]:
+                where = "/".join(str(part) for part in error["loc"])
+                errors.append({"path": f"input_responses/{key}/{where}", "problem": error["type"]})
+    return errors
 
 
 class Asking(_Wire):
