@@ -69,7 +69,7 @@ class RecordSettings(BaseSettings):
         description="How many of one caller's calls may wait for its answers at once on a "
         "worker while their server holds them open (servers before 2026-07-28 keep the "
         "call, and its `max_in_flight` slot, while they ask); beyond it, the next question "
-        "is declined for the caller.",
+        "fails for the caller (a JSON-RPC error to the server, never a `decline`).",
     )
     approval_timeout_s: float = Field(
         default=300.0,

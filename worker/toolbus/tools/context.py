@@ -69,7 +69,9 @@ class CallContext(Protocol):
     async def ask(self, questions: dict[str, InputRequest]) -> Answers | None:
         """Ask the caller while the tool waits (a server of before 2026-07-28 asks on its
         session): the answers, or None when there are none (the caller cannot answer, did
-        not within `input_timeout_s`, or the call ended). Never raises."""
+        not within `input_timeout_s`, or the call ended). Raises `ToolFailed` (reason
+        `input_unrelayed`) when toolbus itself could not put the question (the caller's
+        `input_max_open` reached, the token store down): no answer was given for it."""
 
 
 class Detached:

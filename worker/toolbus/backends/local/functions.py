@@ -60,7 +60,8 @@ async def elicit(message: str, requested_schema: dict[str, Any]) -> dict[str, An
     """Ask the running call's caller (MCP elicitation, form mode): its answer,
     `{"action": "accept", "content": {...}}`, or `{"action": "decline"}` when it cannot
     answer (it did not say `input: true`), did not within `input_timeout_s`, or the call
-    ended. The caller sees `input_required`; the tool waits here meanwhile."""
+    ended. The caller sees `input_required`; the tool waits here meanwhile. Raises
+    `ToolFailed` (`input_unrelayed`) when toolbus could not ask at all."""
     context = _CALL.get()
     question = InputRequest(
         method=ELICITATION,

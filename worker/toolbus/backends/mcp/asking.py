@@ -11,7 +11,9 @@ Servers of two generations ask in two ways:
   on the session while the call runs (`Asking.elicit`, `Asking.sample`: the SDK's
   callbacks). Nothing in such a request names the call it is for, so it is taken to be
   the call's only while that call is the one in flight on the session; with several in
-  flight it is declined, never put to a caller it may not be meant for.
+  flight it is declined, never put to a caller it may not be meant for. What keeps
+  toolbus itself from asking (the caller's `input_max_open`, the token store down) is
+  answered with a JSON-RPC error, never a `decline` the person did not give.
 - from 2026-07-28, the server answers `tools/call` with `input_required`: the questions
   and its own state (`settle`). For a caller that can answer, they end the round
   (`InputRequired` with the state; calls/rounds.py keeps both on a token any worker
@@ -31,6 +33,7 @@ from typing import Any
 from mcp import ClientSession
 from mcp.client.session import ClientRequestContext, MessageHandlerFnT
 from mcp_types import (
+    INTERNAL_ERROR,
     INVALID_REQUEST,
     CallToolResult,
     CreateMessageRequestParams,
@@ -50,7 +53,7 @@ from pydantic import BaseModel, ValidationError
 
 from toolbus.tools.context import CallContext, Resume
 from toolbus.wire.asking import ELICITATION, SAMPLING, InputRequest
-from toolbus.wire.errors import InputRequired, ToolFailed
+from toolbus.wire.errors import InputRequired, ToolbusError, ToolFailed
 
 log = logging.getLogger("toolbus.mcp")
 
@@ -81,6 +84,8 @@ class Asking:
         self, context: ClientRequestContext, params: ElicitRequestParams
     ) -> ElicitResult | ErrorData:
         answer = await self._ask(context, ELICITATION, params)
+        if isinstance(answer, ErrorData):
+            return answer
         if answer is None:
             return ElicitResult(action="decline")
         try:
@@ -93,6 +98,8 @@ class Asking:
         self, context: ClientRequestContext, params: CreateMessageRequestParams
     ) -> CreateMessageResult | ErrorData:
         answer = await self._ask(context, SAMPLING, params)
+        if isinstance(answer, ErrorData):
+            return answer
         if answer is None:
             return ErrorData(code=INVALID_REQUEST, message="the caller cannot answer sampling")
         try:
@@ -105,7 +112,9 @@ class Asking:
 
     async def _ask(
         self, ctx: ClientRequestContext, method: str, params: BaseModel
-    ) -> dict[str, Any] | None:
+    ) -> dict[str, Any] | ErrorData | None:
+        """The caller's answer; None: declined (no caller to ask, or no answer in time);
+        an error when toolbus could not ask (the tool's call is its own to end)."""
         calls = self._calls.get(id(ctx.session), [])
         if len(calls) != 1:
             if calls:
@@ -116,7 +125,11 @@ class Asking:
             return None
         key = f"{method.split('/', maxsplit=1)[0]}-{ctx.request_id}"
         question = InputRequest.model_validate({"method": method, "params": _json(params)})
-        answers = await context.ask({key: question})
+        try:
+            answers = await context.ask({key: question})
+        except ToolbusError as unrelayed:
+            refused = unrelayed.details.get("refused", unrelayed.code.value)
+            return ErrorData(code=INTERNAL_ERROR, message=f"{unrelayed.message} ({refused})")
         return None if answers is None else answers.get(key)
 
 
