@@ -23,11 +23,11 @@ from tests.support.harness import ListPublisher
 from toolbus.backends.local import BUILTIN_TOOLS
 from toolbus.backends.local.functions import elicit, tool
 from toolbus.calls.quotas import Quotas
-from toolbus.calls.rounds import RoundsSettings
+from toolbus.calls.rounds import MAX_ENDING_CHARS, RoundsSettings
 from toolbus.config import Settings
 from toolbus.dedup import MemoryStore, Once
 from toolbus.dedup.tasks import MemoryTasks
-from toolbus.dedup.tokens import TokenRecord, holder_of
+from toolbus.dedup.tokens import MemoryTokens, TokenRecord, TokenStore, holder_of
 from toolbus.doors.envelope.pipeline import Pipeline
 from toolbus.wire.messages import Inbound
 from toolbus.worker.wiring import build_executor, build_registry, topics_for
@@ -57,6 +57,13 @@ async def stalls() -> str:
 
 
 @tool
+async def big() -> str:
+    """Asks, then answers with more than a held call's end kept whole in memory."""
+    await elicit("Anything?", SCHEMA)
+    return "x" * (MAX_ENDING_CHARS + 1000)
+
+
+@tool
 async def twice() -> dict[str, Any]:
     """Asks two questions, one after the other."""
     first = await elicit("First?", SCHEMA)
@@ -65,11 +72,16 @@ async def twice() -> dict[str, Any]:
 
 
 class Rig:
-    def __init__(self, tracer: trace.Tracer | None = None, **overrides: Any) -> None:
+    def __init__(
+        self,
+        tracer: trace.Tracer | None = None,
+        tokens: TokenStore | None = None,
+        **overrides: Any,
+    ) -> None:
         settings = Settings.model_validate(
             {"topic_prefix": "tb", "tools": {"which": {"timeout_s": 0.5}}, **overrides}
         )
-        registry = build_registry([*BUILTIN_TOOLS, which, twice, stalls], settings)
+        registry = build_registry([*BUILTIN_TOOLS, which, twice, stalls, big], settings)
         executor = build_executor(settings, registry, tracer=tracer)
         self.sent = ListPublisher()
         self.pipeline = Pipeline(
@@ -86,6 +98,7 @@ class Rig:
             rounds=RoundsSettings(
                 input_timeout_s=settings.input_timeout_s, max_open=settings.input_max_open
             ),
+            token_store=tokens,
         )
 
     async def call(
@@ -309,7 +322,8 @@ async def test_a_call_waiting_for_its_caller_holds_no_slot_of_its_callers_quota(
 
 async def test_one_callers_open_questions_are_bounded_and_cost_only_that_caller() -> None:
     """Each held call keeps its server's request open: at most `input_max_open` of one
-    caller's wait at once; past it the question is declined for that caller alone."""
+    caller's wait at once; past it the question fails for that caller alone, as toolbus's
+    (`input_unrelayed`), never as a `decline` the caller did not give."""
     started.clear()
     rig = Rig(input_max_open=2)
     async with rig.pipeline:
@@ -334,7 +348,9 @@ async def test_one_callers_open_questions_are_bounded_and_cost_only_that_caller(
                 "caller": "mallory",
             }
         )
-        assert over["ok"] is True and over["result"]["structured"]["action"] == "decline"
+        assert over["error"]["code"] == "tool_error", over
+        details = over["error"]["details"]
+        assert details["reason"] == "input_unrelayed" and details["refused"] == "rate_limited"
         # Another caller still gets its question.
         asked(
             await rig.call(
@@ -510,3 +526,89 @@ async def test_a_copy_of_a_continuation_past_its_tokens_expiry_replays() -> None
         again = await rig.call(body)
     assert final["ok"] is True and again["replayed"] is True
     assert again["result"] == final["result"]
+
+
+async def test_malformed_answers_are_the_callers_bad_request_and_leave_the_token(
+    rig: Rig,
+) -> None:
+    """Answers that fit no question are refused before the token is taken: the caller
+    corrects them and continues; the tool never sees them."""
+    token = asked(
+        await rig.call({"id": "f1", "tool": "which", "arguments": {"room": "x"}, "input": True})
+    )
+    wrong: list[dict[str, Any]] = [
+        {"elicitation": {"action": "maybe"}},  # not an ElicitResult
+        {"elicitation": {"action": "accept", "content": {"choice": {"deep": 1}}}},
+        {"sampling": {"role": "assistant"}},  # answers a question nobody asked
+    ]
+    for n, answers in enumerate(wrong):
+        reply = await rig.call({"id": f"f2-{n}", "continuation": token, "input_responses": answers})
+        assert reply["error"]["code"] == "bad_request", reply
+        details = reply["error"]["details"]
+        assert details["reason"] == "bad_input_responses"
+        assert details["errors"] and all(
+            e["path"].startswith("input_responses/") for e in details["errors"]
+        )
+    final = await rig.call(
+        {"id": "f3", "continuation": token, "input_responses": {"elicitation": ACCEPT}}
+    )
+    assert final["ok"] is True and final["result"]["structured"]["choice"] == "lamp"
+    assert started == ["x"]
+
+
+async def test_another_callers_malformed_answer_learns_nothing(rig: Rig) -> None:
+    """A token of another caller is `unknown`, whatever the answers hold: its shape is
+    not checked for a caller it is not for."""
+    body = {"id": "o1", "tool": "which", "arguments": {"room": "x"}, "input": True}
+    token = asked(await rig.call({**body, "caller": "alice"}))
+    thief = {"id": "o2", "caller": "mallory", "continuation": token}
+    refused = await rig.call({**thief, "input_responses": {"elicitation": {"action": "?"}}})
+    assert refused["error"]["code"] == "continuation_invalid"
+    assert refused["error"]["details"]["reason"] == "unknown"
+
+
+async def test_an_end_too_large_to_keep_is_told_not_kept_not_expired() -> None:
+    """A held call that ends (declined past `input_timeout_s`) after its continuation
+    took the token but before it resumed: an end too large to keep whole is
+    `reply_not_kept` (it ended), never `expired` (which says the question timed out)."""
+    rig = Rig(input_timeout_s=0.2)
+    async with rig.pipeline:
+        token = asked_any(await rig.call({"id": "g1", "tool": "big", "input": True}))
+        key = Once.key(None, REPLY, "g2")
+        assert key is not None
+        tokens = rig.pipeline.rounds.tokens
+        taken = await tokens.take(token, holder_of(None, REPLY), key, None)  # the race
+        assert taken.record is not None
+        async with asyncio.timeout(5):
+            while rig.pipeline.rounds.ending(token) is None:
+                await asyncio.sleep(0.01)  # polled, bounded: declined, ended unheard
+        late = await rig.call(
+            {"id": "g2", "continuation": token, "input_responses": {"elicitation": ACCEPT}}
+        )
+    assert late["error"]["code"] == "reply_not_kept", late
+    assert late["error"]["details"]["ended"] is True
+
+
+class DownTokens(MemoryTokens):
+    """A token store that cannot be reached (as a Redis that went away)."""
+
+    async def put(self, record: TokenRecord, valid_s: float) -> None:
+        raise ConnectionError("the store is down")
+
+
+async def test_a_question_the_store_cannot_keep_fails_as_toolbuss_not_as_a_decline() -> None:
+    started.clear()
+    rig = Rig(tokens=DownTokens("w1"))
+    async with rig.pipeline:
+        reply = await rig.call(
+            {"id": "z1", "tool": "which", "arguments": {"room": "x"}, "input": True}
+        )
+    assert reply["error"]["code"] == "tool_error", reply
+    details = reply["error"]["details"]
+    assert details["reason"] == "input_unrelayed" and details["refused"] == "unavailable"
+
+
+def asked_any(reply: dict[str, Any]) -> str:
+    assert reply["error"]["code"] == "input_required", reply
+    token: str = reply["error"]["details"]["continuation"]
+    return token

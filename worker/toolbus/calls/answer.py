@@ -21,13 +21,13 @@ from toolbus.calls.continuing import Continuing
 from toolbus.calls.execute import Executor, Outcome
 from toolbus.calls.preparation import Prepared
 from toolbus.calls.quotas import Quotas
-from toolbus.calls.replies import internal_reply, reply_for_call
+from toolbus.calls.replies import internal_reply, replayed, reply_for_call
 from toolbus.calls.rounds import Rounds
 from toolbus.calls.running import ProgressSink, RunningCall, RunningCalls, StatusSink
 from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict, fingerprint
 from toolbus.dedup.tokens import TokenStore
 from toolbus.observability.metrics import Metrics
-from toolbus.observability.spans import DEDUP_REPLAYED, mark_failed
+from toolbus.observability.spans import mark_failed
 from toolbus.wire.contracts import Reply
 from toolbus.wire.errors import Cancelled, Forbidden, RateLimited, ToolbusError, Unavailable
 from toolbus.wire.untrusted import shown
@@ -248,9 +248,11 @@ class Answerer:
 
     async def _gate(self, call: Call, prepared: Prepared) -> ToolbusError | None:
         """The approval gate (calls/approvals.py): what a call a person must approve first
-        gets instead of running; None when it runs."""
+        gets instead of running; None when it runs. A stateless server's call resumed
+        with its caller's answers (`Resume`) passed the gate in its first round: its
+        tool and arguments come from its token, not from the continuing request."""
         approvals = self._executor.approvals
-        if self._tokens is None or not approvals.any:
+        if self._tokens is None or not approvals.any or call.resume is not None:
             return None
         refused = await approvals.gate(call, prepared, self._tokens)
         if isinstance(refused, RateLimited):
@@ -334,16 +336,10 @@ class Answerer:
         compared: its `execute_tool` span ends (the steps' spans, with `trace_steps`, are
         its children), and it and the message's span say the reply is a replay and fail
         as the stored reply did. No call line: the first run had it."""
-        reply = Reply.model_validate_json(stored).model_copy(
-            update={"replayed": True, "id": call.id, "id_generated": False}
-        )
         spans = [trace.get_current_span()]
         if prepared.owned:
             spans.append(prepared.span)
-        for span in spans:
-            span.set_attribute(DEDUP_REPLAYED, True)
-            if reply.error is not None:
-                mark_failed(span, reply.error.code.value)
+        reply = replayed(call, stored, spans)
         if prepared.owned:
             prepared.span.end()
         return reply

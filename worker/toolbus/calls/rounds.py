@@ -17,6 +17,9 @@ reply, or the next questions. Servers ask in one of two ways:
 
 A token is single-use, bound to its caller, expires (dedup/tokens.py). A held call that
 ends while no request waits on it leaves its final reply on the token for a late one.
+What toolbus itself cannot do for a question (the caller's `input_max_open` reached, the
+token store down) is an error to the asking tool (`input_unrelayed`), never a `decline`
+in the caller's name: a decline is the person's answer, and a tool may act on it.
 """
 
 from __future__ import annotations
@@ -31,15 +34,19 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from toolbus.calls.asked import Asked, asked_error, unrelayed
+from toolbus.calls.kept import Kept
 from toolbus.calls.preparation import Outcome
 from toolbus.calls.relay import Relay
 from toolbus.calls.replies import reply_for
 from toolbus.calls.running import ProgressSink, RunningCall, RunningCalls
 from toolbus.dedup.tokens import (
+    TOKEN_CALLER_MAX_BYTES,
     MemoryTokens,
     TokenBoundExceeded,
     TokenRecord,
     TokenStore,
+    account_of,
     new_token,
 )
 from toolbus.tools.context import Answers
@@ -49,52 +56,30 @@ from toolbus.wire.errors import (
     Cancelled,
     InputRequired,
     RateLimited,
+    ReplyNotKept,
     ToolbusError,
     Unavailable,
 )
 
 log = logging.getLogger("toolbus.rounds")
 
-MAX_ENDING_CHARS = 64 << 10  # a held call's end kept in memory for a late continuation
+MAX_ENDING_CHARS = 64 << 10  # a held call's end kept whole (the dedup reply bound's default)
 HELD = "held"
 STATELESS = "stateless"
-
-
-@dataclass(frozen=True, slots=True)
-class Asked:
-    """A round that ends in questions: what the caller is asked, and the token that
-    answers them."""
-
-    questions: dict[str, InputRequest]
-    token: str
-    expires_in_s: float
-
-    def error(self) -> InputRequired:
-        return asked_error(self.questions, self.token, self.expires_in_s)
-
-
-def asked_error(
-    questions: dict[str, InputRequest], token: str, expires_in_s: float
-) -> InputRequired:
-    """The round's answer: `input_required`, with the questions and the token."""
-    return InputRequired(
-        "the tool asks its caller before it goes on: answer with `continuation`",
-        input_requests={k: q.model_dump(mode="json", by_alias=True) for k, q in questions.items()},
-        continuation=token,
-        expires_in_s=expires_in_s,
-    )
 
 
 @dataclass(frozen=True, slots=True)
 class RoundsSettings:
     """How a worker keeps its rounds: its token store (None: this worker's memory), how
     long a question waits (`input_timeout_s`), how many of one caller's held calls may
-    wait at once (`input_max_open`), the pool's relay (None: alone)."""
+    wait at once (`input_max_open`), the pool's relay (None: alone), and the bytes one
+    caller's rounds may keep in this worker's memory (`token_caller_max_bytes`)."""
 
     tokens: TokenStore | None = None
     input_timeout_s: float = 120.0
     max_open: int = 8
     relay: Relay | None = None
+    caller_max_bytes: int = TOKEN_CALLER_MAX_BYTES
 
 
 class Held:
@@ -127,6 +112,7 @@ class Rounds:
         relay: the pool's way to a held call's worker (calls/routing.py); None: alone.
         max_open: how many of one caller's held calls may wait here at once
             (`input_max_open`): each keeps its server's request, and slot, open.
+        caller_max_bytes: the bytes one caller's kept ends and origins may take here.
     """
 
     def __init__(
@@ -137,6 +123,7 @@ class Rounds:
         running: RunningCalls,
         relay: Relay | None = None,
         max_open: int = 8,
+        caller_max_bytes: int = TOKEN_CALLER_MAX_BYTES,
     ) -> None:
         self.tokens = tokens
         self.relay = relay
@@ -144,13 +131,14 @@ class Rounds:
         self.timeout_s = input_timeout_s
         self._running = running
         self._held: dict[str, Held] = {}
-        self._unheard: set[asyncio.Task[None]] = set()
+        self._unheard: set[asyncio.Task[bool]] = set()
         # A stateless call's open token by the key of the request it answered (what a
         # cancel names), until it expires: kept here, by the worker that made it.
-        self._origins: dict[str, tuple[str, float]] = {}
+        self._origins = Kept(input_timeout_s, caller_max_bytes)
         # A held call's end by its last token, here too for `input_timeout_s`: a
         # continuation that takes the token before the store has the end still gets it.
-        self._endings: dict[str, tuple[str, float]] = {}
+        # "" for an end too large to keep: it ended, its reply was not kept.
+        self._endings = Kept(input_timeout_s, caller_max_bytes)
 
     @classmethod
     def of(cls, settings: RoundsSettings, running: RunningCalls, worker_id: str) -> Rounds:
@@ -161,13 +149,15 @@ class Rounds:
             running=running,
             relay=settings.relay,
             max_open=settings.max_open,
+            caller_max_bytes=settings.caller_max_bytes,
         )
 
     def held(self, token: str) -> Held | None:
         return self._held.get(token)
 
     def _open(self, holder: str) -> int:
-        return sum(held.holder == holder for held in self._held.values())
+        account = account_of(holder)
+        return sum(account_of(held.holder) == account for held in self._held.values())
 
     def __len__(self) -> int:
         return len(self._held)
@@ -234,21 +224,24 @@ class Rounds:
         return held.run.result()
 
     async def _ask(self, held: Held, questions: dict[str, InputRequest]) -> Answers | None:
-        """A question of `held`'s tool (its server waits): the caller's answers, or None."""
+        """A question of `held`'s tool (its server waits): the caller's answers, or None
+        (declined: no request can carry it, or no answer came in time). What keeps
+        toolbus itself from asking is raised (`unrelayed`): no answer in the
+        caller's name."""
         async with held.lock:
             round_ = held.round
             if held.run.done() or round_ is None or round_.done():
                 return None  # no request can carry it (the call is ending)
             if self._open(held.holder) >= self._max_open:
-                log.warning("%s: the caller has input_max_open questions open; declined", held.tool)
-                return None
+                log.warning("%s: the caller has input_max_open questions open", held.tool)
+                raise unrelayed(RateLimited("input_max_open reached", limit="input_max_open"))
             token = new_token("continuation")
             body = {"kind": HELD, "tool": held.tool, "origin": held.origin}
             try:
                 await self._keep(token, held.holder, body, questions)
             except ToolbusError as refused:
-                log.warning("a question of %s was declined: %s", held.tool, refused.code.value)
-                return None
+                log.warning("a question of %s was not put: %s", held.tool, refused.code.value)
+                raise unrelayed(refused) from None
             loop = asyncio.get_running_loop()
             held.answers, held.token = loop.create_future(), token
             held.last_token = token
@@ -288,19 +281,32 @@ class Rounds:
         }
         await self._keep(token, holder, body, asked.questions)
         if origin is not None:
-            _kept(self._origins, origin, token, self.timeout_s)
+            self._origins.put(origin, token, account_of(holder))
         return asked_error(asked.questions, token, self.timeout_s)
 
+    def taken(self, origin: str | None) -> None:
+        """A stateless call's token was taken: a cancel naming its first request finds
+        nothing here any more (the resumed call is found by its own request's key)."""
+        if origin is not None:
+            self._origins.pop(origin)
+
     def ending(self, token: str) -> Reply | None:
-        """The end of the held call `token` continues, if it ended here unheard."""
+        """The end of the held call `token` continues, if it ended here unheard (its
+        reply, or `reply_not_kept` for one too large to keep)."""
         kept = self._endings.get(token)
-        return None if kept is None else Reply.model_validate_json(kept[0])
+        if kept is None:
+            return None
+        if not kept:
+            error = ReplyNotKept("the call has ended; its reply was not kept", ended=True)
+            return Reply(id="", ok=False, error=error.body(), duration_ms=0.0)
+        return Reply.model_validate_json(kept)
 
     async def cancel(self, key: str) -> bool:
         """The caller cancels the call whose questions the request `key` got, kept on
         a token (a stateless server's): the token ends `cancelled`, and its continuation
-        gets that. True when there was one. (A held call is cancelled as it runs.)"""
-        token, _ = self._origins.pop(key, (None, 0.0))
+        gets that. True when one was open and so ended. (A held call is cancelled as it
+        runs; a stateless call resumed is found by its continuation's key.)"""
+        token = self._origins.pop(key)
         if token is None:
             return False
         ended = Cancelled(
@@ -310,8 +316,7 @@ class Rounds:
             cause="caller",
         )
         reply = Reply(id="", ok=False, error=ended.body(), duration_ms=0.0)
-        await self._tell(token, reply.model_dump_json(exclude_none=True))
-        return True
+        return await self._tell(token, reply.model_dump_json(exclude_none=True))
 
     async def _keep(
         self, token: str, holder: str, body: dict[str, Any], questions: dict[str, InputRequest]
@@ -351,17 +356,21 @@ class Rounds:
             return
         # Its id is the continuing request's, set when one comes for it.
         reply = reply_for("", False, task.result()).model_dump_json(exclude_none=True)
-        if len(reply) <= MAX_ENDING_CHARS:  # a larger one only in the store, if at all
-            _kept(self._endings, last, reply, self.timeout_s)
+        # A larger one is kept in the store, if its bound allows; here only that it ended.
+        kept = reply if len(reply) <= MAX_ENDING_CHARS else ""
+        if not self._endings.put(last, kept, account_of(held.holder)):
+            self._endings.put(last, "", account_of(held.holder))
         told = asyncio.ensure_future(self._tell(last, reply))
         self._unheard.add(told)
         told.add_done_callback(self._unheard.discard)
 
-    async def _tell(self, token: str, reply: str) -> None:
+    async def _tell(self, token: str, reply: str) -> bool:
+        """`reply` kept on the open token; False when it was not open (or unreachable)."""
         try:
-            await self.tokens.end(token, reply)
+            return await self.tokens.end(token, reply)
         except Exception as exc:
             log.warning("token store failed keeping a held call's end: %s", exc)
+            return False
 
     async def __aenter__(self) -> Rounds:
         """The relay opened (the token store is its owner's, the pipeline's, to open)."""
@@ -382,16 +391,6 @@ class Rounds:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(2.0):
                     await asyncio.gather(*self._unheard, return_exceptions=True)
-
-
-def _kept(kept: dict[str, tuple[str, float]], key: str, value: str, for_s: float) -> None:
-    """`value` under `key` for `for_s`; what has expired goes (each a held call's or a
-    question's: bounded as they are)."""
-    now = time.monotonic()
-    for old, (_, until) in list(kept.items()):
-        if until <= now:
-            del kept[old]
-    kept[key] = (value, now + for_s)
 
 
 def _event(held: Held, name: str, count: int) -> None:

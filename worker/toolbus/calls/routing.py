@@ -21,10 +21,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from toolbus.calls.asked import Asked
 from toolbus.calls.preparation import Outcome
 from toolbus.calls.relay import Relay
 from toolbus.calls.replies import reply_for
-from toolbus.calls.rounds import Asked, Rounds
+from toolbus.calls.rounds import Rounds
 from toolbus.tools.context import Answers
 from toolbus.wire.asking import InputRequest
 from toolbus.wire.contracts import Reply

@@ -217,11 +217,12 @@ class RedisTokens:
             return Taken(record=TokenRecord.from_json(raw[0]))
         return Taken(refused=cast(Refusal, _text(refused)))  # one of the script's four
 
-    async def end(self, token: str, reply: str) -> None:
-        await self._end(
+    async def end(self, token: str, reply: str) -> bool:
+        ended = await self._end(
             keys=[self._records() + token],
             args=[reply, self._caller_max_bytes, int(time.time() * 1000), token, self._holders()],
         )
+        return bool(ended == 1)
 
     async def get(self, token: str) -> TokenRecord | None:
         raw = await self._redis.get(self._records() + token)

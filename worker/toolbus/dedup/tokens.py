@@ -45,6 +45,13 @@ def holder_of(caller: str | None, reply_topic: str | None) -> str:
     return f"{KEY_SEP}{reply_topic or ''}"
 
 
+def account_of(holder: str) -> str:
+    """Whose bound a holder's tokens count against: its caller, or "" for every anonymous
+    client together (as dedup/store.py `owner_of`: a reply topic is free to make, so it
+    buys no share of a bound)."""
+    return "" if holder.startswith(KEY_SEP) else holder
+
+
 def new_token(kind: TokenKind) -> str:
     """An opaque, unguessable token (192 random bits), its kind readable in front."""
     return f"{kind[0]}.{secrets.token_urlsafe(24)}"
@@ -106,9 +113,10 @@ class TokenStore(Protocol):
         (an ended one as it is), or why not. `binding`: an approval's; a mismatch leaves
         it unused."""
 
-    async def end(self, token: str, reply: str) -> None:
-        """The held call `token` continues ended while nobody waited: keep its reply for
-        the continuation that may still come."""
+    async def end(self, token: str, reply: str) -> bool:
+        """The call `token` continues ended while nobody waited: keep its reply for the
+        continuation that may still come. False when the token was not open (taken, or
+        gone): nothing changed."""
 
     async def get(self, token: str) -> TokenRecord | None: ...
 
@@ -204,16 +212,15 @@ class MemoryTokens:
             self._keep(record, kept[1])
         return Taken(record=record)
 
-    async def end(self, token: str, reply: str) -> None:
+    async def end(self, token: str, reply: str) -> bool:
         kept = self._records.get(token)
-        if kept is not None and kept[0].state == OPEN:
-            ended = replace(kept[0], state=ENDED, reply=reply)
-            if (
-                self.held_bytes(ended.holder) - kept[0].size() + ended.size()
-                > self._caller_max_bytes
-            ):
-                ended = replace(ended, reply=None)  # told as `unknown`'s kin: not kept
-            self._keep(ended, kept[1])
+        if kept is None or kept[0].state != OPEN:
+            return False
+        ended = replace(kept[0], state=ENDED, reply=reply)
+        if self.held_bytes(ended.holder) - kept[0].size() + ended.size() > self._caller_max_bytes:
+            ended = replace(ended, reply=None)  # told as `unknown`'s kin: not kept
+        self._keep(ended, kept[1])
+        return True
 
     async def get(self, token: str) -> TokenRecord | None:
         self._forget()

@@ -244,6 +244,7 @@ def build_worker(
             input_timeout_s=settings.input_timeout_s,
             max_open=settings.input_max_open,
             relay=open_relay(settings, tokens.owner),
+            caller_max_bytes=settings.token_caller_max_bytes,
         ),
         token_store=tokens,
     )
