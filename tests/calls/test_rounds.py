@@ -23,12 +23,16 @@ from tests.support.harness import ListPublisher
 from toolbus.backends.local import BUILTIN_TOOLS
 from toolbus.backends.local.functions import elicit, tool
 from toolbus.calls.quotas import Quotas
-from toolbus.calls.rounds import MAX_ENDING_CHARS, RoundsSettings
+from toolbus.calls.rounds import MAX_ENDING_CHARS, Rounds, RoundsSettings
+from toolbus.calls.running import RunningCalls
 from toolbus.config import Settings
 from toolbus.dedup import MemoryStore, Once
+from toolbus.dedup.store import KEY_SEP
 from toolbus.dedup.tasks import MemoryTasks
-from toolbus.dedup.tokens import MemoryTokens, TokenRecord, TokenStore, holder_of
+from toolbus.dedup.tokens import ENDED, MemoryTokens, TokenRecord, TokenStore, holder_of
 from toolbus.doors.envelope.pipeline import Pipeline
+from toolbus.wire.asking import InputRequest
+from toolbus.wire.errors import InputRequired
 from toolbus.wire.messages import Inbound
 from toolbus.worker.wiring import build_executor, build_registry, topics_for
 
@@ -612,3 +616,26 @@ def asked_any(reply: dict[str, Any]) -> str:
     assert reply["error"]["code"] == "input_required", reply
     token: str = reply["error"]["details"]["continuation"]
     return token
+
+
+async def test_a_cancel_of_a_stateless_call_whose_token_was_taken_cancels_nothing() -> None:
+    """The first request's key names the call only while its token is open: once a
+    continuation took it (the call resumed under that request's own key), a cancel naming
+    the first reports nothing cancelled here, and the continuation keeps its token."""
+    rounds = Rounds(MemoryTokens("w1"), input_timeout_s=60.0, running=RunningCalls())
+    holder, origin = holder_of("alice", None), f"alice{KEY_SEP}r1"
+    question = InputRequest(method="elicitation/create", params={"message": "Which?"})
+    asked = InputRequired("asks", questions={"q": question}, state="s")
+    refused = await rounds.suspend("t", {}, holder, asked, origin)
+    token = refused.details["continuation"]
+    open_one = await rounds.suspend("t", {}, holder, asked, f"alice{KEY_SEP}r9")
+    taken = await rounds.tokens.take(token, holder, f"alice{KEY_SEP}r2", None)
+    assert taken.record is not None
+    rounds.taken(origin)
+    assert await rounds.cancel(origin) is False
+    record = await rounds.tokens.get(token)
+    assert record is not None and record.state == "taken"
+    # A call whose token is still open is cancelled by its first request's key.
+    assert await rounds.cancel(f"alice{KEY_SEP}r9") is True
+    ended = await rounds.tokens.get(open_one.details["continuation"])
+    assert ended is not None and ended.state == ENDED

@@ -4,6 +4,7 @@ it gets, so a test reads from the server itself that a gated call did not reach 
 
 The server runs twice: `sure` (`trusted = true`: its annotations are believed) and `wild`
 (not trusted: its annotations are hints only, so every tool of it is `destructive`).
+Beside them `asks`, the tests' 2026-07-28 server whose tools ask their caller.
 Every caller's profile (`[callers."*"]`) says `approve = ["destructive"]`.
 """
 
@@ -27,6 +28,7 @@ from tests.support.mqtt import Caller
 from tests.support.processes import RUN_BOUND_S, Serve
 
 SERVER = Path(__file__).parents[1] / "support" / "servers" / "approval_server.py"
+ASKING = Path(__file__).parents[1] / "support" / "servers" / "asking_server.py"
 APPROVAL_TIMEOUT_S = 3.0  # long enough to approve, short enough to watch one expire
 
 
@@ -66,8 +68,11 @@ async def gated_worker(broker: Broker, tmp_path: Path, **settings: str) -> Async
         "env": {"TB_APPROVAL_LOG": str(log)},
     }
     servers = tmp_path / "mcp.json"
+    asks = {"command": sys.executable, "args": [str(ASKING)]}
     servers.write_text(
-        json.dumps({"mcpServers": {"sure": {**server, "trusted": True}, "wild": server}})
+        json.dumps(
+            {"mcpServers": {"sure": {**server, "trusted": True}, "wild": server, "asks": asks}}
+        )
     )
     env = cli_env(prefix)
     env["TOOLBUS_CALLERS"] = json.dumps({"*": {"approve": ["destructive"]}})
@@ -82,7 +87,7 @@ async def gated_worker(broker: Broker, tmp_path: Path, **settings: str) -> Async
             while True:
                 status = json.loads((await watcher.next_message(RUN_BOUND_S)).payload)
                 states = {name: s.get("state") for name, s in status["servers"].items()}
-                if states.get("sure") == "ready" and states.get("wild") == "ready":
+                if all(states.get(name) == "ready" for name in ("sure", "wild", "asks")):
                     break
         yield Gated(serve, prefix, log)
 
@@ -221,3 +226,31 @@ async def test_under_topic_identity_the_approval_is_the_topic_callers(
         approved = await topical.call(caller, "kitchen/wipe", {"target": "/k"}, approval=token)
         assert code(approved) == "ok"
         assert topical.reached("/k") == ["wipe /k"]
+
+
+async def test_a_call_approved_once_is_not_gated_again_when_its_server_asks(
+    broker: Broker, worker: Gated
+) -> None:
+    """A 2026-07-28 server's call that asks its caller after it was approved: the
+    continuation resumes it (its tool and arguments from the token, as approved), never
+    `approval_required` again for the same call."""
+    async with Caller(broker.url) as ops:
+        tool, arguments = "asks.pick_device", {"room": "hall"}
+        gated = await worker.call(ops, tool, arguments, caller="ops", input=True)
+        assert code(gated) == "approval_required", gated
+        approval = gated["error"]["details"]["approval"]
+        asked = await worker.call(ops, tool, arguments, caller="ops", input=True, approval=approval)
+        assert code(asked) == "input_required", asked
+        details = asked["error"]["details"]
+        [key] = details["input_requests"]
+        answers = {key: {"action": "accept", "content": {"device": "lamp"}}}
+        final = await worker.call(
+            ops,
+            tool,
+            {},
+            caller="ops",
+            continuation=details["continuation"],
+            input_responses=answers,
+        )
+    assert code(final) == "ok", final
+    assert final["result"]["structured"] == {"action": "accept", "device": "lamp"}
