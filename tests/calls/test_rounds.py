@@ -639,3 +639,15 @@ async def test_a_cancel_of_a_stateless_call_whose_token_was_taken_cancels_nothin
     assert await rounds.cancel(f"alice{KEY_SEP}r9") is True
     ended = await rounds.tokens.get(open_one.details["continuation"])
     assert ended is not None and ended.state == ENDED
+
+
+async def test_anonymous_clients_share_one_input_max_open_whatever_their_reply_topics() -> None:
+    started.clear()
+    rig = Rig(input_max_open=2)
+    async with rig.pipeline:
+        body = {"tool": "which", "arguments": {"room": "x"}, "input": True}
+        for n in range(2):
+            asked(await rig.call({"id": f"y{n}", **body}, reply_topic=f"tb/reply/made-up-{n}"))
+        over = await rig.call({"id": "y2", **body}, reply_topic="tb/reply/made-up-2")
+    assert over["error"]["code"] == "tool_error", over
+    assert over["error"]["details"]["reason"] == "input_unrelayed"

@@ -27,6 +27,7 @@ from toolbus.dedup.tokens import (
     TokenBoundExceeded,
     TokenRecord,
     TokenStore,
+    holder_of,
     new_token,
 )
 
@@ -170,3 +171,27 @@ async def test_an_approval_given_by_one_worker_runs_once_at_another(
         reused = await a.call("ops/busy", {**approved, "id": "p-2"})
         assert reused["error"]["details"]["reason"] == "used"
     assert (a.probe.calls, b.probe.calls) == (0, 1)
+
+
+async def test_anonymous_clients_share_one_account_however_many_reply_topics(
+    tokens: TokenStore,
+) -> None:
+    """A reply topic is free to make: a flood of anonymous tokens over ever new reply
+    topics is refused once the one anonymous account is full; a named caller is not."""
+    big = "x" * (BOUND // 4)
+    refused = 0
+    for n in range(8):  # twice the bound, each under a reply topic of its own
+        holder = holder_of(None, f"tb/reply/made-up-{n}")
+        try:
+            await tokens.put(replace(record(holder), body=big), 60.0)
+        except TokenBoundExceeded:
+            refused += 1
+    assert refused >= 4  # at most the bound's worth was kept, across all the topics
+    await tokens.put(replace(record("ops"), body=big), 60.0)  # a named caller's own bound
+    with pytest.raises(TokenBoundExceeded):  # one more topic buys no more room
+        await tokens.put(replace(record(holder_of(None, "tb/reply/new")), body=big), 60.0)
+    # The account is for the bound alone: a token is still usable only from its topic.
+    mine = record(holder_of(None, "tb/reply/mine"))
+    await tokens.put(mine, 60.0)
+    other = holder_of(None, "tb/reply/other")
+    assert (await tokens.take(mine.token, other, "x", "b1")).refused == "unknown"

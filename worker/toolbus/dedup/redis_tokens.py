@@ -3,7 +3,9 @@
 The same semantics as `MemoryTokens` (tokens.py), across every worker sharing one Redis:
 a record is a JSON string under `{p}:token:{token}`, kept until as long after its expiry
 as it was valid (a late use is told `expired`); its holder's bytes are counted in the
-hash `{p}:token-bytes:{holder}`, one field per token (`size:forget_ms:expires_ms:open`).
+hash `{p}:token-bytes:{account}`, one field per token (`size:forget_ms:expires_ms:open`),
+`account` the holder's caller, or "" for every anonymous client together
+(`tokens.account_of`: a reply topic is free to make, so it buys no share of a bound).
 Every step that reads and writes is one Lua script, so two workers taking one token at
 once cannot both have it: `TAKE` applies `tokens.refusal`'s rule, then marks the record
 taken by the request that took it. `PUT` makes room the way the memory store does (the
@@ -18,12 +20,14 @@ from typing import Self, cast
 
 import redis.asyncio as aioredis
 
+from toolbus.dedup.store import KEY_SEP
 from toolbus.dedup.tokens import (
     TOKEN_CALLER_MAX_BYTES,
     Refusal,
     Taken,
     TokenBoundExceeded,
     TokenRecord,
+    account_of,
 )
 
 # The holder's counted bytes: entries past their forget time dropped, this token's own
@@ -69,8 +73,18 @@ return 1
 """
 )
 
-# A record's new JSON, counted anew and marked no longer open in its holder's hash.
-_RECOUNT = """
+# `tokens.account_of` in Lua: an anonymous holder starts with the key separator.
+_ACCOUNT = f"""
+local function account(holder)
+  if string.sub(holder, 1, 1) == '{KEY_SEP}' then return '' end
+  return holder
+end
+"""
+
+# A record's new JSON, counted anew and marked no longer open in its account's hash.
+_RECOUNT = (
+    _ACCOUNT
+    + """
 local function recount(bytes, token, out)
   local entry = redis.call('HGET', bytes, token)
   if entry then
@@ -79,6 +93,7 @@ local function recount(bytes, token, out)
   end
 end
 """
+)
 
 # `tokens.refusal`'s rule, then taken by ARGV[2]. ARGV: holder, taker, binding, whether
 # a binding is given ('1'), now (s), token. Returns {refusal} or {'', record json}.
@@ -114,7 +129,7 @@ local raw = redis.call('GET', KEYS[1])
 if not raw then return 0 end
 local r = cjson.decode(raw)
 if r.state ~= 'open' then return 0 end
-local NOW, SELF, BYTES = tonumber(ARGV[3]), ARGV[4], ARGV[5] .. r.holder
+local NOW, SELF, BYTES = tonumber(ARGV[3]), ARGV[4], ARGV[5] .. account(r.holder)
 """
     + _COUNT
     + """
@@ -131,13 +146,16 @@ return 1
 )
 
 # ARGV: token, bytes-hash prefix.
-DROP = """
+DROP = (
+    _ACCOUNT
+    + """
 local raw = redis.call('GET', KEYS[1])
 if not raw then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('HDEL', ARGV[2] .. cjson.decode(raw).holder, ARGV[1])
+redis.call('HDEL', ARGV[2] .. account(cjson.decode(raw).holder), ARGV[1])
 return 1
 """
+)
 
 
 class RedisTokens:
@@ -183,7 +201,8 @@ class RedisTokens:
         """The bytes `holder`'s kept tokens count (tests, `toolbus status`)."""
         now_ms = time.time() * 1000
         total = 0
-        for entry in (await self._redis.hgetall(self._holders() + holder)).values():
+        account = self._holders() + account_of(holder)
+        for entry in (await self._redis.hgetall(account)).values():
             size, forget, _, _ = _text(entry).split(":")
             total += int(size) if int(forget) > now_ms else 0
         return total
@@ -192,7 +211,7 @@ class RedisTokens:
         now = time.time()
         forget_at = record.forget_at(valid_s)
         stored = await self._put(
-            keys=[self._records() + record.token, self._holders() + record.holder],
+            keys=[self._records() + record.token, self._holders() + account_of(record.holder)],
             args=[
                 record.to_json(),
                 record.token,
@@ -210,7 +229,7 @@ class RedisTokens:
     async def take(self, token: str, holder: str, taker: str, binding: str | None) -> Taken:
         bound = "0" if binding is None else "1"
         refused, *raw = await self._take(
-            keys=[self._records() + token, self._holders() + holder],
+            keys=[self._records() + token, self._holders() + account_of(holder)],
             args=[holder, taker, binding or "", bound, time.time(), token],
         )
         if raw:

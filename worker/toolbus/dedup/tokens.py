@@ -11,10 +11,10 @@ that request (the same dedup key) takes it again, any other gets `used`.
 An expired record is kept as long again, so a late use is told `expired`, not
 `unknown`; another caller's token is `unknown` (nothing says it exists).
 
-Records are bounded by bytes per caller (`token_caller_max_bytes`): a flood of one
-caller's questions or gated calls is refused for that caller (`TokenBoundExceeded`),
-never displaces another's. `MemoryTokens` serves one worker; `RedisTokens`
-(redis_tokens.py) a pool sharing one Redis.
+Records are bounded by bytes per caller (`token_caller_max_bytes`; every anonymous
+client together is one caller, `account_of`): a flood of one caller's questions or gated
+calls is refused for that caller (`TokenBoundExceeded`), never displaces another's.
+`MemoryTokens` serves one worker; `RedisTokens` (redis_tokens.py) a pool sharing one Redis.
 """
 
 from __future__ import annotations
@@ -165,7 +165,8 @@ class MemoryTokens:
         return self._owner
 
     def held_bytes(self, holder: str) -> int:
-        return self._bytes.get(holder, 0)
+        """The bytes `holder`'s account holds (every anonymous client's together)."""
+        return self._bytes.get(account_of(holder), 0)
 
     def _forget(self) -> None:
         now = time.time()
@@ -175,15 +176,17 @@ class MemoryTokens:
 
     def _remove(self, token: str) -> None:
         record, _ = self._records.pop(token)
-        self._bytes[record.holder] -= record.size()
-        if not self._bytes[record.holder]:
-            del self._bytes[record.holder]
+        account = account_of(record.holder)
+        self._bytes[account] -= record.size()
+        if not self._bytes[account]:
+            del self._bytes[account]
 
     def _keep(self, record: TokenRecord, forget_at: float) -> None:
         if record.token in self._records:
             self._remove(record.token)
         self._records[record.token] = (record, forget_at)
-        self._bytes[record.holder] = self._bytes.get(record.holder, 0) + record.size()
+        account = account_of(record.holder)
+        self._bytes[account] = self._bytes.get(account, 0) + record.size()
 
     async def put(self, record: TokenRecord, valid_s: float) -> None:
         self._forget()
@@ -192,7 +195,8 @@ class MemoryTokens:
         for token, (kept, _) in list(self._records.items()):
             if self.held_bytes(record.holder) + record.size() <= self._caller_max_bytes:
                 break
-            if kept.holder == record.holder and (kept.state != OPEN or kept.expires_at <= now):
+            mine = account_of(kept.holder) == account_of(record.holder)
+            if mine and (kept.state != OPEN or kept.expires_at <= now):
                 self._remove(token)
         if self.held_bytes(record.holder) + record.size() > self._caller_max_bytes:
             raise TokenBoundExceeded(record.holder)
