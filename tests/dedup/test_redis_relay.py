@@ -9,6 +9,8 @@ import time
 import uuid
 from typing import Any
 
+from redis.asyncio import Redis
+
 from tests.support.harness import RedisServer
 from toolbus.dedup.redis_relay import CHECK_S, RedisRelay
 
@@ -64,3 +66,33 @@ async def test_an_owner_that_stops_listening_mid_wait_is_noticed(
         async with asyncio.timeout(CHECK_S * 5):
             assert await asking is None
     assert time.monotonic() - started < CHECK_S * 3
+
+
+async def test_messages_past_the_bound_are_refused_both_ways_and_never_hang(
+    redis_server: RedisServer,
+) -> None:
+    """An ask past `max_message_bytes` is not sent; an answer past it is sent as
+    `too_large`; a message past it on the channel (from a peer that is not toolbus) is
+    dropped unread and the holder goes on serving."""
+    prefix, bound = uuid.uuid4().hex, 4096
+
+    async def answer(message: dict[str, Any]) -> dict[str, Any]:
+        return {"echo": "x" * int(message["n"])}
+
+    holder = RedisRelay(redis_server.url, prefix=prefix, owner="w1/a", max_message_bytes=bound)
+    asker = RedisRelay(redis_server.url, prefix=prefix, owner="w2/b", max_message_bytes=bound)
+    holder.serve(answer)
+    async with holder, asker:
+        async with asyncio.timeout(5):
+            assert await asker.ask("w1/a", {"n": 0, "pad": "y" * bound}, 30.0) == {
+                "too_large": True
+            }
+            assert await asker.ask("w1/a", {"n": bound}, 30.0) == {"too_large": True}
+        flood = Redis.from_url(redis_server.url)
+        try:
+            junk = b"[" * (bound * 4)  # past the bound: never parsed
+            assert await flood.publish(f"{prefix}:relay:w1/a", junk) == 1
+        finally:
+            await flood.aclose()
+        async with asyncio.timeout(5):
+            assert await asker.ask("w1/a", {"n": 3}, 30.0) == {"echo": "xxx"}

@@ -29,7 +29,7 @@ from toolbus.calls.rounds import Rounds
 from toolbus.tools.context import Answers
 from toolbus.wire.asking import InputRequest
 from toolbus.wire.contracts import Reply
-from toolbus.wire.errors import InDoubt
+from toolbus.wire.errors import InDoubt, ReplyNotKept
 
 log = logging.getLogger("toolbus.rounds")
 
@@ -66,6 +66,9 @@ class Routing:
             return Asked(questions, asked["token"], asked["expires_in_s"])
         if "reply" in answered:
             return Reply.model_validate_json(answered["reply"])
+        if answered.get("too_large"):  # past the relay's bound, either way
+            lost = ReplyNotKept("the round's answer was too large to relay", relay=True)
+            return Outcome(error=lost, invoked=True)
         return None
 
     async def _serve(self, message: dict[str, Any]) -> dict[str, Any]:

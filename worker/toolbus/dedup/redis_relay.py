@@ -6,8 +6,14 @@ owner's channel and waits for the answer on its own. Redis says how many listene
 means the owner is gone, at once. While it waits it asks Redis every `CHECK_S` whether
 anyone still listens there (a killed worker's connection closes, and its subscription
 with it), so a holder that dies mid-round is noticed within seconds, never waited for
-past the bound. Messages are JSON; each is at most what a round's questions or reply
-hold (bounded by `token_caller_max_bytes` and the dedup reply bound upstream).
+past the bound. Messages are JSON; each is at most what a round's answers or reply hold:
+a continuation's answers are bounded by `max_payload_bytes` (the request carried them),
+a round's reply by `[mcp].max_result_bytes`. `max_message_bytes` (wiring sets it from
+both) bounds them here too, as defence in depth: only peers holding the store's
+credentials can publish on these channels, but a message past the bound is not parsed,
+an answer past it is sent as `too_large`, and at most `MAX_SERVING` messages are served
+at once (each resumes a held call, so their number follows the held calls'; a flood
+beyond it is answered `gone`, never given a task each).
 """
 
 from __future__ import annotations
@@ -26,18 +32,29 @@ from toolbus.wire.tasks import cancel_and_wait
 log = logging.getLogger("toolbus.rounds")
 
 CHECK_S = 1.0  # how often a waiting `ask` checks that its worker still listens
+MAX_MESSAGE_BYTES = 16 << 20  # without wiring's bound: a message's largest JSON
+MAX_SERVING = 1024  # messages served at once (each resumes one held call)
 LISTEN_POLL_S = 1.0  # the listener's bound on one wait for a message
 
 
 class RedisRelay:
     """Messages between the workers of one Redis, each to one worker by owner name."""
 
-    def __init__(self, url: str, *, prefix: str, owner: str, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str,
+        owner: str,
+        timeout_s: float = 5.0,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
         self._redis: Redis = Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
         self._prefix = prefix
         self._owner = owner
+        self._max_bytes = max_message_bytes
         self._handler: Any = None
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._pubsub = self._redis.pubsub()
@@ -76,6 +93,9 @@ class RedisRelay:
                 continue
             if message is None:
                 continue
+            if len(message["data"]) > self._max_bytes:
+                log.warning("relay: a message past max_message_bytes was dropped unread")
+                continue
             try:
                 body = json.loads(message["data"])
             except (ValueError, TypeError):
@@ -90,6 +110,10 @@ class RedisRelay:
             return
         if self._handler is None or "ref" not in body:
             return
+        if len(self._serving) >= MAX_SERVING:
+            log.warning("relay: %d messages served at once; one more answered gone", MAX_SERVING)
+            self._send(body, {"gone": True})
+            return
         task = asyncio.create_task(self._answer(body), name=f"relay-{body['ref']}")
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
@@ -100,11 +124,24 @@ class RedisRelay:
         except Exception:
             log.exception("relay: failed answering another worker")
             answer = {"gone": True}
-        reply = {"answer_to": body["ref"], "answer": answer}
+        await self._answered(body, answer)
+
+    async def _answered(self, body: dict[str, Any], answer: dict[str, Any]) -> None:
+        """`answer` to the message `body`, on its asker's channel (`too_large` past the
+        bound: the asker is told at once rather than waiting for what never comes)."""
+        reply = json.dumps({"answer_to": body.get("ref"), "answer": answer})
+        if len(reply) > self._max_bytes:
+            log.warning("relay: an answer past max_message_bytes was not sent")
+            reply = json.dumps({"answer_to": body.get("ref"), "answer": {"too_large": True}})
         try:
-            await self._redis.publish(self._channel(str(body["from"])), json.dumps(reply))
+            await self._redis.publish(self._channel(str(body.get("from"))), reply)
         except Exception as exc:
             log.warning("relay: could not answer another worker: %s", exc)
+
+    def _send(self, body: dict[str, Any], answer: dict[str, Any]) -> None:
+        task = asyncio.ensure_future(self._answered(body, answer))
+        self._serving.add(task)
+        task.add_done_callback(self._serving.discard)
 
     async def ask(
         self, owner: str, message: dict[str, Any], within_s: float
@@ -115,8 +152,10 @@ class RedisRelay:
         self._waiting[ref] = answer
         channel = self._channel(owner)
         try:
-            sent = {"ref": ref, "from": self._owner, "message": message}
-            if not await self._redis.publish(channel, json.dumps(sent)):
+            sent = json.dumps({"ref": ref, "from": self._owner, "message": message})
+            if len(sent) > self._max_bytes:
+                return {"too_large": True}
+            if not await self._redis.publish(channel, sent):
                 return None  # nobody listens for that owner: it is gone
             end = loop.time() + within_s
             while True:

@@ -297,7 +297,11 @@ def open_relay(settings: Settings, owner: str) -> Relay | None:
         return None
     from toolbus.dedup.redis_relay import RedisRelay  # noqa: PLC0415 -- only with Redis
 
-    return RedisRelay(settings.dedup_store, prefix=settings.topic_prefix, owner=owner)
+    # A round's answers came in one request; its reply is at most one tool result.
+    bound = settings.max_payload_bytes + settings.mcp.max_result_bytes + (64 << 10)
+    return RedisRelay(
+        settings.dedup_store, prefix=settings.topic_prefix, owner=owner, max_message_bytes=bound
+    )
 
 
 def _client_id_secret(settings: Settings, kept: bytes | None) -> bytes | None:
