@@ -16,6 +16,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from toolbus.dedup.holdings import Holdings
+
 ENTRY_OVERHEAD = 128  # bytes an entry costs beyond its key and value (dict slots, tuple)
 
 
@@ -32,10 +34,9 @@ class Kept:
 
     def __init__(self, for_s: float, account_max_bytes: int) -> None:
         self._for_s = for_s
-        self._max = account_max_bytes
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # oldest first
         self._accounts: dict[str, OrderedDict[str, None]] = {}  # each account's, oldest first
-        self._bytes: dict[str, int] = {}
+        self._bytes: Holdings[str] = Holdings(account_max_bytes)
 
     def put(self, key: str, value: str, account: str) -> bool:
         """`value` under `key`, charged to `account`; False when it alone exceeds the
@@ -43,15 +44,15 @@ class Kept:
         self._expire()
         self.pop(key)
         size = len(key) + len(value) + ENTRY_OVERHEAD
-        if size > self._max:
+        if size > self._bytes.limit:
             return False
         keys = self._accounts.setdefault(account, OrderedDict())
-        while self._bytes.get(account, 0) + size > self._max:
+        while not self._bytes.fits(account, size):
             self.pop(next(iter(keys)))  # the account's own oldest gives way
         keys = self._accounts.setdefault(account, OrderedDict())
         keys[key] = None
         self._entries[key] = _Entry(value, account, time.monotonic() + self._for_s, size)
-        self._bytes[account] = self._bytes.get(account, 0) + size
+        self._bytes.add(account, size)
         return True
 
     def get(self, key: str) -> str | None:
@@ -65,14 +66,13 @@ class Kept:
             return None
         keys = self._accounts[entry.account]
         del keys[key]
-        self._bytes[entry.account] -= entry.size
+        self._bytes.remove(entry.account, entry.size)
         if not keys:
             del self._accounts[entry.account]
-            del self._bytes[entry.account]
         return entry.value
 
     def held_bytes(self, account: str) -> int:
-        return self._bytes.get(account, 0)
+        return self._bytes.held(account)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, replace
 from typing import Protocol, Self
 
+from toolbus.dedup.holdings import Holdings
 from toolbus.wire.contracts import ErrorBody, ErrorCode, Reply
 
 WORKING = "working"
@@ -124,8 +125,7 @@ class MemoryTasks:
     def __init__(self, worker_id: str, *, caller_max_bytes: int = TASK_CALLER_MAX_BYTES) -> None:
         self._owner = f"{worker_id}/memory"
         self._records: OrderedDict[str, TaskRecord] = OrderedDict()
-        self._bytes: dict[str | None, int] = {}
-        self._caller_max_bytes = caller_max_bytes
+        self._bytes: Holdings[str | None] = Holdings(caller_max_bytes)
 
     async def __aenter__(self) -> Self:
         return self
@@ -138,7 +138,7 @@ class MemoryTasks:
         return self._owner
 
     def held_bytes(self, caller: str | None) -> int:
-        return self._bytes.get(caller, 0)
+        return self._bytes.held(caller)
 
     def _expire(self) -> None:
         now = time.time()
@@ -148,25 +148,23 @@ class MemoryTasks:
 
     def _drop(self, task_id: str) -> None:
         record = self._records.pop(task_id)
-        self._bytes[record.caller] -= record.size()
-        if not self._bytes[record.caller]:
-            del self._bytes[record.caller]
+        self._bytes.remove(record.caller, record.size())
 
     def _put(self, record: TaskRecord) -> None:
         if record.task_id in self._records:
             self._drop(record.task_id)
         self._records[record.task_id] = record
-        self._bytes[record.caller] = self._bytes.get(record.caller, 0) + record.size()
+        self._bytes.add(record.caller, record.size())
 
     def _room(self, caller: str | None, size: int) -> bool:
         """Make room for `size` more bytes of `caller`'s by dropping its oldest finished
         records; False when even that is not enough."""
         for task_id, record in list(self._records.items()):
-            if self.held_bytes(caller) + size <= self._caller_max_bytes:
+            if self._bytes.fits(caller, size):
                 break
             if record.caller == caller and record.finished:
                 self._drop(task_id)
-        return self.held_bytes(caller) + size <= self._caller_max_bytes
+        return self._bytes.fits(caller, size)
 
     async def create(self, record: TaskRecord) -> TaskRecord | None:
         self._expire()

@@ -26,6 +26,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, replace
 from typing import Literal, Protocol, Self
 
+from toolbus.dedup.holdings import Holdings
 from toolbus.dedup.store import KEY_SEP
 
 OPEN = "open"
@@ -151,8 +152,7 @@ class MemoryTokens:
     def __init__(self, worker_id: str, *, caller_max_bytes: int = TOKEN_CALLER_MAX_BYTES) -> None:
         self._owner = f"{worker_id}/memory"
         self._records: OrderedDict[str, tuple[TokenRecord, float]] = OrderedDict()
-        self._bytes: dict[str, int] = {}
-        self._caller_max_bytes = caller_max_bytes
+        self._bytes: Holdings[str] = Holdings(caller_max_bytes)
 
     async def __aenter__(self) -> Self:
         return self
@@ -166,7 +166,7 @@ class MemoryTokens:
 
     def held_bytes(self, holder: str) -> int:
         """The bytes `holder`'s account holds (every anonymous client's together)."""
-        return self._bytes.get(account_of(holder), 0)
+        return self._bytes.held(account_of(holder))
 
     def _forget(self) -> None:
         now = time.time()
@@ -176,29 +176,25 @@ class MemoryTokens:
 
     def _remove(self, token: str) -> None:
         record, _ = self._records.pop(token)
-        account = account_of(record.holder)
-        self._bytes[account] -= record.size()
-        if not self._bytes[account]:
-            del self._bytes[account]
+        self._bytes.remove(account_of(record.holder), record.size())
 
     def _keep(self, record: TokenRecord, forget_at: float) -> None:
         if record.token in self._records:
             self._remove(record.token)
         self._records[record.token] = (record, forget_at)
-        account = account_of(record.holder)
-        self._bytes[account] = self._bytes.get(account, 0) + record.size()
+        self._bytes.add(account_of(record.holder), record.size())
 
     async def put(self, record: TokenRecord, valid_s: float) -> None:
         self._forget()
         now = time.time()
         # What the caller can no longer use makes room first: taken, or expired.
         for token, (kept, _) in list(self._records.items()):
-            if self.held_bytes(record.holder) + record.size() <= self._caller_max_bytes:
+            if self._bytes.fits(account_of(record.holder), record.size()):
                 break
             mine = account_of(kept.holder) == account_of(record.holder)
             if mine and (kept.state != OPEN or kept.expires_at <= now):
                 self._remove(token)
-        if self.held_bytes(record.holder) + record.size() > self._caller_max_bytes:
+        if not self._bytes.fits(account_of(record.holder), record.size()):
             raise TokenBoundExceeded(record.holder)
         self._keep(record, record.forget_at(valid_s))
 
@@ -221,7 +217,7 @@ class MemoryTokens:
         if kept is None or kept[0].state != OPEN:
             return False
         ended = replace(kept[0], state=ENDED, reply=reply)
-        if self.held_bytes(ended.holder) - kept[0].size() + ended.size() > self._caller_max_bytes:
+        if not self._bytes.fits(account_of(ended.holder), ended.size() - kept[0].size()):
             ended = replace(ended, reply=None)  # told as `unknown`'s kin: not kept
         self._keep(ended, kept[1])
         return True
