@@ -266,3 +266,11 @@ async def test_a_call_waiting_for_its_caller_can_be_cancelled(
         )
     assert late["error"]["code"] == "cancelled", late
     assert late["error"]["details"]["cause"] == "caller"
+
+
+async def test_the_asking_servers_speak_the_era_each_test_names(worker: Worker) -> None:
+    """`legacy` is pinned to the handshake era (it asks on the session); `modern`
+    negotiates 2026-07-28 (its questions come in `input_required` results)."""
+    servers = worker.mcp.servers
+    assert servers["legacy"].protocol_version == "2025-11-25"
+    assert servers["modern"].protocol_version == "2026-07-28"

@@ -6,7 +6,7 @@ does: on 2026-07-28 the result is `input_required` (`inputRequests` + `requestSt
 and the client calls again with `inputResponses`; on 2025-11-25 and before, the server
 sends `elicitation/create` / `sampling/createMessage` on the session mid-call.
 
-`--legacy` serves the handshake era only (a client that negotiates falls back to
+`--legacy` serves the handshake era only (`legacy_only`: a client that negotiates falls back to
 `initialize`): the same tools, asked the older way. Each call of a tool's body
 is counted in the file named by `ASKING_RUNS` (if set), one line per run.
 """
@@ -16,16 +16,19 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
 from mcp.server.elicitation import ElicitationResult
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.resolve import Elicit, Resolve, Sample
-from mcp.server.runner import _serve_legacy_stream
-from mcp.server.stdio import stdio_server
 from mcp_types import CreateMessageResult, SamplingMessage, TextContent
 from pydantic import BaseModel
+
+# Run as a script: the repository root, so the tests' own helper module imports.
+sys.path.insert(0, str(Path(__file__).parents[3]))
+from tests.support.servers.legacy_only import serve_legacy_only
 
 server = MCPServer("toolbus-test-asking")
 
@@ -88,26 +91,9 @@ async def summarize(
     return {"summary": getattr(content, "text", None), "model": sampled.model}
 
 
-async def serve_legacy() -> None:
-    """Serve the handshake era only: the SDK's own legacy loop (what its dual-era loop
-    picks for an `initialize` opening), which refuses a modern client's `server/discover`
-    (INVALID_REQUEST): the client then falls back to `initialize`."""
-    lowlevel = server._lowlevel_server  # the SDK's one way in to pin the era
-    async with stdio_server() as (read, write), lowlevel.lifespan(lowlevel) as state:
-        await _serve_legacy_stream(
-            lowlevel,
-            read,
-            write,
-            lifespan_state=state,
-            session_id=None,
-            init_options=lowlevel.create_initialization_options(),
-            raise_exceptions=False,
-        )
-
-
 if __name__ == "__main__":
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
     if "--legacy" in sys.argv:
-        anyio.run(serve_legacy)
+        anyio.run(serve_legacy_only, server)
     else:
         server.run("stdio")
