@@ -8,28 +8,18 @@ The rounds are the client's: a test hands it callbacks and gets the tool's answe
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
 from tests.acceptance import conftest as acceptance
+from tests.support.asking import ELICITED, SAMPLED, asking_servers
 from tests.support.harness import Broker, make_settings, running_worker
 from toolbus import Client
 from toolbus.wire.errors import ApprovalRequired, ToolFailed
 from toolbus.worker.service import Worker
-
-ASKING = Path(__file__).parents[1] / "support" / "servers" / "asking_server.py"
-ELICITED = {"name": "Ada", "check": True, "email": "ada@example.com"}
-SAMPLED = {
-    "role": "assistant",
-    "content": {"type": "text", "text": "a short summary"},
-    "model": "caller-model",
-    "stopReason": "endTurn",
-}
 
 everything_server = acceptance.everything_server  # the fixture, here too
 
@@ -42,11 +32,7 @@ async def worker(
     env = {"ASKING_RUNS": str(tmp_path_factory.mktemp("asking") / "runs")}
     settings = make_settings(
         broker,
-        mcpServers={
-            "everything": everything,
-            "modern": {"command": sys.executable, "args": [str(ASKING)], "env": env},
-            "legacy": {"command": sys.executable, "args": [str(ASKING), "--legacy"], "env": env},
-        },
+        mcpServers=asking_servers(everything, env),
         callers={"kitchen": {"approve": ["echo"]}},
     )
     async with running_worker(settings) as running:

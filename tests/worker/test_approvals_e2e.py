@@ -23,12 +23,12 @@ import pytest
 import pytest_asyncio
 
 from tests.cli.test_cli import cli_env
+from tests.support.asking import ASKING
 from tests.support.harness import Broker, unique_prefix
 from tests.support.mqtt import Caller
 from tests.support.processes import RUN_BOUND_S, Serve
 
 SERVER = Path(__file__).parents[1] / "support" / "servers" / "approval_server.py"
-ASKING = Path(__file__).parents[1] / "support" / "servers" / "asking_server.py"
 APPROVAL_TIMEOUT_S = 3.0  # long enough to approve, short enough to watch one expire
 
 

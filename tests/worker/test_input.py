@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,20 +23,13 @@ import pytest
 import pytest_asyncio
 
 from tests.acceptance import conftest as acceptance
+from tests.support.asking import ELICITED, SAMPLED, asking_servers
 from tests.support.harness import Broker, make_settings, running_worker
 from tests.support.mqtt import Caller, call_topic, reply_topic_for
 from toolbus.dedup.tokens import ENDED
 from toolbus.worker.service import Worker
 
-ASKING = Path(__file__).parents[1] / "support" / "servers" / "asking_server.py"
 WAIT_S = 20.0
-ELICITED = {"name": "Ada", "check": True, "email": "ada@example.com"}
-SAMPLED = {
-    "role": "assistant",
-    "content": {"type": "text", "text": "a short summary"},
-    "model": "caller-model",
-    "stopReason": "endTurn",
-}
 
 everything_server = acceptance.everything_server  # the fixture, here too
 
@@ -55,11 +47,7 @@ async def worker(
     env = {"ASKING_RUNS": str(runs)}
     settings = make_settings(
         broker,
-        mcpServers={
-            "everything": everything,
-            "modern": {"command": sys.executable, "args": [str(ASKING)], "env": env},
-            "legacy": {"command": sys.executable, "args": [str(ASKING), "--legacy"], "env": env},
-        },
+        mcpServers=asking_servers(everything, env),
     )
     async with running_worker(settings) as running:
         yield running

@@ -27,13 +27,13 @@ import pytest
 import pytest_asyncio
 
 from tests.cli.test_cli import cli_env
+from tests.support.asking import ASKING
 from tests.support.harness import Broker, RedisServer, make_settings, measured, running_worker
 from tests.support.mqtt import Caller, call_topic, correlation_of
 from tests.support.processes import Serve
 from toolbus.wire.messages import Inbound
 from toolbus.worker.service import Worker
 
-ASKING = Path(__file__).parents[1] / "support" / "servers" / "asking_server.py"
 WAIT_S = 20.0
 ACCEPT = {"action": "accept", "content": {"device": "lamp"}}
 
@@ -76,12 +76,12 @@ async def first_round(caller: Caller, worker: Worker, tool: str, reply: str) -> 
 
 
 async def continue_at(
-    caller: Caller, worker: Worker, reply: str, token: str, key: str
+    caller: Caller, worker: Worker, reply: str, token: str, key: str, ident: str | None = None
 ) -> dict[str, Any]:
-    """The continuation, delivered to `worker` as the broker would; its reply, read on
-    the broker."""
+    """The continuation (under `ident`, else an id of its own), delivered to `worker` as
+    the broker would; its reply, read on the broker."""
     correlation = uuid.uuid4().hex.encode()
-    body = {"id": f"c-{correlation.decode()[:8]}", "continuation": token}
+    body = {"id": ident or f"c-{correlation.decode()[:8]}", "continuation": token}
     body["input_responses"] = {key: ACCEPT}  # type: ignore[assignment]
     message = Inbound(
         topic=call_topic(worker.topics),
@@ -164,23 +164,9 @@ async def test_a_copy_of_a_continuation_at_the_other_worker_replays(
     async with Caller(broker.url) as caller:
         await caller.subscribe(reply)
         key, token = await first_round(caller, pool[0], tool, reply)
-        body = {"id": "copy-1", "continuation": token, "input_responses": {key: ACCEPT}}
-        replies = []
-        for worker in pool:
-            correlation = uuid.uuid4().hex.encode()
-            message = Inbound(
-                topic=call_topic(worker.topics),
-                payload=json.dumps(body).encode(),
-                response_topic=reply,
-                correlation_data=correlation,
-            )
-            await asyncio.wait_for(worker.pipeline.handle(message), WAIT_S)
-            async with asyncio.timeout(WAIT_S):
-                while True:
-                    got = await caller.next_message(WAIT_S)
-                    if correlation_of(got) == correlation:
-                        replies.append(json.loads(got.payload))
-                        break
+        replies = [
+            await continue_at(caller, worker, reply, token, key, ident="copy-1") for worker in pool
+        ]
     first, copy = replies
     assert first["ok"] is True and copy["replayed"] is True
     assert copy["result"] == first["result"]

@@ -81,7 +81,9 @@ class Answerer:
         self._continuing = (
             None
             if rounds is None
-            else Continuing(rounds, once, executor, self._admitted, self._closed, self._refused)
+            else Continuing(
+                rounds, once, executor, self._admitted, self._closed, self._concluded, self._refused
+            )
         )
         self._stopping = False
 
@@ -215,6 +217,10 @@ class Answerer:
             else:
                 self._executor.refuse(prepared, stopped)
                 outcome = self._executor.conclude(prepared)
+        return await self._concluded(call, verdict, outcome)
+
+    async def _concluded(self, call: Call, verdict: Verdict, outcome: Outcome) -> Reply:
+        """`call`'s reply for `outcome`, its span failed as the reply is, its claim closed."""
         if outcome.error is not None:
             mark_failed(trace.get_current_span(), outcome.error.code.value)
         reply = reply_for_call(call, outcome)

@@ -24,14 +24,13 @@ from toolbus.calls.asked import Asked
 from toolbus.calls.call import Call
 from toolbus.calls.execute import Executor
 from toolbus.calls.preparation import Outcome, Prepared
-from toolbus.calls.replies import replayed, reply_for_call
+from toolbus.calls.replies import replayed
 from toolbus.calls.rounds import STATELESS, Rounds
 from toolbus.calls.routing import Routing
 from toolbus.calls.running import ProgressSink, RunningCall, StatusSink
 from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict, fingerprint
 from toolbus.dedup.tokens import ENDED, TokenRecord
 from toolbus.dedup.tokens import holder_of as tokens_holder
-from toolbus.observability.spans import mark_failed
 from toolbus.tools.context import Answers, Resume
 from toolbus.wire.asking import answer_errors
 from toolbus.wire.contracts import Reply
@@ -49,7 +48,7 @@ log = logging.getLogger("toolbus.pipeline")
 
 class Continuing:
     """The answerer's rounds: what it runs for a caller that can answer, and how it
-    answers a continuation. `admitted`, `closed`, `refuse`: the answerer's own steps
+    answers a continuation. `admitted`, `closed`, `concluded`, `refuse`: the answerer's own steps
     (a stateless call's resumption is admitted as any call is)."""
 
     def __init__(  # noqa: PLR0917 -- the answerer's own steps, handed over once
@@ -59,6 +58,7 @@ class Continuing:
         executor: Executor,
         admitted: Callable[[Call, ProgressSink | None, StatusSink | None], Awaitable[Reply]],
         closed: Callable[[Verdict, Outcome, Reply], Awaitable[None]],
+        concluded: Callable[[Call, Verdict, Outcome], Awaitable[Reply]],
         refuse: Callable[[Call, ToolbusError], Reply],
     ) -> None:
         self._rounds = self.rounds = rounds
@@ -67,6 +67,7 @@ class Continuing:
         self._executor = executor
         self._admitted = admitted
         self._closed = closed
+        self._concluded = concluded
         self._refuse = refuse
 
     async def run(self, call: Call, prepared: Prepared, home: RunningCall) -> Outcome:
@@ -198,12 +199,7 @@ class Continuing:
             outcome = asking(Outcome(tool=tool), ended.error(), time.perf_counter() - started)
         else:
             outcome = ended
-        if outcome.error is not None:
-            mark_failed(trace.get_current_span(), outcome.error.code.value)
-        reply = reply_for_call(call, outcome)
-        if verdict.key is not None:
-            await self._closed(verdict, outcome, reply)
-        return reply
+        return await self._concluded(call, verdict, outcome)
 
     async def _next_round(
         self,
