@@ -69,6 +69,13 @@ class Settings(RecordSettings):
         default="toolbus",
         description="Shared-subscription group; empty subscribes without `$share`.",
     )
+    dispatch: Literal["shared", "store"] = Field(
+        default="shared",
+        description="How the workers of a pool share the calls: `shared` through the "
+        "broker's `$share`; `store` (brokers without it: ejabberd, RabbitMQ 3.x) each "
+        "worker receives every call and answers those it takes first in the Redis "
+        "`dedup_store`.",
+    )
     worker_id: str | None = Field(
         default=None,
         description="The status topic's name (not the MQTT client id); generated when "
@@ -220,6 +227,14 @@ class Settings(RecordSettings):
     def _parse_broker(cls, value: str) -> str:
         BrokerUrl.from_url(value)
         return value
+
+    @model_validator(mode="after")
+    def _store_dispatch_has_a_store(self) -> Self:
+        if self.dispatch == "store" and self.dedup_store == "memory":
+            raise ValueError(
+                'dispatch = "store" needs a shared store: set dedup_store to a redis:// URL'
+            )
+        return self
 
     @model_validator(mode="after")
     def _broker_complete(self) -> Self:

@@ -151,9 +151,8 @@ class MqttConnection:
             clean_start=not session_expiry_s,
         )
         self._paho = paho_of(self._client)
-        # paho's own bound (5 s) on the TCP connect, and again on the TLS handshake, in
-        # aiomqtt's executor thread: ours instead, halved for TLS, so that the thread is
-        # done by the time `__aenter__` gives up (and `asyncio.run` need not wait for it).
+        # paho's own bound (5 s) on the TCP connect, and again on TLS, in aiomqtt's thread:
+        # ours instead, halved for TLS, so the thread is done when `__aenter__` gives up.
         self._paho.connect_timeout = timeout_s / 2 if tls is not None else timeout_s
         self._paho.manual_ack_set(manual_ack)
         self._guard = PropertyGuard(self._paho)
@@ -171,11 +170,11 @@ class MqttConnection:
             raise TypeError("aiomqtt no longer sets paho's on_connect")
         self._aiomqtt_connected: Callable[..., None] = aiomqtt_connected
         self._paho.on_connect = self._connected
-        # The broker's Maximum Packet Size (CONNACK): it disconnects a client that sends
-        # more (mosquitto's `max_packet_size`), so nothing larger is sent.
+        # The CONNACK's Maximum Packet Size (nothing larger is sent: mosquitto disconnects
+        # a client that does), Session Present (our session, and its numbering, kept) and
+        # Shared Subscription Available (absent: available).
         self.broker_max_packet_bytes: int | None = None
-        # The CONNACK's Session Present: the broker kept our session (and its numbering).
-        self.session_present = False
+        self.session_present, self.shared_subscriptions = False, True
         self._connect_failed = False  # aiomqtt then has nothing to learn of a disconnect
         self.disconnect_reason: int | None = None  # the broker's DISCONNECT reason code
         self._stack = AsyncExitStack()
@@ -377,6 +376,7 @@ class MqttConnection:
         and of our session."""
         properties = args[-1] if args else None
         self.broker_max_packet_bytes = getattr(properties, "MaximumPacketSize", None)
+        self.shared_subscriptions = getattr(properties, "SharedSubscriptionAvailable", 1) != 0
         flags = args[1] if len(args) > 1 else None
         self.session_present = bool(getattr(flags, "session_present", False))
         self._aiomqtt_connected(client, *args)

@@ -19,6 +19,7 @@ from toolbus.transport import MqttConnection
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.messages import Outbound
 from toolbus.worker.client_ids import ClientIds
+from toolbus.worker.dispatch import Dispatch
 
 log = logging.getLogger("toolbus.service")  # the worker's lines, wherever they are made
 
@@ -88,6 +89,7 @@ class Links:
     timeout_s: float
     keepalive_s: int
     max_packet_bytes: int | None = None
+    dispatch: Dispatch | None = None  # store dispatch; None: the broker's `$share`
 
     def requests(self, will: Outbound) -> MqttConnection:
         """Where requests arrive: the worker's identity, session and `will` (made at

@@ -16,7 +16,8 @@ already holds within the grace period, answers anything still running with
 block drains it. `run(stop)` is the same for a caller that owns the stop event.
 Refused at the first connect for its configuration (the broker's certificate or the
 credentials: `BrokerRefused`), the worker stops with that error, since no retry can fix
-it; once it has been connected, it retries that like any other loss.
+it; once it has been connected, it retries that like any other loss. So does a broker
+without shared subscriptions while the worker needs them (worker/dispatch.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import logging
 import math
 import random
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Self
 
 from toolbus.calls.inflight import InFlight, Slots
@@ -39,6 +41,7 @@ from toolbus.wire.messages import Inbound
 from toolbus.wire.tasks import cancel_and_wait
 from toolbus.wire.topics import Topics
 from toolbus.worker.cancels import CancelIntake
+from toolbus.worker.dispatch import gated, needs_shares
 from toolbus.worker.handover import Handover
 from toolbus.worker.links import RECONNECT_FIRST_DELAY_S, Links, Takeovers
 from toolbus.worker.publisher import ConnectionPublisher
@@ -60,8 +63,7 @@ class Worker:
     Args:
         broker: where to connect.
         worker_id: the status topic's name, public: not the MQTT client id.
-        topics, pipeline, publisher, status, mcp: the collaborators it drives.
-        metrics: counts messages in flight.
+        topics, pipeline, publisher, status, mcp, metrics: the collaborators it drives.
         slots: messages handled at once (`concurrency`), shared with the pipeline, whose
             many-call messages borrow free ones; the consumer waits for a free slot.
         shutdown_grace_s: how long calls may run on after stop is asked.
@@ -69,7 +71,7 @@ class Worker:
         reconnect_max_delay_s: the cap on the reconnect backoff.
         links: its two connections as each connect opens them: the secret client ids
             (see `client_ids`), the session's expiry (0: clean sessions), keepalive and
-            Maximum Packet Size.
+            Maximum Packet Size, and which messages are this worker's (`dispatch`).
     """
 
     def __init__(
@@ -95,10 +97,10 @@ class Worker:
         self.cancels = CancelIntake(pipeline, topics, self.fleet)  # on the reply connection
         self._grace_s, self._publish_timeout_s = shutdown_grace_s, publish_timeout_s
         self._reconnect_max_delay_s = reconnect_max_delay_s
-        self.client_ids, self._links = links.ids, links
+        self.client_ids, self._links, self.dispatch = links.ids, links, links.dispatch
         self.subscribed, self.draining = asyncio.Event(), asyncio.Event()  # draining: stopping
         self.redeliveries = Redeliveries(
-            pipeline.handle, publisher, slots.count, links.session_expiry_s
+            gated(self.dispatch, pipeline.handle), publisher, slots.count, links.session_expiry_s
         )
         self.in_flight = InFlight(self.redeliveries.answer, slots, metrics)
         self._conn: MqttConnection | None = None
@@ -169,7 +171,7 @@ class Worker:
             ", ".join(self.mcp.servers) or "none",
             extra={"worker_id": self.worker_id, "mcp_servers": list(self.mcp.servers)},
         )
-        async with self.mcp, self.pipeline:
+        async with self.mcp, self.pipeline, self.dispatch or nullcontext():
             report = asyncio.create_task(
                 self.pipeline.executor.report_configuration(), name="report-config"
             )
@@ -187,6 +189,7 @@ class Worker:
             links = self._links.requests(self._status.will()), self._links.replies()
             try:
                 async with links[0] as conn, links[1] as out:
+                    needs_shares(conn, self.broker, self.topics)  # before a `$share/` SUBSCRIBE
                     connected_once = True
                     takeovers.connected()
                     self._conn = conn

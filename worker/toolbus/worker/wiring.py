@@ -44,6 +44,7 @@ from toolbus.worker.status import StatusReporter, status_expiry_s
 log = logging.getLogger("toolbus.service")
 
 if TYPE_CHECKING:
+    from toolbus.worker.dispatch import Dispatch
     from toolbus.worker.service import Worker
 
 
@@ -113,7 +114,8 @@ def build_executor(
 def topics_for(settings: Settings) -> Topics:
     return Topics(
         settings.topic_prefix,
-        settings.shared_group,
+        # Store dispatch: every worker receives every request (dedup/redis_dispatch.py).
+        "" if settings.dispatch == "store" else settings.shared_group,
         settings.allowed_reply_prefixes,
         caller_identity=settings.caller_identity,
         require_caller=settings.require_caller,
@@ -273,7 +275,20 @@ def build_worker(
             timeout_s=settings.publish_timeout_s,
             keepalive_s=settings.keepalive_s,
             max_packet_bytes=max_packet_bytes(settings.max_payload_bytes),
+            dispatch=open_dispatch(settings, worker_id),
         ),
+    )
+
+
+def open_dispatch(settings: Settings, worker_id: str) -> Dispatch | None:
+    """Store dispatch (`dispatch = "store"`): which messages are this worker's, through
+    the Redis the pool shares; None behind `$share`."""
+    if settings.dispatch != "store":
+        return None
+    from toolbus.dedup.redis_dispatch import RedisDispatch  # noqa: PLC0415 -- only with Redis
+
+    return RedisDispatch(
+        settings.dedup_store, worker_id, prefix=settings.topic_prefix, keep_s=settings.dedup_ttl_s
     )
 
 

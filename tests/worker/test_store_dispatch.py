@@ -1,0 +1,184 @@
+"""Store dispatch (`dispatch = "store"`) from the outside: a real mosquitto, a real
+redis-server, two workers that both subscribe to the plain request topics (no `$share`:
+each receives every request, as on a broker without shared subscriptions). Each request
+is answered once, by the worker that took it first in Redis; the other drops it, with no
+reply and no dead letter. A re-send goes to the same worker (dedup replays it); once that
+worker is gone, another takes it over."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from tests.support.harness import Broker, RedisServer, make_settings, measured, running_worker
+from tests.support.mqtt import Caller
+from toolbus.backends.local.functions import tool
+from toolbus.config import Settings
+from toolbus.worker.service import Worker
+
+WAIT_S = 20.0
+ran: list[str] = []  # each run of `note`, by both workers (one process)
+
+
+@tool
+async def note(text: str) -> str:
+    """Writes down that it ran."""
+    ran.append(text)
+    return text
+
+
+def settings_for(broker: Broker, redis_server: RedisServer, prefix: str) -> Settings:
+    return make_settings(
+        broker,
+        topic_prefix=prefix,
+        dedup_store=redis_server.url,
+        dispatch="store",
+    )
+
+
+@pytest_asyncio.fixture
+async def pool(broker: Broker, redis_server: RedisServer) -> AsyncIterator[list[Worker]]:
+    ran.clear()
+    prefix = f"sd{uuid.uuid4().hex[:8]}"
+    async with AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(
+                running_worker(settings_for(broker, redis_server, prefix), [note])
+            )
+            for _ in range(2)
+        ]
+
+
+class Replies:
+    """Every message on one reply topic, by correlation data."""
+
+    def __init__(self) -> None:
+        self.by_correlation: dict[bytes, list[dict[str, Any]]] = {}
+
+    def heard(self, correlation: bytes, body: dict[str, Any]) -> None:
+        self.by_correlation.setdefault(correlation, []).append(body)
+
+
+async def send(caller: Caller, pool: list[Worker], body: dict[str, Any], reply: str) -> bytes:
+    correlation = uuid.uuid4().hex.encode()
+    payload = json.dumps(body).encode()
+    await caller.publish(
+        pool[0].topics.call, payload, response_topic=reply, correlation=correlation
+    )
+    return correlation
+
+
+async def settled(pool: list[Worker], messages: int) -> None:
+    """Every worker has taken each of `messages` (answered or dropped)."""
+    async with asyncio.timeout(WAIT_S):
+        while any(w.in_flight.handled < messages for w in pool):
+            await asyncio.sleep(0.02)  # polled, bounded: both workers read every message
+
+
+def answered(worker: Worker) -> int:
+    return int(worker.in_flight.handled - dispatched(worker).dropped)
+
+
+def dispatched(worker: Worker) -> Any:
+    assert worker.dispatch is not None
+    return worker.dispatch
+
+
+async def collect(caller: Caller, reply: str, replies: Replies, count: int) -> None:
+    async with asyncio.timeout(WAIT_S):
+        while sum(len(v) for v in replies.by_correlation.values()) < count:
+            message = await caller.next_message(WAIT_S)
+            if message.topic.value == reply:
+                correlation = getattr(message.properties, "CorrelationData", b"")
+                replies.heard(correlation, json.loads(message.payload))
+
+
+@pytest.mark.parametrize("calls", [60])
+async def test_each_call_is_answered_once_by_one_of_the_workers(
+    broker: Broker, pool: list[Worker], calls: int
+) -> None:
+    reply = f"{pool[0].topics.reply_prefixes[0]}me"
+    replies = Replies()
+    async with Caller(broker.url) as caller:
+        await caller.subscribe(reply)
+        sent = [
+            await send(
+                caller,
+                pool,
+                {"id": f"n{n}", "tool": "note", "arguments": {"text": f"t{n}"}},
+                reply,
+            )
+            for n in range(calls)
+        ]
+        await collect(caller, reply, replies, calls)
+        await settled(pool, calls)
+    assert sorted(replies.by_correlation) == sorted(sent)
+    assert all(len(v) == 1 and v[0]["ok"] for v in replies.by_correlation.values())
+    assert sorted(ran) == sorted(f"t{n}" for n in range(calls))  # each ran once
+    shares = [answered(w) for w in pool]
+    assert sum(shares) == calls  # the rest each worker dropped: no reply, no dead letter
+    measured(f"store dispatch, {calls} calls over 2 workers: answered {shares}")
+
+
+async def test_a_resend_goes_to_the_worker_that_took_the_first_and_is_replayed(
+    broker: Broker, pool: list[Worker]
+) -> None:
+    reply = f"{pool[0].topics.reply_prefixes[0]}me"
+    body = {"id": "again-1", "tool": "note", "arguments": {"text": "once"}}
+    replies = Replies()
+    async with Caller(broker.url) as caller:
+        await caller.subscribe(reply)
+        correlation = uuid.uuid4().hex.encode()
+        for _ in range(2):  # the same bytes twice: the caller's retry
+            await caller.publish(
+                pool[0].topics.call,
+                json.dumps(body).encode(),
+                response_topic=reply,
+                correlation=correlation,
+            )
+        await collect(caller, reply, replies, 2)
+        await settled(pool, 2)
+    first, second = replies.by_correlation[correlation]
+    assert first["ok"] and second["ok"] and second["replayed"] is True
+    assert ran == ["once"]
+    assert sorted(answered(w) for w in pool) == [0, 2]  # both on one worker
+
+
+async def test_a_resend_after_its_worker_is_gone_is_taken_over(
+    broker: Broker, redis_server: RedisServer, pool: list[Worker]
+) -> None:
+    reply = f"{pool[0].topics.reply_prefixes[0]}me"
+    body = {"id": "gone-1", "tool": "note", "arguments": {"text": "before"}}
+    payload = json.dumps(body).encode()
+    correlation = uuid.uuid4().hex.encode()
+    replies = Replies()
+    async with Caller(broker.url) as caller:
+        await caller.subscribe(reply)
+        await caller.publish(
+            pool[0].topics.call, payload, response_topic=reply, correlation=correlation
+        )
+        await collect(caller, reply, replies, 1)
+        await settled(pool, 1)
+        [taker] = [w for w in pool if answered(w) == 1]
+        [other] = [w for w in pool if w is not taker]
+        await taker.__aexit__(None, None, None)  # stopped: its heartbeat key goes with it
+        await caller.publish(
+            pool[0].topics.call, payload, response_topic=reply, correlation=correlation
+        )
+        await collect(caller, reply, replies, 2)
+    first, again = replies.by_correlation[correlation]
+    assert first["ok"] and again["ok"] and again["replayed"] is True  # dedup: not run twice
+    assert ran == ["before"]
+    assert dispatched(other).taken_over == 1
+
+
+def test_store_dispatch_needs_a_shared_store(broker: Broker) -> None:
+    with pytest.raises(ValueError, match="dedup_store"):
+        make_settings(broker, dispatch="store")

@@ -1,0 +1,152 @@
+"""Store dispatch: competing workers without `$share`, the one that takes a message first.
+
+Brokers without shared subscriptions (ejabberd, RabbitMQ 3.x, aedes) give every worker
+every request. With `dispatch = "store"` each worker subscribes to the plain request
+topics and asks the shared Redis whether a message is its own to answer: the first to
+take the message's key (`SET NX`, a digest of what the publisher sent: topic, payload,
+response topic, Correlation Data, user properties, content type) answers it; the others
+acknowledge it and drop it, with no reply and no dead letter.
+
+A later copy of the same bytes (the caller's re-send of the same request, a broker's
+redelivery) goes to the worker that took the first, for as long as the key lives
+(`dedup_ttl_s`): dedup there replays or waits for the run, as behind `$share`. If that
+worker is gone (its heartbeat, `{p}:dispatch-alive:{owner}`, lapsed), the next worker to
+see a copy takes the key over, and dedup tells the run was cut short (`in_doubt`, or a
+rerun for an idempotent tool). Two identical publishes with no id both run, on one worker.
+
+When Redis cannot be reached no worker can know whether another took the message: each
+ranks the workers it last saw alive by the message's digest (rendezvous hashing) and only
+the first answers (its dedup store is down too: `unavailable`, or a run without dedup
+where the operator configured that). A worker that has seen none answers itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import uuid
+from typing import Self
+
+from redis.asyncio import Redis
+
+from toolbus.wire.messages import Inbound
+from toolbus.wire.tasks import cancel_and_wait
+
+log = logging.getLogger("toolbus.dispatch")
+
+HEARTBEAT_S = 2.0
+ALIVE_TTL_S = 6.0  # three heartbeats: a slow loop is not taken for a dead worker
+
+# KEYS[1]: the message's key. ARGV: this owner, the key's ttl (ms), the alive prefix.
+# 1: taken now; 2: taken before by this owner; 3: taken over from a lapsed owner; 0: another's.
+TAKE = """
+local holder = redis.call('GET', KEYS[1])
+if not holder then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if holder == ARGV[1] then return 2 end
+if redis.call('EXISTS', ARGV[3] .. holder) == 1 then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 3
+"""
+
+TAKEN, MINE, TAKEN_OVER = 1, 2, 3
+
+
+def digest(message: Inbound) -> str:
+    """What the publisher sent, as every subscriber receives it (never what one broker
+    connection adds: the packet id, the DUP flag, the arrival time)."""
+    h = hashlib.blake2b(digest_size=20)
+    for part in (
+        message.topic.encode(),
+        message.payload,
+        (message.response_topic or "").encode(),
+        message.correlation_data or b"",
+        (message.content_type or "").encode(),
+        repr(message.user_properties).encode(),
+    ):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return h.hexdigest()
+
+
+class RedisDispatch:
+    """Which worker of those sharing one Redis answers a message."""
+
+    def __init__(
+        self, url: str, worker_id: str, *, prefix: str, keep_s: float, timeout_s: float = 5.0
+    ) -> None:
+        self._redis: Redis = Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        self.owner = f"{worker_id}/{uuid.uuid4().hex}"
+        self._prefix = prefix
+        self._keep_ms = max(1, int(keep_s * 1000))
+        self._take = self._redis.register_script(TAKE)
+        self._alive: tuple[str, ...] = (self.owner,)  # as the last heartbeat saw them
+        self._beating: asyncio.Task[None] | None = None
+        self.dropped = 0  # messages another worker took
+        self.taken_over = 0  # messages whose taker's heartbeat had lapsed
+
+    def _alive_key(self, owner: str) -> str:
+        return f"{self._prefix}:dispatch-alive:{owner}"
+
+    async def __aenter__(self) -> Self:
+        await self._beat()  # fails here, at start-up, when Redis is unreachable
+        self._beating = asyncio.create_task(self._beat_on(), name="dispatch-heartbeat")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._beating is not None:
+            await cancel_and_wait(self._beating)
+        with contextlib.suppress(Exception):  # the key lapses anyway
+            await self._redis.delete(self._alive_key(self.owner))
+        await self._redis.aclose()
+
+    async def _beat(self) -> None:
+        await self._redis.set(self._alive_key(self.owner), "1", px=int(ALIVE_TTL_S * 1000))
+        prefix = self._alive_key("")
+        alive = [
+            (key.decode() if isinstance(key, bytes) else str(key)).removeprefix(prefix)
+            async for key in self._redis.scan_iter(match=prefix + "*", count=1000)
+        ]
+        self._alive = tuple(sorted({*alive, self.owner}))
+
+    async def _beat_on(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)  # the heartbeat's period, not a sync
+            try:
+                await self._beat()
+            except Exception as exc:  # Redis away for a while: the next beat tries again
+                log.warning("dispatch heartbeat failed: %s", exc)
+
+    async def mine(self, message: Inbound) -> bool:
+        """Whether this worker answers `message` (False: another took it; drop it)."""
+        key = digest(message)
+        try:
+            taken = await self._take(
+                keys=[f"{self._prefix}:dispatch:{key}"],
+                args=[self.owner, self._keep_ms, self._alive_key("")],
+            )
+        except Exception as exc:
+            first = self._ranked(key)
+            log.warning("dispatch store failed (%s): answered by rank, mine: %s", exc, first)
+            return first
+        if taken == TAKEN_OVER:
+            self.taken_over += 1
+            log.info("took over a message whose worker is gone")
+        if taken == 0:
+            self.dropped += 1
+            return False
+        return True
+
+    def _ranked(self, key: str) -> bool:
+        """Rendezvous hashing over the workers last seen alive: whether this one is first."""
+
+        def rank(owner: str) -> bytes:
+            return hashlib.blake2b(f"{key}|{owner}".encode(), digest_size=8).digest()
+
+        return max(self._alive, key=rank) == self.owner
