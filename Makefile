@@ -18,7 +18,7 @@ BROKER_PORT ?= 1883
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: FORCE lock dist python-info python-check bench-tracing bench-logging bench-normalize bench-flood bench-flood-victim bench-mcp-output bench-client compose-check check-tree asyncapi-parser mcp-everything bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary promtool grafana-sdk chromium-binary
+.PHONY: FORCE lock dist python-info python-check bench-tracing bench-logging bench-normalize bench-flood bench-flood-victim bench-mcp-output bench-client compose-check check-tree asyncapi-parser mcp-everything bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary ejabberd-binary promtool grafana-sdk chromium-binary
 
 # An ordinary editable install: the source root worker/ holds the package toolbus/ (a src
 # layout), which mypy, pytest and editors read as the files they are. pip is not quiet on
@@ -62,6 +62,10 @@ mosquitto-clients:
 # The tests start their own redis-server (the shared dedup store) on a free port.
 redis-binary:
 	@scripts/ensure-redis
+
+# ejabberd: an MQTT 5 broker without `$share` (tests/support/ejabberd.py starts its nodes).
+ejabberd-binary:
+	@scripts/ensure-ejabberd
 
 # promtool and prometheus (Debian's `prometheus` package), which tests/project/test_alerts.py
 # runs over compose/prometheus: the configuration, the alert rules and their unit tests,
@@ -128,11 +132,11 @@ $(NODE_RED_STAMP):
 
 # Every test, the `integration` ones (Phoenix, Node-RED) included. Extra pytest
 # arguments: make test PYTEST_ARGS='-k normalize -x'
-test: $(STAMP) mosquitto-clients redis-binary promtool grafana-sdk chromium-binary asyncapi-parser mcp-everything $(PHOENIX_STAMP) $(NODE_RED_STAMP)
+test: $(STAMP) mosquitto-clients redis-binary ejabberd-binary promtool grafana-sdk chromium-binary asyncapi-parser mcp-everything $(PHOENIX_STAMP) $(NODE_RED_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The quick loop: everything but the `integration` tests (no Phoenix or Node-RED install).
-test-quick: $(STAMP) mosquitto-clients redis-binary promtool grafana-sdk chromium-binary asyncapi-parser mcp-everything
+test-quick: $(STAMP) mosquitto-clients redis-binary ejabberd-binary promtool grafana-sdk chromium-binary asyncapi-parser mcp-everything
 	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
 
 # What CI runs first: nothing tracked may point outside the tree or sit under an ignored path.

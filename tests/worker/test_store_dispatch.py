@@ -1,5 +1,5 @@
-"""Store dispatch (`dispatch = "store"`) from the outside: a real mosquitto, a real
-redis-server, two workers that both subscribe to the plain request topics (no `$share`:
+"""Store dispatch (`dispatch = "store"`) from the outside: a real mosquitto (and a real
+ejabberd, which has no `$share` at all), a real redis-server, two workers that both subscribe to the plain request topics (no `$share`:
 each receives every request, as on a broker without shared subscriptions). Each request
 is answered once, by the worker that took it first in Redis; the other drops it, with no
 reply and no dead letter. A re-send goes to the same worker (dedup replays it); once that
@@ -10,17 +10,20 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
+from tests.support.ejabberd import PASSWORD, USER, Ejabberd
 from tests.support.harness import Broker, RedisServer, make_settings, measured, running_worker
 from tests.support.mqtt import Caller
 from toolbus.backends.local.functions import tool
 from toolbus.config import Settings
+from toolbus.worker.dispatch import NoSharedSubscriptions
 from toolbus.worker.service import Worker
 
 WAIT_S = 20.0
@@ -182,3 +185,62 @@ async def test_a_resend_after_its_worker_is_gone_is_taken_over(
 def test_store_dispatch_needs_a_shared_store(broker: Broker) -> None:
     with pytest.raises(ValueError, match="dedup_store"):
         make_settings(broker, dispatch="store")
+
+
+@pytest.fixture
+def ejabberd(tmp_path: Path) -> Iterator[Ejabberd]:
+    node = Ejabberd(tmp_path / "ejabberd")
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+def on_ejabberd(broker: Broker, node: Ejabberd, **overrides: Any) -> Settings:
+    return make_settings(
+        broker,  # (only its defaults: the URL is the ejabberd node's)
+        broker_url=node.url,
+        broker_username=USER,
+        broker_password=PASSWORD,
+        **overrides,
+    )
+
+
+async def test_behind_share_a_broker_without_shared_subscriptions_is_refused(
+    broker: Broker, ejabberd: Ejabberd
+) -> None:
+    """ejabberd's CONNACK says Shared Subscription Available 0 (and a `$share/`
+    SUBSCRIBE would close the session): a worker that needs `$share` stops at once with
+    an error that names the fix, rather than letting every worker run every call."""
+    with pytest.raises(NoSharedSubscriptions, match="dispatch"):
+        async with asyncio.timeout(WAIT_S), running_worker(on_ejabberd(broker, ejabberd)):
+            pass
+
+
+async def test_store_dispatch_runs_a_pool_on_ejabberd(
+    broker: Broker, redis_server: RedisServer, ejabberd: Ejabberd
+) -> None:
+    ran.clear()
+    settings = on_ejabberd(broker, ejabberd, dedup_store=redis_server.url, dispatch="store")
+    replies = Replies()
+    calls = 20
+    async with AsyncExitStack() as stack:
+        pool = [await stack.enter_async_context(running_worker(settings, [note])) for _ in range(2)]
+        reply = f"{pool[0].topics.reply_prefixes[0]}me"
+        caller = await stack.enter_async_context(
+            Caller(ejabberd.url, username=USER, password=PASSWORD)
+        )
+        await caller.subscribe(reply)
+        sent = [
+            await send(
+                caller, pool, {"id": f"e{n}", "tool": "note", "arguments": {"text": f"e{n}"}}, reply
+            )
+            for n in range(calls)
+        ]
+        await collect(caller, reply, replies, calls)
+        await settled(pool, calls)
+    assert sorted(replies.by_correlation) == sorted(sent)
+    assert all(len(v) == 1 and v[0]["ok"] for v in replies.by_correlation.values())
+    assert sorted(ran) == sorted(f"e{n}" for n in range(calls))
+    assert sum(answered(w) for w in pool) == calls
