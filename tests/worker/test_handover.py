@@ -60,7 +60,7 @@ def handover(publisher: ListPublisher, broker: Broker, session_expiry_s: int) ->
     topics = Topics("inproc", "toolbus", ("inproc/reply/",))
     status = StatusReporter(topics, "me", publisher, [], interval_s=15.0)
     ids = ClientIds(requests="me-r", replies="me-p", persistent=session_expiry_s > 0)
-    links = Links(BrokerUrl.from_url(broker.url), ids, 4, session_expiry_s, 1.0, 60)
+    links = Links((BrokerUrl.from_url(broker.url),), ids, 4, session_expiry_s, 1.0, 60)
     return Handover(status, topics, "me", links, timeout_s=1.0)
 
 

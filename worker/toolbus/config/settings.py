@@ -19,7 +19,7 @@ from toolbus.config.records import RecordSettings
 from toolbus.config.servers import McpPolicy, McpServerConfig
 from toolbus.config.tools import DEFAULT_GUARDS, GuardSettings, ToolSettings, complete_guards
 from toolbus.wire.broker import BrokerUrl as BrokerUrl  # noqa: PLC0414 -- re-exported: its former home
-from toolbus.wire.broker import gather_password
+from toolbus.wire.broker import broker_urls, gather_password
 from toolbus.wire.untrusted import topic_problem
 
 DEFAULT_BROKER_URL = "mqtt://localhost:1883"
@@ -44,7 +44,11 @@ class Settings(RecordSettings):
         hide_input_in_errors=True,
     )
 
-    broker_url: str = DEFAULT_BROKER_URL
+    broker_url: str = Field(
+        default=DEFAULT_BROKER_URL,
+        description="The broker, or the nodes of a cluster in the order they are tried: a "
+        "list (TOML, JSON) or URLs separated by commas (`mqtt://a:1883,mqtt://b:1883`).",
+    )
     # -- broker credentials and TLS: how the worker proves who it is, and checks the broker.
     broker_username: str | None = Field(
         default=None, description="MQTT user name, instead of `mqtt://USER@host` in the URL."
@@ -225,7 +229,8 @@ class Settings(RecordSettings):
     @field_validator("broker_url")
     @classmethod
     def _parse_broker(cls, value: str) -> str:
-        BrokerUrl.from_url(value)
+        for url in broker_urls(value):
+            BrokerUrl.from_url(url)
         return value
 
     @model_validator(mode="after")
@@ -359,13 +364,21 @@ class Settings(RecordSettings):
 
     @property
     def broker(self) -> BrokerUrl:
-        return BrokerUrl.from_url(
-            self.broker_url,
-            username=self.broker_username,
-            password=self.broker_password,
-            ca_file=self.tls_ca_file,
-            cert_file=self.tls_cert_file,
-            key_file=self.tls_key_file,
+        """The first broker (`brokers`: every node, in the order they are tried)."""
+        return self.brokers[0]
+
+    @property
+    def brokers(self) -> tuple[BrokerUrl, ...]:
+        return tuple(
+            BrokerUrl.from_url(
+                url,
+                username=self.broker_username,
+                password=self.broker_password,
+                ca_file=self.tls_ca_file,
+                cert_file=self.tls_cert_file,
+                key_file=self.tls_key_file,
+            )
+            for url in broker_urls(self.broker_url)
         )
 
     @property

@@ -116,6 +116,16 @@ class BrokerUrl:
     __repr__ = __str__
 
 
+def broker_urls(value: str | list[str]) -> list[str]:
+    """The brokers `broker_url` names: one URL, a list (TOML, JSON), or URLs separated by
+    commas (the environment, the command line), in the order they are tried."""
+    parts = value if isinstance(value, list) else value.split(",")
+    urls = [str(part).strip() for part in parts if str(part).strip()]
+    if not urls:
+        raise ValueError("broker_url names no broker")
+    return urls
+
+
 def split_password(url: str) -> tuple[str, SecretStr | None]:
     """`url` without the password in its user info, and that password.
 
@@ -143,6 +153,11 @@ def gather_password(settings: dict[str, Any]) -> dict[str, Any]:
     """
     settings = dict(settings)
     url = settings.get("broker_url")
+    if isinstance(url, list) or (isinstance(url, str) and "," in url):
+        urls = broker_urls(url)  # several nodes: one password for all, never in a URL
+        if any(split_password(each)[1] is not None for each in urls):
+            raise ValueError("with several brokers, give the password as broker_password")
+        url = settings["broker_url"] = ",".join(urls)
     stripped, in_url = split_password(url) if isinstance(url, str) else (url, None)
     given = [
         name

@@ -6,13 +6,18 @@ publishes. Each has its own client id (`client_ids`), secret, so no caller can c
 with it; one that does anyway (the secret leaked, a replica started twice) takes the
 connection over: the worker reconnects after a wait that grows with each takeover in a
 row, so two clients on one id do not ping-pong as fast as the broker lets them.
+
+A cluster's nodes (`broker_url` a list): the first connect goes to the first node, and
+each reconnect, after a loss or a refusal, to the next, round the list, with the same
+backoff; both connections go to the same node. The worker's status and will are
+published anew on each connect, so they land on the node it is on.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from toolbus.observability.metrics import Metrics
 from toolbus.transport import MqttConnection
@@ -82,7 +87,7 @@ class Takeovers:
 class Links:
     """The worker's two connections, opened anew on each (re)connect."""
 
-    broker: BrokerUrl
+    brokers: tuple[BrokerUrl, ...]  # the nodes, in the order they are tried
     ids: ClientIds
     concurrency: int
     session_expiry_s: int
@@ -90,11 +95,21 @@ class Links:
     keepalive_s: int
     max_packet_bytes: int | None = None
     dispatch: Dispatch | None = None  # store dispatch; None: the broker's `$share`
+    _turn: list[int] = field(default_factory=lambda: [-1])  # the node of the latest connect
+
+    @property
+    def broker(self) -> BrokerUrl:
+        """The node of the latest connect (the first before any)."""
+        return self.brokers[max(0, self._turn[0]) % len(self.brokers)]
 
     def requests(self, will: Outbound) -> MqttConnection:
         """Where requests arrive: the worker's identity, session and `will` (made at
         each connect: it carries the MCP servers' states of that moment). It holds at
-        most `concurrency` requests waiting, whatever the broker sends."""
+        most `concurrency` requests waiting, whatever the broker sends. Each call is a
+        connect: to the next node of a cluster (`replies` goes to the same)."""
+        self._turn[0] += 1
+        if len(self.brokers) > 1:
+            log.info("connecting to %s", self.broker, extra={"broker": str(self.broker)})
         return MqttConnection(
             self.broker,
             client_id=self.ids.requests,

@@ -189,7 +189,7 @@ class Worker:
             links = self._links.requests(self._status.will()), self._links.replies()
             try:
                 async with links[0] as conn, links[1] as out:
-                    needs_shares(conn, self.broker, self.topics)  # before a `$share/` SUBSCRIBE
+                    needs_shares(conn, self._links.broker, self.topics)  # before `$share/`
                     connected_once = True
                     takeovers.connected()
                     self._conn = conn

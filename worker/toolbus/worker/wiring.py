@@ -266,7 +266,7 @@ def build_worker(
         publish_timeout_s=settings.publish_timeout_s,
         reconnect_max_delay_s=settings.reconnect_max_delay_s,
         links=Links(
-            settings.broker,
+            settings.brokers,
             ids,
             slots.count,
             # A session outlives the connection only under a stable, configured identity

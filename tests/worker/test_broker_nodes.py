@@ -1,0 +1,70 @@
+"""A list of brokers (`broker_url` with several nodes): the worker connects to the first,
+and when that node is lost moves to the next, where its status lands and its calls are
+answered. Two real mosquittos stand for two nodes (each its own: a caller on the node the
+worker left gets nothing until it moves too, as on a cluster whose node died)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.harness import Broker, make_settings, measured, running_worker
+from tests.support.mqtt import Caller, reply_topic_for
+
+WAIT_S = 30.0
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[tuple[Broker, Broker]]:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    first, second = Broker(tmp_path / "a"), Broker(tmp_path / "b")
+    first.start()
+    second.start()
+    try:
+        yield first, second
+    finally:
+        first.stop()
+        second.stop()
+
+
+async def test_the_worker_moves_to_the_next_node_when_its_node_is_lost(
+    nodes: tuple[Broker, Broker],
+) -> None:
+    first, second = nodes
+    settings = make_settings(first, broker_url=[first.url, second.url], reconnect_max_delay_s=1.0)
+    async with running_worker(settings) as worker:
+        reply = reply_topic_for(worker.topics)
+        async with Caller(first.url) as on_first:
+            answer, _ = await on_first.call(
+                f"{worker.topics.call}/echo", {"arguments": {"text": "a"}}, reply_topic=reply
+            )
+        assert answer["ok"] is True
+        async with Caller(second.url) as on_second:
+            await on_second.subscribe(worker.topics.status(worker.worker_id))
+            lost_at = time.monotonic()
+            first.kill()
+            async with asyncio.timeout(WAIT_S):  # its status lands on the second node
+                while True:
+                    message = await on_second.next_message(WAIT_S)
+                    if json.loads(message.payload).get("state") == "online":
+                        break
+            moved_s = time.monotonic() - lost_at
+            answer, _ = await on_second.call(
+                f"{worker.topics.call}/echo", {"arguments": {"text": "b"}}, reply_topic=reply
+            )
+        assert answer["ok"] is True and answer["result"]["structured"]["text"] == "b"
+    measured(f"worker moved to the next broker node after its node was killed: {moved_s:.2f} s")
+
+
+def test_a_list_of_brokers_is_read_from_a_list_or_commas(broker: Broker) -> None:
+    listed = make_settings(broker, broker_url=["mqtt://a:1883", "mqtt://b:1884"])
+    commas = make_settings(broker, broker_url="mqtt://a:1883, mqtt://b:1884")
+    for settings in (listed, commas):
+        assert [(b.host, b.port) for b in settings.brokers] == [("a", 1883), ("b", 1884)]
+        assert settings.broker == settings.brokers[0]
