@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import Broker, make_settings, measured, running_worker
+from tests.cli.test_cli import cli_env, run_cli
+from tests.support.harness import Broker, free_port, make_settings, measured, running_worker
 from tests.support.mqtt import Caller, reply_topic_for
+from toolbus import Client
 
 WAIT_S = 30.0
 
@@ -68,3 +70,43 @@ def test_a_list_of_brokers_is_read_from_a_list_or_commas(broker: Broker) -> None
     for settings in (listed, commas):
         assert [(b.host, b.port) for b in settings.brokers] == [("a", 1883), ("b", 1884)]
         assert settings.broker == settings.brokers[0]
+
+
+async def test_a_client_and_the_cli_use_the_first_node_that_answers_and_follow_a_loss(
+    nodes: tuple[Broker, Broker], broker: Broker
+) -> None:
+    """`toolbus.Client` given both nodes: the first is down, so it connects to the second;
+    `toolbus status` reads the statuses there and says which node it read. Then the
+    worker's node dies: the worker and the client both move on, and a call still goes."""
+    first, second = nodes
+    dead = f"mqtt://127.0.0.1:{free_port()}"  # nobody listens there
+    settings = make_settings(first, broker_url=[first.url, second.url], reconnect_max_delay_s=1.0)
+    async with running_worker(settings) as worker:
+        env = cli_env(worker.topics.prefix)
+        code, _, err = await run_cli("status", "--once", "--broker", f"{dead},{first.url}", env=env)
+        assert code == 0, err
+        assert f"statuses read from {first.url}" in err
+        client = Client([first.url, second.url], prefix=worker.topics.prefix, timeout_s=WAIT_S)
+        async with client:
+            first_answer = (await client.call("echo", {"text": "a"})).result
+            assert first_answer is not None
+            assert first_answer.structured == {"text": "a", "data": None}
+            first.kill()
+            # The call is sent again (the client's retries) until a worker answers on the
+            # node both moved to.
+            moved = await client.call("echo", {"text": "b"})
+        assert moved.result is not None and moved.result.structured == {"text": "b", "data": None}
+        assert client.connects >= 2
+
+
+async def test_a_client_connects_to_the_first_node_that_answers(
+    nodes: tuple[Broker, Broker],
+) -> None:
+    _, second = nodes
+    dead = f"mqtt://127.0.0.1:{free_port()}"
+    settings = make_settings(second)
+    async with running_worker(settings) as worker:
+        client = Client(f"{dead},{second.url}", prefix=worker.topics.prefix, timeout_s=WAIT_S)
+        async with client:
+            answer = await client.call("echo", {"text": "x"})
+    assert answer.result is not None and answer.result.structured == {"text": "x", "data": None}

@@ -12,6 +12,7 @@ from tests.support.harness import Broker, ListPublisher
 from tests.support.mqtt import Caller
 from toolbus.config import BrokerUrl
 from toolbus.transport import MqttConnection
+from toolbus.transport.nodes import Nodes
 from toolbus.wire.contracts import WorkerStatus
 from toolbus.wire.messages import Outbound, Unconfirmed
 from toolbus.wire.topics import Topics
@@ -60,7 +61,7 @@ def handover(publisher: ListPublisher, broker: Broker, session_expiry_s: int) ->
     topics = Topics("inproc", "toolbus", ("inproc/reply/",))
     status = StatusReporter(topics, "me", publisher, [], interval_s=15.0)
     ids = ClientIds(requests="me-r", replies="me-p", persistent=session_expiry_s > 0)
-    links = Links((BrokerUrl.from_url(broker.url),), ids, 4, session_expiry_s, 1.0, 60)
+    links = Links(Nodes(BrokerUrl.from_url(broker.url)), ids, 4, session_expiry_s, 1.0, 60)
     return Handover(status, topics, "me", links, timeout_s=1.0)
 
 

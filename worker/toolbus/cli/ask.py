@@ -54,7 +54,7 @@ def _client(args: argparse.Namespace, settings: Any) -> Client:
     `--timeout` bounds the connect too (TCP, TLS, CONNACK; 10 s at most)."""
     timeout_s = settings.default_timeout_s if args.timeout is None else args.timeout
     return Client(
-        settings.broker,
+        settings.brokers,
         prefix=settings.topic_prefix,
         reply_prefix=settings.allowed_reply_prefixes[0],
         retry=Retry(getattr(args, "attempts", 3), getattr(args, "retry_interval", 5.0)),

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import sys
 import uuid
+from typing import Any
 
 EXIT_OK, EXIT_NO_WORKER, EXIT_BROKER = 0, 3, 4  # 3: exit_codes' EXIT_NO_REPLY, kept
 
@@ -61,8 +62,7 @@ def run(args: argparse.Namespace) -> int:
         if not (args.once or args.json):
             asyncio.run(live(settings.broker, topics, args.timeout, ident))  # until Ctrl-C
             return EXIT_OK
-        shown = once(settings.broker, topics, args.timeout, as_json=args.json, client_id=ident)
-        pool = asyncio.run(shown)
+        pool = _read(settings.brokers, topics, args, ident, once)
     except BrokerRefused as exc:  # in the words `call` and `tools` use (docs/security.md)
         print(f"toolbus: {printable(refused(settings, ident, exc))}", file=sys.stderr)
         return EXIT_BROKER
@@ -77,3 +77,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"toolbus: {printable(f'no worker online under {topics.prefix}/')}", file=sys.stderr)
         return EXIT_NO_WORKER
     return EXIT_OK
+
+
+def _read(brokers: Any, topics: Any, args: argparse.Namespace, ident: str, once: Any) -> Any:
+    """The statuses, from the first node that answers; with several nodes, which one was
+    read (on a cluster whose retained messages stay on the node that took them, such as
+    ejabberd, one node's are a part: each worker's status is on the node it is on)."""
+    from toolbus.transport import BrokerRefused, TransportError
+    from toolbus.wire.untrusted import printable
+
+    for n, broker in enumerate(brokers):
+        try:
+            shown = once(broker, topics, args.timeout, as_json=args.json, client_id=ident)
+            pool = asyncio.run(shown)
+        except BrokerRefused:
+            raise
+        except (TransportError, TimeoutError):
+            if n == len(brokers) - 1:
+                raise
+            continue
+        if len(brokers) > 1:
+            print(f"toolbus: statuses read from {printable(str(broker))}", file=sys.stderr)
+        return pool
+    raise AssertionError("unreachable: the last node's error is raised")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
 
@@ -32,7 +32,7 @@ from toolbus.client.presence import Presence
 from toolbus.client.refusals import explained
 from toolbus.client.requester import Requester, Retry
 from toolbus.client.rounds import Asked, Callbacks, Rounds
-from toolbus.wire.broker import BrokerUrl
+from toolbus.wire.broker import BrokerUrl, broker_urls
 from toolbus.wire.contracts import CallsReply, ErrorBody, ErrorCode, Reply, ReplyFormat, ToolsFormat
 from toolbus.wire.errors import NoReply, RequestRefused, ToolbusError
 from toolbus.wire.topics import ANONYMOUS_CALLER, CallerIdentity, Topics
@@ -54,7 +54,8 @@ class Client:
 
     Args:
         broker: the broker, as a URL (`mqtt://user:password@host:1883`, `mqtts://...`)
-            or a `BrokerUrl` (TLS files, a password kept apart from the URL).
+            or a `BrokerUrl` (TLS files, a password kept apart from the URL); a cluster's
+            nodes as a list or URLs separated by commas, tried in order.
         prefix: the workers' `topic_prefix`.
         reply_prefix: one of the workers' `allowed_reply_prefixes` (default
             `{prefix}/reply/`, theirs by default). Replies come to
@@ -84,7 +85,7 @@ class Client:
 
     def __init__(
         self,
-        broker: BrokerUrl | str,
+        broker: BrokerUrl | str | Sequence[BrokerUrl | str],
         *,
         prefix: str = "toolbus",
         reply_prefix: str | None = None,
@@ -106,8 +107,8 @@ class Client:
         self.caller = caller
         self._in_topic = caller_identity == "topic"
         self._cancels = Canceller(prefix, caller, self._in_topic)
-        broker = broker if isinstance(broker, BrokerUrl) else BrokerUrl.from_url(broker)
-        self._login = broker.username
+        nodes = _nodes(broker)
+        self._login = nodes[0].username
         self._timeout_s = timeout_s
         client_id = client_id or f"toolbus-client-{uuid.uuid4().hex[:12]}"
         # In `topic` mode a reply sits under the caller's level (`anonymous` without one).
@@ -116,7 +117,7 @@ class Client:
         topics = Topics(prefix, "", (replies,))
         self._presence = Presence(topics) if require_worker else None
         self._requester = Requester(
-            broker,
+            nodes,
             reply_topic=f"{replies}{level}/{client_id}" if level else f"{replies}{client_id}",
             client_id=client_id,
             retry=retry,
@@ -388,3 +389,10 @@ class Client:
 
     async def _cancel(self, ident: str | None) -> None:
         await self._cancels.send(self._requester.connection, ident, self.reply_topic)
+
+
+def _nodes(broker: BrokerUrl | str | Sequence[BrokerUrl | str]) -> tuple[BrokerUrl, ...]:
+    """The broker, or a cluster's nodes (a list, or URLs separated by commas), in order."""
+    given = broker_urls(broker) if isinstance(broker, str) else broker
+    listed = [given] if isinstance(given, BrokerUrl) else list(given)
+    return tuple(n if isinstance(n, BrokerUrl) else BrokerUrl.from_url(n) for n in listed)

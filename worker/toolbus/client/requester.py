@@ -17,8 +17,9 @@ to the deadline: a later answer that says more wins; once every copy has said it
 run, that is true of the request and is the answer; copies still unanswered at the end
 leave the outcome unknown (`NoReply`, with the held answer).
 
-The connection is kept and re-made when the broker goes away, so requests made across
-a broker restart are sent again once it is back; after another connection took the
+The connection is kept and re-made when the broker goes away (a cluster's next node),
+so requests made across a broker restart are sent again once it is back; after another
+connection took the
 client id over (v5 0x8E) only after a doubling delay, or never (`fail_when_taken_over`:
 `SessionTakenOver`). A request the broker refuses (its PUBACK's reason code, an ACL's
 "not authorized") fails at once with `RequestRefused`. `toolbus.Client` builds on this.
@@ -44,6 +45,7 @@ from toolbus.transport import (
     TransportError,
     publish_refused,
 )
+from toolbus.transport.nodes import Nodes
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.errors import NoReply
 from toolbus.wire.messages import Inbound, Outbound
@@ -84,7 +86,7 @@ class Requester:
     """`async with Requester(broker, reply_topic=..., client_id=...) as requester`.
 
     Args:
-        broker: where to connect, with the credentials and TLS files.
+        broker: where to connect, with credentials and TLS files (a cluster's nodes: `Nodes`).
         reply_topic: where answers come; subscribed once, for the requester's lifetime.
         client_id: the MQTT client identifier.
         retry: when and how often a request is sent again.
@@ -93,16 +95,15 @@ class Requester:
             allowed (2, 3 for the second of three), e.g. to tell a waiting user.
         watch: more subscriptions on each connection, made after the reply topic's
             (`presence.Presence.subscribe`); `heard` gets what they bring.
-        fail_when_taken_over: when another connection takes the client id over (MQTT
-            v5 0x8E; or, without it, a second connection in a row lost at once), fail
-            every request with `SessionTakenOver` and connect no more (a one-off
-            command); by default connect again after a doubling delay
-            (`TAKEN_OVER_DELAYS_S`), never in a tight loop.
+        fail_when_taken_over: when another connection takes the client id over (v5 0x8E;
+            or a second connection in a row lost at once), fail every request with
+            `SessionTakenOver`, connecting no more (a one-off command); by default connect
+            again after a doubling delay (`TAKEN_OVER_DELAYS_S`), never in a tight loop.
     """
 
     def __init__(
         self,
-        broker: BrokerUrl,
+        broker: BrokerUrl | tuple[BrokerUrl, ...],
         *,
         reply_topic: str,
         client_id: str,
@@ -113,7 +114,7 @@ class Requester:
         heard: Callable[[Inbound], None] | None = None,
         fail_when_taken_over: bool = False,
     ) -> None:
-        self._broker = broker
+        self._nodes = Nodes(broker)
         self._fail_when_taken_over = fail_when_taken_over
         self._failed: SessionTakenOver | None = None  # no request can be sent now
         self.short_lived = 0  # connections in a row lost soon after made (or taken over)
@@ -137,7 +138,7 @@ class Requester:
         reached now (later losses are re-connected); `RequestRefused` when it refuses
         the reply topic's subscription (an ACL: no answer could come)."""
         try:
-            first = await self._connect()
+            first = await self._nodes.first(self._connect)
         except SubscriptionRefused as exc:  # the reply topic's (presence's is caught)
             code = exc.refused[0][1] if exc.refused else 0x80
             what = "the subscription to the reply topic"
@@ -262,8 +263,7 @@ class Requester:
     async def _send(self, out: Outbound, deadline: float, ident: str | None) -> None:
         """Publish once the connection is up; across a broker restart, once it is back."""
         loop = asyncio.get_running_loop()
-        while True:
-            # Checked on every turn: a publish cut short by the close comes back here
+        while True:  # checked each turn: a publish cut short by the close comes back here
             if self._failed is not None:
                 raise self._failed
             if self._closed:
@@ -297,7 +297,7 @@ class Requester:
 
     async def _connect(self) -> MqttConnection:
         connection = MqttConnection(
-            self._broker, client_id=self.client_id, timeout_s=self._connect_timeout_s
+            self._nodes.current, client_id=self.client_id, timeout_s=self._connect_timeout_s
         )
         await connection.__aenter__()
         try:
@@ -316,6 +316,7 @@ class Requester:
         return connection
 
     def _lost(self, connection: MqttConnection) -> None:
+        self._nodes.advance()  # its node is lost: the next connect goes to the next
         if self.connection is connection and not self._closed:
             self.connection = None
             self._connected.clear()
@@ -384,6 +385,7 @@ class Requester:
                 if not await self._after_loss(True, 0.0):
                     raise
             except TransportError:
+                self._nodes.advance()  # this node does not answer: the next, after a pause
                 delay_s = RECONNECT_DELAYS_S[min(attempt, len(RECONNECT_DELAYS_S) - 1)]
                 attempt += 1
                 await asyncio.sleep(delay_s)  # a broker restarting: back off, then retry

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from toolbus.observability.metrics import Metrics
 from toolbus.transport import MqttConnection
+from toolbus.transport.nodes import Nodes
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.messages import Outbound
 from toolbus.worker.client_ids import ClientIds
@@ -87,7 +88,7 @@ class Takeovers:
 class Links:
     """The worker's two connections, opened anew on each (re)connect."""
 
-    brokers: tuple[BrokerUrl, ...]  # the nodes, in the order they are tried
+    nodes: Nodes  # the broker, or a cluster's nodes in the order they are tried
     ids: ClientIds
     concurrency: int
     session_expiry_s: int
@@ -95,20 +96,22 @@ class Links:
     keepalive_s: int
     max_packet_bytes: int | None = None
     dispatch: Dispatch | None = None  # store dispatch; None: the broker's `$share`
-    _turn: list[int] = field(default_factory=lambda: [-1])  # the node of the latest connect
+    _connects: list[int] = field(default_factory=lambda: [0])  # made so far
 
     @property
     def broker(self) -> BrokerUrl:
         """The node of the latest connect (the first before any)."""
-        return self.brokers[max(0, self._turn[0]) % len(self.brokers)]
+        return self.nodes.current
 
     def requests(self, will: Outbound) -> MqttConnection:
         """Where requests arrive: the worker's identity, session and `will` (made at
         each connect: it carries the MCP servers' states of that moment). It holds at
         most `concurrency` requests waiting, whatever the broker sends. Each call is a
         connect: to the next node of a cluster (`replies` goes to the same)."""
-        self._turn[0] += 1
-        if len(self.brokers) > 1:
+        if self._connects[0]:
+            self.nodes.advance()  # a reconnect, after a loss or a refusal: the next node
+        self._connects[0] += 1
+        if len(self.nodes.all) > 1:
             log.info("connecting to %s", self.broker, extra={"broker": str(self.broker)})
         return MqttConnection(
             self.broker,

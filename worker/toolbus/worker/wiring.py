@@ -145,6 +145,7 @@ def build_worker(
     # pipeline (`toolbus mappings`, the in-process tests) are built without it.
     from toolbus.backends.mcp import McpBackend  # noqa: PLC0415 -- see the comment above
     from toolbus.transport import max_packet_bytes  # noqa: PLC0415 -- as above
+    from toolbus.transport.nodes import Nodes  # noqa: PLC0415 -- as above
     from toolbus.worker.links import Links  # noqa: PLC0415 -- imports the transport (aiomqtt)
     from toolbus.worker.service import Worker  # noqa: PLC0415 -- imports the transport (aiomqtt)
 
@@ -266,7 +267,7 @@ def build_worker(
         publish_timeout_s=settings.publish_timeout_s,
         reconnect_max_delay_s=settings.reconnect_max_delay_s,
         links=Links(
-            settings.brokers,
+            Nodes(settings.brokers),
             ids,
             slots.count,
             # A session outlives the connection only under a stable, configured identity
