@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
@@ -244,3 +245,44 @@ async def test_store_dispatch_runs_a_pool_on_ejabberd(
     assert all(len(v) == 1 and v[0]["ok"] for v in replies.by_correlation.values())
     assert sorted(ran) == sorted(f"e{n}" for n in range(calls))
     assert sum(answered(w) for w in pool) == calls
+
+
+async def timed(broker: Broker, redis_server: RedisServer, mode: str, calls: int) -> float:
+    """Seconds for `calls` echo calls, 64 in flight, through two workers in `mode`."""
+    settings = make_settings(
+        broker,
+        topic_prefix=f"sc{uuid.uuid4().hex[:8]}",
+        dedup_store=redis_server.url,
+        dispatch=mode,
+    )
+    async with AsyncExitStack() as stack:
+        pool = [await stack.enter_async_context(running_worker(settings)) for _ in range(2)]
+        caller = await stack.enter_async_context(Caller(broker.url))
+        reply = f"{pool[0].topics.reply_prefixes[0]}me"
+        gate = asyncio.Semaphore(64)
+
+        async def one(n: int) -> bool:
+            async with gate:
+                body = {"id": f"{mode}{n}", "tool": "echo", "arguments": {"text": "x"}}
+                answer, _ = await caller.call(pool[0].topics.call, body, reply_topic=reply)
+                return bool(answer["ok"])
+
+        began = time.perf_counter()
+        answered = await asyncio.gather(*(one(n) for n in range(calls)))
+        took = time.perf_counter() - began
+    assert all(answered)
+    return took
+
+
+async def test_what_store_dispatch_costs_against_share(
+    broker: Broker, redis_server: RedisServer
+) -> None:
+    """Measured, not asserted: the same calls through two workers behind `$share` and
+    through two in store dispatch (each worker reads every call and asks Redis)."""
+    calls = 300
+    shared = await timed(broker, redis_server, "shared", calls)
+    store = await timed(broker, redis_server, "store", calls)
+    measured(
+        f"{calls} calls, 2 workers, 64 in flight: $share {calls / shared:.0f}/s, "
+        f"store dispatch {calls / store:.0f}/s (store/share {shared / store:.2f})"
+    )
