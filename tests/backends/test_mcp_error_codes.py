@@ -139,14 +139,12 @@ async def test_a_stdio_server_killed_mid_call_is_still_a_lost_connection(
 
 
 @asynccontextmanager
-async def http_server(
-    state: Path, port: int, **env: str
-) -> AsyncIterator[asyncio.subprocess.Process]:
+async def http_server(state: Path, port: int) -> AsyncIterator[asyncio.subprocess.Process]:
     """The misbehaving server on streamable HTTP, started and ready; killed on exit."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         str(SERVER),
-        env={**os.environ, "TB_STATE_DIR": str(state), "TB_HTTP_PORT": str(port), **env},
+        env={**os.environ, "TB_STATE_DIR": str(state), "TB_HTTP_PORT": str(port)},
         stdout=asyncio.subprocess.DEVNULL,  # its access log
         stderr=asyncio.subprocess.PIPE,
     )
@@ -194,30 +192,6 @@ async def test_over_http_an_error_answer_is_tool_error_and_a_dead_server_is_not(
                 replies = await asyncio.gather(*held)
             assert [error_of(reply) for reply in replies] == [("unavailable", None)] * IN_FLIGHT
             await states.until("degraded")
-
-
-async def test_a_server_that_answers_the_health_probe_with_an_error_is_alive(
-    broker: Broker, tmp_path: Path
-) -> None:
-    """A server that does not implement `ping` (or `server/discover`) answers it with a
-    JSON-RPC error: it is there. Its session is kept, nothing restarts, calls go on."""
-    port = free_port()
-    async with http_server(tmp_path, port, TB_PROBE_ERROR="-32601"):
-        settings = make_settings(
-            broker,
-            mcp={"health_interval_s": 0.1},
-            mcpServers={"web": {"url": f"http://127.0.0.1:{port}/mcp", "connect_timeout_s": 5}},
-        )
-        async with Caller(broker.url) as caller, running_worker(settings) as worker:
-            await ServerStates(caller, worker, "web").until("ready")
-            probes = tmp_path / "probes"
-            async with asyncio.timeout(30):
-                while not probes.exists() or int(probes.read_text()) < 5:
-                    await asyncio.sleep(0.05)  # polled, bounded: five probes refused
-            assert (await call(caller, worker, "work", {"value": "x"}))["ok"]
-            assert worker.mcp.servers["web"].connects == 1
-            assert worker.mcp.states() == {"web": "ready"}
-            assert starts(tmp_path) == 1
 
 
 class _Answers:

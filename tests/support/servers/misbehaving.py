@@ -8,9 +8,6 @@ Modes, from the environment:
   TB_GARBAGE         print non-JSON lines to stdout before serving
   TB_STATE_DIR       where it writes its pid and counts (for the tests to read)
   TB_HTTP_PORT       serve streamable HTTP on 127.0.0.1:PORT instead of stdio
-  TB_PROBE_ERROR     answer `ping` and `server/discover` with this JSON-RPC error code (a
-                     server that does not implement them: alive, answering; counted in
-                     TB_STATE_DIR/probes)
 Tools: `work` (answers), `exit_now` (dies mid-call), `hang` (never answers),
 `stubborn` (ignores cancellation, answers late), `noisy` (garbage on stdout, then
 answers), `add_tool`/`remove_tool` (changes its tool list and notifies), `picture`
@@ -54,17 +51,6 @@ PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 16).decode()
 lists = 0  # `tools/list` requests served
 
 
-class ProbeRefuser:
-    """Middleware: `ping` and `server/discover` answered with TB_PROBE_ERROR's code."""
-
-    async def __call__(self, ctx: Any, call_next: Any) -> Any:
-        code = os.environ.get("TB_PROBE_ERROR")
-        if code and ctx.method in ("ping", "server/discover") and ctx.request_id is not None:
-            bump("probes")
-            raise MCPError(code=int(code), message="not implemented here")
-        return await call_next(ctx)
-
-
 class CountingServer(MCPServer):
     async def list_tools(self) -> list[ListedTool]:
         global lists  # noqa: PLW0603 -- a test server's whole state
@@ -72,7 +58,7 @@ class CountingServer(MCPServer):
         return await super().list_tools()
 
 
-server = CountingServer("toolbus-test-misbehaving", middleware=[ProbeRefuser()])
+server = CountingServer("toolbus-test-misbehaving")
 calls = 0
 linger = threading.Event()  # set: outlive stdin's end (see `close_stdout`)
 

@@ -22,15 +22,9 @@ from contextlib import AsyncExitStack
 from mcp import ClientSession
 from mcp.client._probe import negotiate_auto
 from mcp.client.subscriptions import Subscription, SubscriptionLost, listen
-from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 log = logging.getLogger("toolbus.mcp")
-
-# The codes the SDK gives its own outcomes (a closed connection, its read timeout): from
-# a probe, these are the transport's. A server's answer with them cannot be told apart.
-TRANSPORT_CODES = (CONNECTION_CLOSED, REQUEST_TIMEOUT)
 
 
 async def negotiate(session: ClientSession) -> str:
@@ -47,23 +41,13 @@ def is_modern(session: ClientSession) -> bool:
 
 async def probe(session: ClientSession) -> None:
     """A request the server answers at once, to tell that it is there: `ping` before
-    2026-07-28, where it is gone; `server/discover` (stateless, cheap) from then on.
-
-    Raises only what says the connection is over: the transport's errors, and the codes
-    the SDK gives its own outcomes (CONNECTION_CLOSED, REQUEST_TIMEOUT). Any other error
-    answer is the server's words: it is there, it answered (a server that does not
-    implement `ping` says -32601), and its session, with every call on it, goes on."""
-    try:
-        if is_modern(session):
-            version = session.protocol_version
-            assert version is not None
-            await session.send_discover(version)
-        else:
-            await session.send_ping()
-    except MCPError as exc:
-        if exc.code in TRANSPORT_CODES:
-            raise
-        log.debug("the server answered the probe with error %d: it is there", exc.code)
+    2026-07-28, where it is gone; `server/discover` (stateless, cheap) from then on."""
+    if is_modern(session):
+        version = session.protocol_version
+        assert version is not None
+        await session.send_discover(version)
+    else:
+        await session.send_ping()
 
 
 async def listen_for_tool_changes(
