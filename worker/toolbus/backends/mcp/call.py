@@ -19,6 +19,7 @@ context) pays one check.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -28,6 +29,10 @@ import anyio
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     CONNECTION_CLOSED,
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
     CallToolResult,
     InputRequiredResult,
     InputResponses,
@@ -44,6 +49,8 @@ from toolbus.observability.propagation import inject_headers
 from toolbus.observability.spans import step_span
 from toolbus.tools.context import CallContext
 from toolbus.wire.errors import ToolbusError, Unavailable
+
+log = logging.getLogger("toolbus.mcp")
 
 TRANSPORT_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError)
 
@@ -192,7 +199,7 @@ async def failure(current: Session, exc: MCPError, server: str) -> ToolbusError:
     anything else is the server's answer to this one call, `tool_error` with its
     `mcp_code`, and the session and every other call on it go on.
     """
-    if exc.code == CONNECTION_CLOSED and await lost(current):
+    if exc.code == CONNECTION_CLOSED and await lost(current, server):
         current.end("the connection closed")
         return Unavailable(f"MCP server {server} closed the connection", server=server)
     if exc.code == CONNECTION_CLOSED and _response_lost(current, exc):
@@ -212,12 +219,36 @@ async def failure(current: Session, exc: MCPError, server: str) -> ToolbusError:
 # cautious answer (outcome unknown), never a lost session.
 _SDK_LOST_RESPONSE = "SSE stream "
 
+# Every error the SDK makes up itself, in place of an answer, when the exchange failed
+# below JSON-RPC (mcp 2.x: its dispatcher once the connection closed; its streamable HTTP
+# transport for a lost response stream, an HTTP error status without a JSON-RPC body, a
+# 404, a 202 to a request, a redirect it did not follow, a body of another type or not
+# JSON). The server's words are every other error: they come with the same codes, so
+# the code and the start of the text together tell them apart.
+SDK_STAND_INS = (
+    (CONNECTION_CLOSED, "Connection closed"),
+    (CONNECTION_CLOSED, _SDK_LOST_RESPONSE),
+    (INTERNAL_ERROR, "Server returned an error response"),
+    (INVALID_REQUEST, "Session terminated"),
+    (METHOD_NOT_FOUND, "Not Found"),
+    (INVALID_REQUEST, "server answered a request with 202 Accepted"),
+    (INVALID_REQUEST, "Redirect to "),
+    (INVALID_REQUEST, "Unexpected content type"),
+    (PARSE_ERROR, "Failed to parse JSON response"),
+)
+
 
 def _response_lost(current: Session, exc: MCPError) -> bool:
     return current.ping_to_tell_s is not None and exc.error.message.startswith(_SDK_LOST_RESPONSE)
 
 
-async def lost(current: Session) -> bool:
+def stand_in(exc: MCPError) -> bool:
+    """Whether `exc` is the SDK's account of a failed exchange, not the server's answer."""
+    message = exc.error.message
+    return any(exc.code == code and message.startswith(text) for code, text in SDK_STAND_INS)
+
+
+async def lost(current: Session, server: str) -> bool:
     """Whether the session's connection is over, by the transport's own account: the
     session has ended (the stdio transport ends it before the SDK sees the pipes close),
     or, over HTTP, the server does not answer a ping."""
@@ -225,13 +256,40 @@ async def lost(current: Session) -> bool:
         return True
     if current.ping_to_tell_s is None:
         return False  # stdio: while the session is open, so are the pipes
-    try:
-        async with asyncio.timeout(current.ping_to_tell_s):
-            await probe(current.session)  # `ping`, or `server/discover` from 2026-07-28 on
-    except (MCPError, TimeoutError, *TRANSPORT_ERRORS) as exc:
-        current.end(f"no answer to a ping: {describe(exc)}")
+    why = await unanswered(current, current.ping_to_tell_s, server)
+    if why is not None:
+        current.end(f"no answer to a ping: {why}")
         return True
     return current.ended.is_set()
+
+
+async def unanswered(current: Session, timeout_s: float, server: str) -> str | None:
+    """Why the server did not answer a probe (`era.probe`) within `timeout_s`, or None.
+
+    An error answer is an answer: a server that says "method not found" to `ping`, or
+    fails `server/discover` with an error of its own, is there, and its session and the
+    calls on it go on (told once per session, at info). Only the transport's words say
+    it is not: a timeout, a broken connection, an error the SDK made up in place of an
+    answer (`stand_in`), or the session ended meanwhile (an HTTP 404 on its id: `http`).
+    """
+    try:
+        async with asyncio.timeout(timeout_s):
+            await probe(current.session)  # `ping`, or `server/discover` from 2026-07-28 on
+    except MCPError as exc:
+        if current.ended.is_set():
+            return current.why
+        if stand_in(exc):
+            return describe(exc)
+        if not current.probe_refused:
+            current.probe_refused = True
+            log.info(
+                "mcp probe answered with an error",
+                extra={"server": server, "mcp_code": exc.code},
+            )
+        return None
+    except (TimeoutError, *TRANSPORT_ERRORS) as exc:
+        return describe(exc)
+    return None
 
 
 def _meta() -> RequestParamsMeta:

@@ -8,7 +8,8 @@ A handshake-era server says its tools changed on the session itself
 no replay, and a new session listens again and lists the tools afresh.
 
 Health: `era.probe`, every `health_interval_s`, over HTTP only (a stdio session ends the
-moment its process does).
+moment its process does). A server that answers it with an error is there
+(`call.unanswered`): only the transport's failures end the session.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import time
 
 from mcp.shared.exceptions import MCPError
 
-from toolbus.backends.mcp.call import TRANSPORT_ERRORS
+from toolbus.backends.mcp.call import TRANSPORT_ERRORS, unanswered
 from toolbus.backends.mcp.convert import describe
-from toolbus.backends.mcp.era import follow, probe
+from toolbus.backends.mcp.era import follow
 from toolbus.backends.mcp.listing import ToolListing
 from toolbus.backends.mcp.session import Session, first_of, list_tools
 
@@ -57,7 +58,7 @@ async def keep(
             if tools.due_in() == 0.0:
                 await _relist(current, tools, server, timeout_s)
             if time.monotonic() >= next_ping:
-                await _ping(current, timeout_s)
+                await _ping(current, server, timeout_s)
                 next_ping = time.monotonic() + health_s
     finally:
         if following is not None:
@@ -95,9 +96,7 @@ async def _relist(current: Session, tools: ToolListing, server: str, timeout_s: 
         )
 
 
-async def _ping(current: Session, timeout_s: float) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            await probe(current.session)
-    except (MCPError, TimeoutError, *TRANSPORT_ERRORS) as exc:
-        current.end(f"health check failed: {describe(exc)}")
+async def _ping(current: Session, server: str, timeout_s: float) -> None:
+    why = await unanswered(current, timeout_s, server)
+    if why is not None:
+        current.end(f"health check failed: {why}")

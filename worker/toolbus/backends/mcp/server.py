@@ -301,7 +301,9 @@ class McpServer:
 
     async def _open_session(self, stack: AsyncExitStack, ending: Ending) -> ClientSession:
         if self.config.command is None:
-            return await open_http(stack, self.config, self._on_message, self._asking)
+            return await open_http(
+                stack, self.config, self._on_message, self._asking, on_end=ending.end
+            )
         return await open_stdio(
             stack,
             self.name,

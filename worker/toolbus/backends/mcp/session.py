@@ -69,6 +69,7 @@ class Session:
     ping_to_tell_s: float | None = None
     asking: Asking | None = None  # its questions' way to the callers (backends/mcp/asking.py)
     subscription: Subscription | None = None
+    probe_refused: bool = False  # the server answered a probe with an error (told once)
 
     @property
     def ended(self) -> asyncio.Event:
