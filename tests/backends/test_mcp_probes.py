@@ -130,6 +130,28 @@ async def test_a_calls_own_server_error_is_its_answer_when_the_probe_is_refused(
         assert structured(await call(caller, worker, "sessions")) == {"sessions": 1}
 
 
+async def test_a_modern_server_that_refuses_subscriptions_listen_still_serves(
+    broker: Broker,
+) -> None:
+    """`subscriptions/listen` answered with an error: the session opens without a list
+    change stream. Before, the opening failed, again at every retry: the server stayed
+    `down` and its tools `unavailable`."""
+    port = free_port()
+    with watching("toolbus.mcp", "refused subscriptions/listen") as log:
+        async with (
+            refuser(port, "--refuse-listen", "-32601"),
+            worker_of(broker, port) as worker,
+            Caller(broker.url) as caller,
+        ):
+            server = worker.mcp.servers["web"]
+            assert (server.state, server.protocol_version, server.connects) == ("ready", MODERN, 1)
+            assert structured(await call(caller, worker, "sessions")) == {"sessions": 1}
+    refused = [
+        r for r in log.records if r.getMessage() == "mcp server refused subscriptions/listen"
+    ]
+    assert [getattr(r, "mcp_code", None) for r in refused] == [-32601]
+
+
 async def test_a_legacy_server_that_forgot_the_session_is_reconnected(broker: Broker) -> None:
     """HTTP 404 on the session's id (with the server's own JSON-RPC error in the body, as
     the SDK's servers answer): the transport's word, whatever the body says. The session

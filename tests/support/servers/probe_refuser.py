@@ -8,7 +8,8 @@ falls back to `initialize`), whose `ping` is answered with error CODE (-32601, "
 not found", is what a server that never implemented `ping` says). Otherwise a server of
 2026-07-28 whose `server/discover` is answered once, for the client's negotiation, and
 with error CODE for every later one (the modern era's probe). Without `--code` every
-probe reaches the SDK and is answered.
+probe reaches the SDK and is answered. `--refuse-listen CODE`: every
+`subscriptions/listen` (2026-07-28) is answered with error CODE.
 
 The answers are written by an ASGI layer in front of the SDK's app, before the SDK sees
 the request: no SDK internals. It prints "Uvicorn running" once it listens.
@@ -80,8 +81,10 @@ class RefuseProbes:
     """Answers the probe (and, for a legacy server, `server/discover`) with a JSON-RPC
     error, in a 200 response, as a server's handler that raised would."""
 
-    def __init__(self, app: ASGIApp, *, legacy: bool, code: int | None) -> None:
-        self.app, self.legacy, self.code = app, legacy, code
+    def __init__(
+        self, app: ASGIApp, *, legacy: bool, code: int | None, listen_code: int | None
+    ) -> None:
+        self.app, self.legacy, self.code, self.listen_code = app, legacy, code, listen_code
         self.forgotten: set[bytes] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -122,6 +125,8 @@ class RefuseProbes:
                 return None
             seen["refused"] += 1
             return _error(request["id"], self.code, "not now")
+        if method == "subscriptions/listen" and self.listen_code is not None:
+            return _error(request["id"], self.listen_code, "no subscriptions here")
         if method == "ping" and self.legacy and self.code is not None:
             seen["refused"] += 1
             return _error(request["id"], self.code, "no ping here")
@@ -164,8 +169,14 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--legacy", action="store_true")
     parser.add_argument("--code", type=int)
+    parser.add_argument("--refuse-listen", type=int)
     args = parser.parse_args()
-    app = RefuseProbes(server.streamable_http_app(), legacy=args.legacy, code=args.code)
+    app = RefuseProbes(
+        server.streamable_http_app(),
+        legacy=args.legacy,
+        code=args.code,
+        listen_code=args.refuse_listen,
+    )
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="info")
 
 

@@ -29,10 +29,6 @@ import anyio
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     CONNECTION_CLOSED,
-    INTERNAL_ERROR,
-    INVALID_REQUEST,
-    METHOD_NOT_FOUND,
-    PARSE_ERROR,
     CallToolResult,
     InputRequiredResult,
     InputResponses,
@@ -41,7 +37,7 @@ from mcp_types import (
 from opentelemetry import trace
 
 from toolbus.backends.mcp.asking import responses, settle
-from toolbus.backends.mcp.convert import call_error, describe
+from toolbus.backends.mcp.convert import SDK_LOST_RESPONSE, call_error, describe, stand_in
 from toolbus.backends.mcp.era import probe
 from toolbus.backends.mcp.session import Session
 from toolbus.backends.mcp.tasks import call_as_task
@@ -213,39 +209,8 @@ async def failure(current: Session, exc: MCPError, server: str) -> ToolbusError:
     return call_error(exc, server)
 
 
-# What the mcp SDK's streamable HTTP transport says when it gives up on one request's
-# response stream (`_resolve_abandoned_request`, mcp 2.x), with CONNECTION_CLOSED. Only its
-# text tells it from a server's own -32000: a server's text that starts so gets the
-# cautious answer (outcome unknown), never a lost session.
-_SDK_LOST_RESPONSE = "SSE stream "
-
-# Every error the SDK makes up itself, in place of an answer, when the exchange failed
-# below JSON-RPC (mcp 2.x: its dispatcher once the connection closed; its streamable HTTP
-# transport for a lost response stream, an HTTP error status without a JSON-RPC body, a
-# 404, a 202 to a request, a redirect it did not follow, a body of another type or not
-# JSON). The server's words are every other error: they come with the same codes, so
-# the code and the start of the text together tell them apart.
-SDK_STAND_INS = (
-    (CONNECTION_CLOSED, "Connection closed"),
-    (CONNECTION_CLOSED, _SDK_LOST_RESPONSE),
-    (INTERNAL_ERROR, "Server returned an error response"),
-    (INVALID_REQUEST, "Session terminated"),
-    (METHOD_NOT_FOUND, "Not Found"),
-    (INVALID_REQUEST, "server answered a request with 202 Accepted"),
-    (INVALID_REQUEST, "Redirect to "),
-    (INVALID_REQUEST, "Unexpected content type"),
-    (PARSE_ERROR, "Failed to parse JSON response"),
-)
-
-
 def _response_lost(current: Session, exc: MCPError) -> bool:
-    return current.ping_to_tell_s is not None and exc.error.message.startswith(_SDK_LOST_RESPONSE)
-
-
-def stand_in(exc: MCPError) -> bool:
-    """Whether `exc` is the SDK's account of a failed exchange, not the server's answer."""
-    message = exc.error.message
-    return any(exc.code == code and message.startswith(text) for code, text in SDK_STAND_INS)
+    return current.ping_to_tell_s is not None and exc.error.message.startswith(SDK_LOST_RESPONSE)
 
 
 async def lost(current: Session, server: str) -> bool:

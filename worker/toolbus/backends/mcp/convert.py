@@ -14,6 +14,11 @@ import json
 
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
+    CONNECTION_CLOSED,
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
     AudioContent,
     BlobResourceContents,
     CallToolResult,
@@ -161,6 +166,37 @@ def call_error(exc: MCPError, server: str) -> ToolbusError:
         if isinstance(limit, int) and isinstance(received, int):
             return too_large(server, received, limit)
     return ToolFailed(exc.message, server=server, mcp_code=exc.code)
+
+
+# What the mcp SDK's streamable HTTP transport says when it gives up on one request's
+# response stream (`_resolve_abandoned_request`, mcp 2.x), with CONNECTION_CLOSED. Only its
+# text tells it from a server's own -32000: a server's text that starts so gets the
+# cautious answer (outcome unknown), never a lost session (`call.failure`).
+SDK_LOST_RESPONSE = "SSE stream "
+
+# Every error the SDK makes up itself, in place of an answer, when the exchange failed
+# below JSON-RPC (mcp 2.x: its dispatcher once the connection closed; its streamable HTTP
+# transport for a lost response stream, an HTTP error status without a JSON-RPC body, a
+# 404, a 202 to a request, a redirect it did not follow, a body of another type or not
+# JSON). The server's words are every other error: they come with the same codes, so
+# the code and the start of the text together tell them apart.
+SDK_STAND_INS = (
+    (CONNECTION_CLOSED, "Connection closed"),
+    (CONNECTION_CLOSED, SDK_LOST_RESPONSE),
+    (INTERNAL_ERROR, "Server returned an error response"),
+    (INVALID_REQUEST, "Session terminated"),
+    (METHOD_NOT_FOUND, "Not Found"),
+    (INVALID_REQUEST, "server answered a request with 202 Accepted"),
+    (INVALID_REQUEST, "Redirect to "),
+    (INVALID_REQUEST, "Unexpected content type"),
+    (PARSE_ERROR, "Failed to parse JSON response"),
+)
+
+
+def stand_in(exc: MCPError) -> bool:
+    """Whether `exc` is the SDK's account of a failed exchange, not the server's answer."""
+    message = exc.error.message
+    return any(exc.code == code and message.startswith(text) for code, text in SDK_STAND_INS)
 
 
 def describe(exc: BaseException) -> str:

@@ -22,7 +22,10 @@ from contextlib import AsyncExitStack
 from mcp import ClientSession
 from mcp.client._probe import negotiate_auto
 from mcp.client.subscriptions import Subscription, SubscriptionLost, listen
+from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from toolbus.backends.mcp.convert import stand_in
 
 log = logging.getLogger("toolbus.mcp")
 
@@ -51,18 +54,32 @@ async def probe(session: ClientSession) -> None:
 
 
 async def listen_for_tool_changes(
-    stack: AsyncExitStack, session: ClientSession
+    stack: AsyncExitStack, session: ClientSession, server: str
 ) -> Subscription | None:
     """On a modern session whose server lists tool changes, the `subscriptions/listen`
     stream that carries them, open until `stack` closes (None otherwise: a handshake-era
-    server sends `notifications/tools/list_changed` on the session itself)."""
+    server sends `notifications/tools/list_changed` on the session itself).
+
+    A server that refuses the stream with an error answer is there, and its tools work:
+    the session opens without it (no list change reaches the worker until the next
+    session), rather than failing, and being retried, for a stream it was never to have.
+    Only the SDK's account of a failed exchange (`convert.stand_in`) fails the opening."""
     if not is_modern(session):
         return None
     capabilities = session.server_capabilities
     tools = capabilities.tools if capabilities is not None else None
     if tools is None or not tools.list_changed:
         return None
-    subscription = await stack.enter_async_context(listen(session, tools_list_changed=True))
+    try:
+        subscription = await stack.enter_async_context(listen(session, tools_list_changed=True))
+    except MCPError as exc:
+        if stand_in(exc):
+            raise
+        log.info(
+            "mcp server refused subscriptions/listen",
+            extra={"server": server, "mcp_code": exc.code},
+        )
+        return None
     if not subscription.honored.tools_list_changed:
         return None  # the server declined: nothing will come
     return subscription

@@ -286,7 +286,7 @@ class McpServer:
                     session = await self._open_session(stack, ending)
                     self.protocol_version = await negotiate(session)
                     tools = await list_tools(session)
-                    listening = await listen_for_tool_changes(stack, session)
+                    listening = await listen_for_tool_changes(stack, session, self.name)
                 self.connects += 1
                 log_protocol(self.name, self.protocol_version, listening is not None)
                 # The holder closes it, later, in this same task.
