@@ -286,3 +286,36 @@ async def test_what_store_dispatch_costs_against_share(
         f"{calls} calls, 2 workers, 64 in flight: $share {calls / shared:.0f}/s, "
         f"store dispatch {calls / store:.0f}/s (store/share {shared / store:.2f})"
     )
+
+
+async def test_with_redis_away_one_worker_answers_by_rank(broker: Broker) -> None:
+    """Redis stops: no worker can ask who took a message, so each ranks the workers it
+    last saw alive by the message's digest and only the first answers (its dedup store is
+    down too: `unavailable`); the other drops it. One answer, never two."""
+    ran.clear()
+    own = RedisServer()
+    own.start()
+    try:
+        settings = settings_for(broker, own, f"sr{uuid.uuid4().hex[:8]}")
+        async with AsyncExitStack() as stack:
+            pool = [
+                await stack.enter_async_context(running_worker(settings, [note])) for _ in range(2)
+            ]
+            async with asyncio.timeout(WAIT_S):  # each has seen the other's heartbeat
+                while any(len(dispatched(w).alive) < 2 for w in pool):
+                    await asyncio.sleep(0.05)  # polled, bounded: the next heartbeat
+            own.stop()
+            reply = f"{pool[0].topics.reply_prefixes[0]}me"
+            replies = Replies()
+            caller = await stack.enter_async_context(Caller(broker.url))
+            await caller.subscribe(reply)
+            body = {"id": "away-1", "tool": "note", "arguments": {"text": "x"}}
+            correlation = await send(caller, pool, body, reply)
+            await collect(caller, reply, replies, 1)
+            await settled(pool, 1)
+        [answer] = replies.by_correlation[correlation]
+        assert answer["error"]["code"] == "unavailable", answer
+        assert sorted(answered(w) for w in pool) == [0, 1]
+        assert ran == []
+    finally:
+        own.stop()

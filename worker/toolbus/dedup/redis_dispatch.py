@@ -13,6 +13,8 @@ redelivery) goes to the worker that took the first, for as long as the key lives
 worker is gone (its heartbeat, `{p}:dispatch-alive:{owner}`, lapsed), the next worker to
 see a copy takes the key over, and dedup tells the run was cut short (`in_doubt`, or a
 rerun for an idempotent tool). Two identical publishes with no id both run, on one worker.
+Each worker's heartbeat also scores it in `{p}:dispatch-owners` (a sorted set by beat
+time), so the workers alive are read in one range query, never by scanning the keys.
 
 When Redis cannot be reached no worker can know whether another took the message: each
 ranks the workers it last saw alive by the message's digest (rendezvous hashing) and only
@@ -26,6 +28,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
 import uuid
 from typing import Self
 
@@ -86,7 +89,7 @@ class RedisDispatch:
         self._prefix = prefix
         self._keep_ms = max(1, int(keep_s * 1000))
         self._take = self._redis.register_script(TAKE)
-        self._alive: tuple[str, ...] = (self.owner,)  # as the last heartbeat saw them
+        self.alive: tuple[str, ...] = (self.owner,)  # as the last heartbeat saw them
         self._beating: asyncio.Task[None] | None = None
         self.dropped = 0  # messages another worker took
         self.taken_over = 0  # messages whose taker's heartbeat had lapsed
@@ -104,16 +107,20 @@ class RedisDispatch:
             await cancel_and_wait(self._beating)
         with contextlib.suppress(Exception):  # the key lapses anyway
             await self._redis.delete(self._alive_key(self.owner))
+            await self._redis.zrem(f"{self._prefix}:dispatch-owners", self.owner)
         await self._redis.aclose()
 
     async def _beat(self) -> None:
-        await self._redis.set(self._alive_key(self.owner), "1", px=int(ALIVE_TTL_S * 1000))
-        prefix = self._alive_key("")
-        alive = [
-            (key.decode() if isinstance(key, bytes) else str(key)).removeprefix(prefix)
-            async for key in self._redis.scan_iter(match=prefix + "*", count=1000)
-        ]
-        self._alive = tuple(sorted({*alive, self.owner}))
+        now = time.time()
+        owners = f"{self._prefix}:dispatch-owners"
+        async with self._redis.pipeline(transaction=False) as beat:
+            beat.set(self._alive_key(self.owner), "1", px=int(ALIVE_TTL_S * 1000))
+            beat.zadd(owners, {self.owner: now})
+            beat.zremrangebyscore(owners, "-inf", now - ALIVE_TTL_S)
+            beat.zrangebyscore(owners, now - ALIVE_TTL_S, "+inf")
+            *_, alive = await beat.execute()
+        names = (a.decode() if isinstance(a, bytes) else str(a) for a in alive)
+        self.alive = tuple(sorted({*names, self.owner}))
 
     async def _beat_on(self) -> None:
         while True:
@@ -134,6 +141,7 @@ class RedisDispatch:
         except Exception as exc:
             first = self._ranked(key)
             log.warning("dispatch store failed (%s): answered by rank, mine: %s", exc, first)
+            self.dropped += not first
             return first
         if taken == TAKEN_OVER:
             self.taken_over += 1
@@ -149,4 +157,4 @@ class RedisDispatch:
         def rank(owner: str) -> bytes:
             return hashlib.blake2b(f"{key}|{owner}".encode(), digest_size=8).digest()
 
-        return max(self._alive, key=rank) == self.owner
+        return max(self.alive, key=rank) == self.owner
