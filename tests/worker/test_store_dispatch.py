@@ -319,3 +319,21 @@ async def test_with_redis_away_one_worker_answers_by_rank(broker: Broker) -> Non
         assert ran == []
     finally:
         own.stop()
+
+
+async def test_a_311_callers_request_is_answered_once_too(
+    broker: Broker, pool: list[Worker]
+) -> None:
+    """MQTT 3.1.1 has no Response Topic: the reply address is in the body, and the body is
+    what every worker's digest reads, so one worker answers it."""
+    reply = f"{pool[0].topics.reply_prefixes[0]}old"
+    async with Caller(broker.url, v5=False) as caller:
+        answer, _ = await caller.call(
+            pool[0].topics.call,
+            {"tool": "note", "arguments": {"text": "v311"}},
+            reply_topic=reply,
+            timeout_s=WAIT_S,
+        )
+        await settled(pool, 1)
+    assert answer["ok"] is True
+    assert sorted(answered(w) for w in pool) == [0, 1] and ran == ["v311"]
