@@ -105,13 +105,12 @@ class Continuing:
         Taken once (a copy of this request takes it again); a stateless server's call
         runs again here as a new call of the same tool and arguments."""
         try:
-            record = await self._take(call)
+            record, body = await self._take(call)
         except ToolbusError as refused:
             return self._refuse(call, refused)
         answers = call.input_responses or {}
         if record.state == ENDED:  # the call ended while nobody waited: its answer
             return ended_reply(call, record.reply)
-        body = json.loads(record.body)
         if body["kind"] == STATELESS:
             self._rounds.taken(body.get("origin"))  # a cancel now finds the resumed call
             resumed = replace(
@@ -126,8 +125,9 @@ class Continuing:
             return await self._admitted(resumed, sink, status)
         return await self._resume(call, record, body["tool"], answers, sink)
 
-    async def _take(self, call: Call) -> TokenRecord:
-        """The token `call` continues, taken for it; why not, raised."""
+    async def _take(self, call: Call) -> tuple[TokenRecord, dict[str, Any]]:
+        """The token `call` continues, taken for it, and what its record keeps (parsed
+        once); why not, raised."""
         token, holder = call.continuation, holder_of(call)
         key = Once.key(call.caller, call.reply_topic, call.id)
         if token is None or holder is None or key is None:
@@ -157,7 +157,7 @@ class Continuing:
             raise BadRequest("a continuation takes an id of its own", reason="id_reused")
         if taken.record is None:
             raise ContinuationInvalid("the continuation continues no call", reason=taken.refused)
-        return taken.record
+        return taken.record, body
 
     async def _resume(
         self,
