@@ -24,6 +24,7 @@ from tests.support.harness import (
 )
 from tests.support.mqtt import Caller
 from tests.support.otlp import OtlpReceiver, otlp_receiver
+from tests.support.redis_ha import Cluster
 from toolbus.dedup import DedupStore, open_store
 from toolbus.dedup.redis import RedisStore
 
@@ -47,16 +48,28 @@ def redis_server() -> Iterator[RedisServer]:
     server.stop()
 
 
-@pytest_asyncio.fixture(params=["memory", "redis"])
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A three-node Redis Cluster (`redis+cluster://`), shared by the tests that read it."""
+    cluster = Cluster(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest_asyncio.fixture(params=["memory", "redis", "cluster"])
 async def store(
     request: pytest.FixtureRequest, redis_server: RedisServer
 ) -> AsyncIterator[DedupStore]:
-    """One worker's dedup store as production opens it (`open_store`), memory and Redis:
-    the rules both stores keep."""
+    """One worker's dedup store as production opens it (`open_store`), memory, Redis and a
+    Redis Cluster: the rules every store keeps."""
     prefix = f"t{uuid.uuid4().hex[:8]}"
-    opened = open_store(
-        "memory" if request.param == "memory" else redis_server.url, "w1", prefix=prefix
-    )
+    url = {"memory": "memory", "redis": redis_server.url}.get(request.param)
+    if url is None:
+        url = request.getfixturevalue("redis_cluster").url
+    opened = open_store(url, "w1", prefix=prefix)
     async with opened:
         yield opened
 

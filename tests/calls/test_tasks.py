@@ -100,14 +100,15 @@ def task_rig(
     return TaskRig(pipeline, sent, probe)
 
 
-@pytest_asyncio.fixture(params=["memory", "redis"])
+@pytest_asyncio.fixture(params=["memory", "redis", "cluster"])
 async def tasks_store(
     request: pytest.FixtureRequest, redis_server: RedisServer
 ) -> AsyncIterator[TaskStore]:
     prefix = f"t{uuid.uuid4().hex[:8]}"
-    yield open_tasks(
-        "memory" if request.param == "memory" else redis_server.url, "w1", prefix=prefix
-    )
+    url = {"memory": "memory", "redis": redis_server.url}.get(request.param)
+    if url is None:  # a Redis Cluster: the task scripts' keys in one slot
+        url = request.getfixturevalue("redis_cluster").url
+    yield open_tasks(url, "w1", prefix=prefix)
 
 
 async def test_first_reply_at_once_then_the_final_reply_and_tasks_get(

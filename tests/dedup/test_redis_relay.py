@@ -9,19 +9,31 @@ import time
 import uuid
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
 from tests.support.harness import RedisServer
+from tests.support.redis_ha import Cluster
 from toolbus.dedup.redis_relay import CHECK_S, RedisRelay
 
 
-def relay(redis_server: RedisServer, owner: str, prefix: str) -> RedisRelay:
+def relay(redis_server: RedisServer | Cluster, owner: str, prefix: str) -> RedisRelay:
     return RedisRelay(redis_server.url, prefix=prefix, owner=owner)
 
 
+@pytest.fixture(params=["redis", "cluster"])
+def reached(request: pytest.FixtureRequest) -> RedisServer | Cluster:
+    """One Redis, or a Redis Cluster (whose pub/sub reaches a subscriber on any node)."""
+    found: RedisServer | Cluster = request.getfixturevalue(
+        "redis_server" if request.param == "redis" else "redis_cluster"
+    )
+    return found
+
+
 async def test_a_message_reaches_its_owner_and_the_answer_comes_back(
-    redis_server: RedisServer,
+    reached: RedisServer | Cluster,
 ) -> None:
+    redis_server = reached
     prefix = uuid.uuid4().hex
     seen: list[dict[str, Any]] = []
 
@@ -36,7 +48,8 @@ async def test_a_message_reaches_its_owner_and_the_answer_comes_back(
     assert got == {"echo": 7} and seen == [{"n": 7}]
 
 
-async def test_an_owner_nobody_listens_for_is_gone_at_once(redis_server: RedisServer) -> None:
+async def test_an_owner_nobody_listens_for_is_gone_at_once(reached: RedisServer | Cluster) -> None:
+    redis_server = reached
     async with relay(redis_server, "w2/b", uuid.uuid4().hex) as asker:
         started = time.monotonic()
         assert await asker.ask("w1/dead", {"n": 1}, 30.0) is None
@@ -44,8 +57,9 @@ async def test_an_owner_nobody_listens_for_is_gone_at_once(redis_server: RedisSe
 
 
 async def test_an_owner_that_stops_listening_mid_wait_is_noticed(
-    redis_server: RedisServer,
+    reached: RedisServer | Cluster,
 ) -> None:
+    redis_server = reached
     prefix = uuid.uuid4().hex
     heard = asyncio.Event()
 

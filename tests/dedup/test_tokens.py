@@ -46,7 +46,7 @@ def record(holder: str = "ops", *, valid_s: float = 60.0, binding: str = "b1") -
     )
 
 
-@pytest_asyncio.fixture(params=["memory", "redis"])
+@pytest_asyncio.fixture(params=["memory", "redis", "cluster"])
 async def tokens(
     request: pytest.FixtureRequest, redis_server: RedisServer
 ) -> AsyncIterator[TokenStore]:
@@ -55,7 +55,10 @@ async def tokens(
         store = MemoryTokens("w1", caller_max_bytes=BOUND)
     else:
         prefix = f"t{uuid.uuid4().hex[:8]}"
-        store = RedisTokens(redis_server.url, "w1", prefix=prefix, caller_max_bytes=BOUND)
+        url = redis_server.url
+        if request.param == "cluster":  # the Lua scripts' keys in one slot
+            url = request.getfixturevalue("redis_cluster").url
+        store = RedisTokens(url, "w1", prefix=prefix, caller_max_bytes=BOUND)
     async with store:
         yield store
 

@@ -22,6 +22,7 @@ import pytest_asyncio
 from tests.support.ejabberd import PASSWORD, USER, Ejabberd
 from tests.support.harness import Broker, RedisServer, make_settings, measured, running_worker
 from tests.support.mqtt import Caller
+from tests.support.redis_ha import Cluster
 from toolbus.backends.local.functions import tool
 from toolbus.config import Settings
 from toolbus.worker.dispatch import NoSharedSubscriptions
@@ -38,7 +39,7 @@ async def note(text: str) -> str:
     return text
 
 
-def settings_for(broker: Broker, redis_server: RedisServer, prefix: str) -> Settings:
+def settings_for(broker: Broker, redis_server: RedisServer | Cluster, prefix: str) -> Settings:
     return make_settings(
         broker,
         topic_prefix=prefix,
@@ -47,8 +48,12 @@ def settings_for(broker: Broker, redis_server: RedisServer, prefix: str) -> Sett
     )
 
 
-@pytest_asyncio.fixture
-async def pool(broker: Broker, redis_server: RedisServer) -> AsyncIterator[list[Worker]]:
+@pytest_asyncio.fixture(params=["redis", "cluster"])
+async def pool(broker: Broker, request: pytest.FixtureRequest) -> AsyncIterator[list[Worker]]:
+    """Two workers in store dispatch, on one Redis or on a three-node Redis Cluster."""
+    redis_server = request.getfixturevalue(
+        "redis_server" if request.param == "redis" else "redis_cluster"
+    )
     ran.clear()
     prefix = f"sd{uuid.uuid4().hex[:8]}"
     async with AsyncExitStack() as stack:

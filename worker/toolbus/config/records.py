@@ -6,6 +6,8 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings
 
+from toolbus.wire.store_url import check
+
 
 class RecordSettings(BaseSettings):
     """The dedup store and what it keeps: records, tombstones of early cancels, tasks,
@@ -13,8 +15,10 @@ class RecordSettings(BaseSettings):
 
     dedup_store: str = Field(
         default="memory",
-        description="Where request ids are deduplicated: `memory` (this worker) or "
-        "`redis://host:port/db` (shared by replicas; needs `toolbus[redis]`).",
+        description="Where request ids are deduplicated: `memory` (this worker), or shared by "
+        "replicas (needs `toolbus[redis]`): `redis://host:port/db`, a Sentinel-watched "
+        "primary `redis+sentinel://host:port[,host:port]/service`, or a Redis Cluster "
+        "`redis+cluster://host:port[,host:port]`.",
     )
     dedup_ttl_s: float = Field(
         default=600.0, gt=0, description="How long a request id's reply is kept for repeats."
@@ -86,6 +90,6 @@ class RecordSettings(BaseSettings):
     @field_validator("dedup_store")
     @classmethod
     def _store_url(cls, value: str) -> str:
-        if value != "memory" and not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("dedup_store is `memory` or a redis:// URL")
-        return value
+        if value == "memory":
+            return value
+        return check(value)

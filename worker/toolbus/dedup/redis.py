@@ -25,7 +25,6 @@ import uuid
 from collections.abc import Callable
 from typing import Self
 
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -34,6 +33,7 @@ from redis.exceptions import RedisError
 from toolbus.dedup.cancels import REMEMBER, remember_call, tombstones_key
 from toolbus.dedup.ledger import Bounds
 from toolbus.dedup.recovery import GRACE_S, Journal
+from toolbus.dedup.redis_connect import connect
 from toolbus.dedup.redis_fleet import HEARTBEAT_S, Fleet
 from toolbus.dedup.redis_scripts import CLAIM, FINISH, RELEASE, TAKE_OVER, UNCLAIM, WRITE_RUN
 from toolbus.dedup.store import (
@@ -46,6 +46,7 @@ from toolbus.dedup.store import (
     described,
     parse,
 )
+from toolbus.wire.store_url import key_prefix, where
 from toolbus.wire.tasks import cancel_and_wait
 
 log = logging.getLogger("toolbus.dedup")
@@ -77,10 +78,9 @@ class RedisStore:
         bounds: Bounds | None = None,
         on_emptied: Callable[[], None] = lambda: None,
     ) -> None:
-        self._redis = aioredis.from_url(
+        self._redis = connect(
             url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
+            timeout_s=timeout_s,
             # A pooled connection a Redis restart cut is found dead only when used: without
             # a retry each one failed one call (`unavailable`), minutes after Redis was back.
             # A lost connection (never a timeout: a command that timed out may have run) is
@@ -93,7 +93,8 @@ class RedisStore:
             ),
         )
         self._worker_id, self._incarnation = worker_id, uuid.uuid4().hex
-        self._prefix = prefix
+        self._where = where(url).shown
+        self._prefix = key_prefix(url, prefix)
         self._bounds = bounds or Bounds()
         # EVALSHA, loaded again on NOSCRIPT (a Redis restarted): the scripts are sent once.
         self._claim = self._redis.register_script(CLAIM)
@@ -108,7 +109,7 @@ class RedisStore:
         self._journal = Journal(self._bounds.max_bytes // 2)  # docs/reliability.md, sizing
         self._fleet = Fleet(
             self._redis,
-            prefix,
+            self._prefix,
             worker_id,
             self._incarnation,
             ttl_s=ttl_s,
@@ -133,8 +134,7 @@ class RedisStore:
         return f"{self._prefix}:dedup-done:{key}"
 
     async def __aenter__(self) -> Self:
-        where = self._redis.connection_pool.connection_kwargs
-        at = f"Redis at {where.get('host')}:{where.get('port')}"  # the URL may hold a password
+        at = f"Redis at {self._where}"  # never the URL: it may hold a password
         try:
             await self._fleet.beat()  # fails here, at start-up, when Redis is unreachable
             memory = await self._redis.info("memory")

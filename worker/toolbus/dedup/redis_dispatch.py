@@ -34,7 +34,9 @@ from typing import Self
 
 from redis.asyncio import Redis
 
+from toolbus.dedup.redis_connect import connect
 from toolbus.wire.messages import Inbound
+from toolbus.wire.store_url import key_prefix
 from toolbus.wire.tasks import cancel_and_wait
 
 log = logging.getLogger("toolbus.dispatch")
@@ -82,11 +84,12 @@ class RedisDispatch:
     def __init__(
         self, url: str, worker_id: str, *, prefix: str, keep_s: float, timeout_s: float = 5.0
     ) -> None:
-        self._redis: Redis = Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        self._redis: Redis = connect(
+            url,
+            timeout_s=timeout_s,
         )
         self.owner = f"{worker_id}/{uuid.uuid4().hex}"
-        self._prefix = prefix
+        self._prefix = key_prefix(url, prefix)
         self._keep_ms = max(1, int(keep_s * 1000))
         self._take = self._redis.register_script(TAKE)
         self.alive: tuple[str, ...] = (self.owner,)  # as the last heartbeat saw them

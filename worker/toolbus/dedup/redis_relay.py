@@ -27,6 +27,8 @@ from typing import Any, Self
 
 from redis.asyncio import Redis
 
+from toolbus.dedup.redis_connect import connect
+from toolbus.wire.store_url import key_prefix
 from toolbus.wire.tasks import cancel_and_wait
 
 log = logging.getLogger("toolbus.rounds")
@@ -49,10 +51,11 @@ class RedisRelay:
         timeout_s: float = 5.0,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
-        self._redis: Redis = Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        self._redis: Redis = connect(
+            url,
+            timeout_s=timeout_s,
         )
-        self._prefix = prefix
+        self._prefix = key_prefix(url, prefix)
         self._owner = owner
         self._max_bytes = max_message_bytes
         self._handler: Any = None
@@ -68,6 +71,7 @@ class RedisRelay:
         self._handler = handler
 
     async def __aenter__(self) -> Self:
+        await self._redis.ping()  # a cluster's client learns its slots before subscribing
         await self._pubsub.subscribe(self._channel(self._owner))
         self._listener = asyncio.create_task(self._listen(), name="relay-listener")
         return self

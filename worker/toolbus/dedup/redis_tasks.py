@@ -20,8 +20,7 @@ import uuid
 from dataclasses import replace
 from typing import Self
 
-import redis.asyncio as aioredis
-
+from toolbus.dedup.redis_connect import connect
 from toolbus.dedup.redis_fleet import ALIVE_TTL_S, HEARTBEAT_S
 from toolbus.dedup.tasks import (
     TASK_CALLER_MAX_BYTES,
@@ -30,6 +29,7 @@ from toolbus.dedup.tasks import (
     not_kept,
     orphaned,
 )
+from toolbus.wire.store_url import key_prefix
 from toolbus.wire.tasks import cancel_and_wait
 
 log = logging.getLogger("toolbus.dedup")
@@ -123,11 +123,12 @@ class RedisTasks:
         caller_max_bytes: int = TASK_CALLER_MAX_BYTES,
         timeout_s: float = 5.0,
     ) -> None:
-        self._redis = aioredis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        self._redis = connect(
+            url,
+            timeout_s=timeout_s,
         )
         self._worker_id, self._incarnation = worker_id, uuid.uuid4().hex
-        self._prefix = prefix
+        self._prefix = key_prefix(url, prefix)
         self._caller_max_bytes = caller_max_bytes
         self._create = self._redis.register_script(CREATE)
         self._finish = self._redis.register_script(FINISH)

@@ -18,8 +18,7 @@ import time
 import uuid
 from typing import Self, cast
 
-import redis.asyncio as aioredis
-
+from toolbus.dedup.redis_connect import connect
 from toolbus.dedup.store import KEY_SEP
 from toolbus.dedup.tokens import (
     TOKEN_CALLER_MAX_BYTES,
@@ -29,6 +28,7 @@ from toolbus.dedup.tokens import (
     TokenRecord,
     account_of,
 )
+from toolbus.wire.store_url import key_prefix
 
 # The holder's counted bytes: entries past their forget time dropped, this token's own
 # left out; `spare` lists what may give way (taken, ended or expired), soonest expiry
@@ -170,11 +170,12 @@ class RedisTokens:
         caller_max_bytes: int = TOKEN_CALLER_MAX_BYTES,
         timeout_s: float = 5.0,
     ) -> None:
-        self._redis = aioredis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        self._redis = connect(
+            url,
+            timeout_s=timeout_s,
         )
         self._owner = f"{worker_id}/{uuid.uuid4().hex}"
-        self._prefix = prefix
+        self._prefix = key_prefix(url, prefix)
         self._caller_max_bytes = caller_max_bytes
         self._put = self._redis.register_script(PUT)
         self._take = self._redis.register_script(TAKE)
