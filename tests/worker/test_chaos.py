@@ -35,7 +35,8 @@ class Load:
         self.replies: dict[str, Reply] = {}
         self._progress = asyncio.Condition()
 
-    async def run(self, requests: int, in_flight: int, hold_s: float) -> None:
+    async def run(self, requests: int, in_flight: int, hold_s: float, first: int = 0) -> None:
+        """Requests `r{first}` onwards, `requests` of them."""
         slots = asyncio.Semaphore(in_flight)
 
         async def one(n: int) -> None:
@@ -48,7 +49,7 @@ class Load:
                 self._progress.notify_all()
 
         async with asyncio.TaskGroup() as group:
-            for n in range(requests):
+            for n in range(first, first + requests):
                 group.create_task(one(n), name=f"request-r{n}")
 
     async def reached(self, count: int, timeout_s: float = 30.0) -> set[str]:

@@ -303,15 +303,27 @@ class Answerer:
                 redelivered=call.redelivered,
                 delivery=call.delivery,
             )
-        except Exception as exc:  # the store is unreachable: say so, run nothing
-            log.warning("dedup store failed for %s: %s", call.id, exc)
-            # Expired, it was not going to run anyway: it says so.
-            unreachable = Unavailable("the dedup store is unreachable", store=True)
-            return RUN_UNCLAIMED if prepared.expired else Verdict(error=unreachable)
+        except Exception as exc:  # the store is unreachable
+            return self._unclaimed(call, prepared, exc)
         if prepared.expired and verdict.key is not None:  # ours, but it will not run
             await self._release(verdict, call.id)
             return RUN_UNCLAIMED
         return verdict
+
+    def _unclaimed(self, call: Call, prepared: Prepared, exc: Exception) -> Verdict:
+        """A call the store could not be asked about: refused `unavailable`, nothing run;
+        or, where the operator chose availability (`dedup_unavailable = "run"`), run
+        unrecorded (a repeat of it may run again), said and counted each time."""
+        assert self._once is not None
+        if prepared.expired:  # it was not going to run anyway: it says so
+            log.warning("dedup store failed for %s: %s", call.id, exc)
+            return RUN_UNCLAIMED
+        if self._once.unreachable_runs:
+            log.warning("dedup store failed for %s, run without dedup: %s", call.id, exc)
+            self._metrics.ran_without_dedup()
+            return RUN_UNCLAIMED
+        log.warning("dedup store failed for %s: %s", call.id, exc)
+        return Verdict(error=Unavailable("the dedup store is unreachable", store=True))
 
     async def _release(self, verdict: Verdict, ident: str) -> None:
         """The id free again: a claim this call made but will not run under."""

@@ -3,6 +3,8 @@ cancels and tasks (part of the settings model: `settings.Settings` inherits them
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings
 
@@ -46,6 +48,12 @@ class RecordSettings(BaseSettings):
         ge=64 << 10,
         description="The bytes all dedup records may hold; beyond it the oldest replies of "
         "the caller holding the most give way to summaries.",
+    )
+    dedup_unavailable: Literal["refuse", "run"] = Field(
+        default="refuse",
+        description="What a call gets while the dedup store is unreachable: `refuse` answers "
+        "`unavailable` (nothing runs twice); `run` runs it unrecorded (available, but a "
+        "repeat of it may run again; counted in toolbus.dedup.unrecorded_runs).",
     )
     cancel_remember_s: float = Field(
         default=60.0,

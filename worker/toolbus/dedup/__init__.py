@@ -4,8 +4,7 @@ The key is (caller, id), for requests that carry their own id; without a caller,
 topic, id): anonymous callers never share ids; a call with neither is not deduplicated.
 Before a call runs its id is claimed in the store, with the call's fingerprint (its
 canonical tool and normalized arguments); the reply that answers it closes the claim.
-A repeat is a request under the same key
-asking for the same thing, and:
+A repeat is a request under the same key asking for the same thing, and:
 
 - of a finished call gets the stored reply again, marked `replayed`, without a run;
 - of a call still running (here or on another worker sharing the store) waits for
@@ -108,6 +107,7 @@ class Once:
         idempotent: whether a tool name (as requested) is safe to run twice.
         max_reply_bytes: the largest reply a record keeps whole (else its summary).
         cancel_remember_s: how long a cancel that came before its call is remembered.
+        unreachable_runs: a call the store cannot be asked about runs (`dedup_unavailable`).
     """
 
     def __init__(
@@ -118,10 +118,11 @@ class Once:
         *,
         max_reply_bytes: int = 64 << 10,
         cancel_remember_s: float = 60.0,
+        unreachable_runs: bool = False,
     ) -> None:
         self.store, self._ttl_s, self._idempotent = store, ttl_s, idempotent
-        self._max_reply_bytes = max_reply_bytes
-        self._cancel_remember_s = cancel_remember_s
+        self._max_reply_bytes, self._cancel_remember_s = max_reply_bytes, cancel_remember_s
+        self.unreachable_runs = unreachable_runs
 
     async def remember_cancel(self, key: str) -> None:
         """The caller cancelled `key`, maybe before its call came: a claim of it within

@@ -10,6 +10,7 @@
     toolbus.mcp.server.up         gauge      {server}          1 ready, 0 otherwise
     toolbus.mcp.stdout.partial_dropped  counter  {server}      unfinished stdout lines dropped
     toolbus.dedup.store_emptied   counter    {}                the Redis store lost its records
+    toolbus.dedup.unrecorded_runs counter    {}                run with the store away (`run`)
     toolbus.dedup.bytes           gauge      {}                what the dedup records hold
     toolbus.dedup.gave_way        counter    {how}             past the bounds: shrunk, forgotten
     toolbus.session_taken_over    counter    {connection}      another client came with our id
@@ -86,6 +87,12 @@ class Metrics:
             "toolbus.dedup.store_emptied",
             unit="{event}",
             description="Times the Redis dedup store was found emptied (restart, flush)",
+        )
+        self._unrecorded = meter.create_counter(
+            "toolbus.dedup.unrecorded_runs",
+            unit="{call}",
+            description="Calls run without a dedup record: the store was unreachable and "
+            'dedup_unavailable = "run" (a repeat of one may run again)',
         )
         self._taken_over = meter.create_counter(
             "toolbus.session_taken_over",
@@ -165,6 +172,9 @@ class Metrics:
 
     def dedup_store_emptied(self) -> None:
         self._emptied.add(1)
+
+    def ran_without_dedup(self) -> None:
+        self._unrecorded.add(1)
 
     def session_taken_over(self, connection: str) -> None:
         self._taken_over.add(1, {"connection": connection})

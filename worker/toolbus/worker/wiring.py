@@ -217,6 +217,7 @@ def build_worker(
         executor.idempotent,
         max_reply_bytes=settings.dedup_max_reply_bytes,
         cancel_remember_s=settings.cancel_remember_s,
+        unreachable_runs=settings.dedup_unavailable == "run",
     )
     slots = Slots(settings.concurrency)
     tokens = open_tokens(settings, worker_id)
