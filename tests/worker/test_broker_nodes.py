@@ -6,17 +6,24 @@ worker left gets nothing until it moves too, as on a cluster whose node died).""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import RenderableType
 
 from tests.cli.test_cli import cli_env, run_cli
 from tests.support.harness import Broker, free_port, make_settings, measured, running_worker
 from tests.support.mqtt import Caller, reply_topic_for
 from toolbus import Client
+from toolbus.cli import status_view
+from toolbus.client.pool import Pool
+from toolbus.config import BrokerUrl
+from toolbus.wire.contracts import WorkerStatus
+from toolbus.wire.topics import Topics
 
 WAIT_S = 30.0
 
@@ -54,8 +61,10 @@ async def test_the_worker_moves_to_the_next_node_when_its_node_is_lost(
             async with asyncio.timeout(WAIT_S):  # its status lands on the second node
                 while True:
                     message = await on_second.next_message(WAIT_S)
-                    if json.loads(message.payload).get("state") == "online":
+                    status = json.loads(message.payload)
+                    if status.get("state") == "online":
                         break
+            assert status["broker"] == f"127.0.0.1:{second.port}"  # and names that node
             moved_s = time.monotonic() - lost_at
             answer, _ = await on_second.call(
                 f"{worker.topics.call}/echo", {"arguments": {"text": "b"}}, reply_topic=reply
@@ -110,3 +119,38 @@ async def test_a_client_connects_to_the_first_node_that_answers(
         async with client:
             answer = await client.call("echo", {"text": "x"})
     assert answer.result is not None and answer.result.structured == {"text": "x", "data": None}
+
+
+async def test_the_live_status_view_reads_the_first_node_that_answers_and_names_it(
+    nodes: tuple[Broker, Broker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`toolbus status` (the live view) given a dead node first: it reads the next, says
+    which node it reads, and each worker's row names the node the worker is on."""
+    first, _ = nodes
+    drawn: list[tuple[list[WorkerStatus], str]] = []
+    seen = asyncio.Event()
+    real_render = status_view.render
+
+    def render(pool: Pool, topics: Topics, note: str = "") -> RenderableType:
+        drawn.append((pool.workers(), note))
+        if any(w.state == "online" for w in pool.workers()):
+            seen.set()
+        return real_render(pool, topics, note)
+
+    monkeypatch.setattr(status_view, "render", render)
+    dead = BrokerUrl.from_url(f"mqtt://127.0.0.1:{free_port()}")
+    settings = make_settings(first)
+    async with running_worker(settings) as worker:
+        viewing = asyncio.create_task(
+            status_view.live((dead, settings.broker), worker.topics, 5.0), name="live-view"
+        )
+        try:
+            async with asyncio.timeout(WAIT_S):
+                await seen.wait()
+        finally:
+            viewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await viewing
+    workers, note = next((w, n) for w, n in drawn if any(x.state == "online" for x in w))
+    assert note == f"statuses read from {first.url}"
+    assert [w.broker for w in workers] == [f"127.0.0.1:{first.port}"]

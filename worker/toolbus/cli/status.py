@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     ident = client_id(args, settings) or f"toolbus-status-{uuid.uuid4().hex[:12]}"
     try:
         if not (args.once or args.json):
-            asyncio.run(live(settings.broker, topics, args.timeout, ident))  # until Ctrl-C
+            asyncio.run(live(settings.brokers, topics, args.timeout, ident))  # until Ctrl-C
             return EXIT_OK
         pool = _read(settings.brokers, topics, args, ident, once)
     except BrokerRefused as exc:  # in the words `call` and `tools` use (docs/security.md)

@@ -21,6 +21,7 @@ from rich.text import Text
 
 from toolbus.client.pool import Pool, follow, snapshot, status_connection, subscribe
 from toolbus.transport import MqttConnection, TransportError
+from toolbus.transport.nodes import Nodes
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.tasks import cancel_and_wait
 from toolbus.wire.topics import Topics
@@ -49,34 +50,48 @@ async def once(
 
 
 async def live(
-    broker: BrokerUrl, topics: Topics, timeout_s: float, client_id: str | None = None
+    brokers: tuple[BrokerUrl, ...], topics: Topics, timeout_s: float, client_id: str | None = None
 ) -> None:
-    """Until cancelled (Ctrl-C). The first connection must come within `timeout_s`
-    (else `TransportError` or `TimeoutError`); a later loss is shown and reconnected."""
-    pool = Pool(topics)
+    """Until cancelled (Ctrl-C). The first connection must come within `timeout_s`, from
+    the first node that answers (else `TransportError` or `TimeoutError`); a later loss is
+    shown and the next node tried, with backoff. The view names the node it reads."""
+    pool, nodes = Pool(topics), Nodes(brokers)
     delay_s, connected_once = REFRESH_S, False
     with Live(render(pool, topics), auto_refresh=False) as view:
         while True:
             try:
                 async with asyncio.timeout(None if connected_once else timeout_s):
-                    conn = status_connection(broker, timeout_s, client_id)
-                    await conn.__aenter__()
+                    conn = await nodes.first(lambda: _opened(nodes, timeout_s, client_id))
                 connected_once, delay_s = True, REFRESH_S
                 try:
-                    await _watch(conn, pool, view, topics)
+                    await _watch(conn, pool, view, topics, _read_from(nodes))
                 finally:
                     with contextlib.suppress(TransportError):
                         await conn.__aexit__(None, None, None)
             except TransportError as exc:
                 if not connected_once:
                     raise
-                lost = f"broker connection lost ({exc}); reconnecting"
-                view.update(render(pool, topics, lost), refresh=True)
+                nodes.advance()  # lost: the next node, as the workers move on
+                lost = f"broker connection lost ({exc}); reconnecting to {nodes.current}"
+                view.update(render(pool, topics, printable(lost)), refresh=True)
             await asyncio.sleep(delay_s)  # the reconnect backoff
             delay_s = min(delay_s * 2, RECONNECT_MAX_DELAY_S)
 
 
-async def _watch(conn: MqttConnection, pool: Pool, view: Live, topics: Topics) -> None:
+async def _opened(nodes: Nodes, timeout_s: float, client_id: str | None) -> MqttConnection:
+    conn = status_connection(nodes.current, timeout_s, client_id)
+    await conn.__aenter__()
+    return conn
+
+
+def _read_from(nodes: Nodes) -> str:
+    """With several nodes, which one the view reads (retained statuses may be its own)."""
+    return "" if len(nodes.all) == 1 else printable(f"statuses read from {nodes.current}")
+
+
+async def _watch(
+    conn: MqttConnection, pool: Pool, view: Live, topics: Topics, note: str = ""
+) -> None:
     """Redraw as statuses change, and every `REFRESH_S` (ages advance, expired statuses
     go), until the connection fails (`TransportError`)."""
     await subscribe(conn, topics)
@@ -84,7 +99,7 @@ async def _watch(conn: MqttConnection, pool: Pool, view: Live, topics: Topics) -
     reader = asyncio.create_task(follow(conn, pool, changed.set), name="status-follow")
     try:
         while not reader.done():
-            view.update(render(pool, topics), refresh=True)
+            view.update(render(pool, topics, note), refresh=True)
             waiting = asyncio.create_task(changed.wait(), name="status-changed")
             try:
                 await asyncio.wait(
@@ -112,6 +127,7 @@ def render(pool: Pool, topics: Topics, note: str = "") -> RenderableType:
         "state",
         "since",
         "version",
+        "broker",
         "in flight",
         "tasks",
         "waiting",
@@ -126,6 +142,7 @@ def render(pool: Pool, topics: Topics, note: str = "") -> RenderableType:
             state,
             since,
             _plain(worker.version or "-"),  # a status from before versions were reported
+            _plain(worker.broker or "-"),  # the node it is on (none on a last will)
             str(worker.in_flight),
             str(worker.tasks),
             str(worker.waiting),

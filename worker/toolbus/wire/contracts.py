@@ -220,10 +220,7 @@ class Reply(_Wire):
     duration_ms: float
     normalized: list[NormalizationEntry] = Field(default_factory=list)
     trace_id: str | None = Field(default=None, description="The trace this call belongs to.")
-    trace_unavailable: TraceUnavailable | None = Field(
-        default=None,
-        description=TRACE_UNAVAILABLE,
-    )
+    trace_unavailable: TraceUnavailable | None = Field(default=None, description=TRACE_UNAVAILABLE)
     traceparent: str | None = Field(
         default=None, description="W3C context of the reply, for MQTT 3.1.1 callers."
     )
@@ -265,10 +262,7 @@ class CallsReply(_Wire):
     results: list[Reply] = Field(description="Each call's own reply, in the calls' order.")
     duration_ms: float = Field(description="From the message's arrival to its reply.")
     trace_id: str | None = Field(default=None, description="The trace this message belongs to.")
-    trace_unavailable: TraceUnavailable | None = Field(
-        default=None,
-        description=TRACE_UNAVAILABLE,
-    )
+    trace_unavailable: TraceUnavailable | None = Field(default=None, description=TRACE_UNAVAILABLE)
     traceparent: str | None = Field(
         default=None, description="W3C context of the reply, for MQTT 3.1.1 callers."
     )
@@ -352,6 +346,11 @@ class WorkerStatus(_Wire):
     )
     version: str | None = Field(
         default=None, description="The toolbus release the worker runs (`toolbus --version`)."
+    )
+    broker: str | None = Field(
+        default=None,
+        description="The broker node (host:port) this status was published on; null on the "
+        "last will. On a cluster whose retained messages stay on one node, read it there.",
     )
 
 

@@ -119,6 +119,7 @@ class StatusReporter:
         self._heartbeat: asyncio.Task[None] | None = None
         self.tasks: Callable[[], int] = lambda: 0  # the pipeline's, once built (wiring)
         self.waiting: Callable[[], int] = lambda: 0  # held calls (calls/rounds.py), likewise
+        self.node: Callable[[], str | None] = lambda: None  # the broker node now (wiring)
         self._changes: set[asyncio.Task[None]] = set()
 
     # -- the worker's lifecycle ----------------------------------------------------
@@ -229,6 +230,7 @@ class StatusReporter:
                 for name, s in self._servers.items()
             },
             version=self._version,
+            broker=self.node(),
         )
 
     def _worker_message(self, status: WorkerStatus, expiry_s: int) -> Outbound:

@@ -254,6 +254,20 @@ def build_worker(
     )
     status.tasks = pipeline.tasks_in_flight  # `toolbus status`: tasks in flight
     status.waiting = pipeline.rounds.__len__  # and calls waiting for their callers
+    links = Links(
+        Nodes(settings.brokers),
+        ids,
+        slots.count,
+        # A session outlives the connection only under a stable, configured identity
+        # whose client ids no caller can derive (see `client_ids`).
+        session_expiry_s=settings.session_expiry_s if ids.persistent else 0,
+        timeout_s=settings.publish_timeout_s,
+        keepalive_s=settings.keepalive_s,
+        max_packet_bytes=max_packet_bytes(settings.max_payload_bytes),
+        dispatch=open_dispatch(settings, worker_id),
+    )
+    # Each online status names the node it was published on (retained: node-local on some).
+    status.node = lambda: f"{links.broker.host}:{links.broker.port}"
     return Worker(
         broker=settings.broker,
         worker_id=worker_id,
@@ -267,18 +281,7 @@ def build_worker(
         shutdown_grace_s=settings.shutdown_grace_s,
         publish_timeout_s=settings.publish_timeout_s,
         reconnect_max_delay_s=settings.reconnect_max_delay_s,
-        links=Links(
-            Nodes(settings.brokers),
-            ids,
-            slots.count,
-            # A session outlives the connection only under a stable, configured identity
-            # whose client ids no caller can derive (see `client_ids`).
-            session_expiry_s=settings.session_expiry_s if ids.persistent else 0,
-            timeout_s=settings.publish_timeout_s,
-            keepalive_s=settings.keepalive_s,
-            max_packet_bytes=max_packet_bytes(settings.max_payload_bytes),
-            dispatch=open_dispatch(settings, worker_id),
-        ),
+        links=links,
     )
 
 
