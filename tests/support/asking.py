@@ -1,5 +1,5 @@
 """What the tests of input relayed share: the tests' own asking server, the servers a
-worker that relays questions runs, and the answers a caller gives."""
+worker that relays questions runs, the answers a caller gives, and a continuation's body."""
 
 from __future__ import annotations
 
@@ -25,3 +25,9 @@ def asking_servers(everything: dict[str, Any], env: dict[str, str]) -> dict[str,
         "modern": {"command": sys.executable, "args": [str(ASKING)], "env": env},
         "legacy": {"command": sys.executable, "args": [str(ASKING), "--legacy"], "env": env},
     }
+
+
+def continuation(token: str, answers: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """A continuation's body: `token`'s questions answered (`answers`: key -> the MCP
+    result), beside any other envelope `fields` (`id`, `input`)."""
+    return {**fields, "continuation": token, "input_responses": answers}
