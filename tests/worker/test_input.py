@@ -23,8 +23,8 @@ import pytest
 import pytest_asyncio
 
 from tests.acceptance import conftest as acceptance
-from tests.support.asking import ELICITED, SAMPLED, asking_servers, continuation
-from tests.support.harness import Broker, make_settings, running_worker
+from tests.support.asking import ELICITED, SAMPLED, asking_worker, continuation
+from tests.support.harness import Broker
 from tests.support.mqtt import Caller, call_topic, reply_topic_for
 from toolbus.worker.service import Worker
 
@@ -43,12 +43,7 @@ async def worker(
     broker: Broker, request: pytest.FixtureRequest, runs: Path
 ) -> AsyncIterator[Worker]:
     everything = request.getfixturevalue("everything_server")
-    env = {"ASKING_RUNS": str(runs)}
-    settings = make_settings(
-        broker,
-        mcpServers=asking_servers(everything, env),
-    )
-    async with running_worker(settings) as running:
+    async with asking_worker(broker, everything, runs) as running:
         yield running
 
 
