@@ -15,8 +15,8 @@ import pytest
 import pytest_asyncio
 
 from tests.acceptance import conftest as acceptance
-from tests.support.asking import ELICITED, SAMPLED, asking_servers
-from tests.support.harness import Broker, make_settings, running_worker
+from tests.support.asking import ELICITED, SAMPLED, asking_worker
+from tests.support.harness import Broker
 from toolbus import Client
 from toolbus.wire.errors import ApprovalRequired, ToolFailed
 from toolbus.worker.service import Worker
@@ -29,13 +29,9 @@ async def worker(
     broker: Broker, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Worker]:
     everything = request.getfixturevalue("everything_server")
-    env = {"ASKING_RUNS": str(tmp_path_factory.mktemp("asking") / "runs")}
-    settings = make_settings(
-        broker,
-        mcpServers=asking_servers(everything, env),
-        callers={"kitchen": {"approve": ["echo"]}},
-    )
-    async with running_worker(settings) as running:
+    runs = tmp_path_factory.mktemp("asking") / "runs"
+    approving = {"kitchen": {"approve": ["echo"]}}
+    async with asking_worker(broker, everything, runs, callers=approving) as running:
         yield running
 
 

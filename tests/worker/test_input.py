@@ -23,10 +23,9 @@ import pytest
 import pytest_asyncio
 
 from tests.acceptance import conftest as acceptance
-from tests.support.asking import ELICITED, SAMPLED, asking_servers
-from tests.support.harness import Broker, make_settings, running_worker
+from tests.support.asking import ELICITED, SAMPLED, asking_worker, continuation
+from tests.support.harness import Broker
 from tests.support.mqtt import Caller, call_topic, reply_topic_for
-from toolbus.dedup.tokens import ENDED
 from toolbus.worker.service import Worker
 
 WAIT_S = 20.0
@@ -44,12 +43,7 @@ async def worker(
     broker: Broker, request: pytest.FixtureRequest, runs: Path
 ) -> AsyncIterator[Worker]:
     everything = request.getfixturevalue("everything_server")
-    env = {"ASKING_RUNS": str(runs)}
-    settings = make_settings(
-        broker,
-        mcpServers=asking_servers(everything, env),
-    )
-    async with running_worker(settings) as running:
+    async with asking_worker(broker, everything, runs) as running:
         yield running
 
 
@@ -63,6 +57,30 @@ async def call(
         timeout_s=WAIT_S,
     )
     return reply
+
+
+async def continue_at(
+    caller: Caller, worker: Worker, token: str, answers: dict[str, Any], **fields: Any
+) -> dict[str, Any]:
+    """The continuation answering `token`'s questions, on the worker's call topic: its
+    reply (the tool's, another `input_required`, or an error), awaited at most WAIT_S."""
+    return await call(caller, worker, None, continuation(token, answers, **fields))
+
+
+async def ask(
+    caller: Caller,
+    worker: Worker,
+    tool: str,
+    method: str,
+    arguments: dict[str, Any] | None = None,
+    **fields: Any,
+) -> tuple[str, str, dict[str, Any]]:
+    """`tool` called by a caller that can answer (`input: true`; other envelope `fields`
+    beside it): its one question, as `question` reads it."""
+    body: dict[str, Any] = {**fields, "input": True}
+    if arguments is not None:
+        body["arguments"] = arguments
+    return question(await call(caller, worker, tool, body), method)
 
 
 def question(reply: dict[str, Any], method: str) -> tuple[str, str, dict[str, Any]]:
@@ -84,30 +102,23 @@ async def test_server_everything_elicitation_completes_through_a_caller(
     broker: Broker, worker: Worker, v5: bool
 ) -> None:
     async with Caller(broker.url, v5=v5) as caller:
-        first = await call(caller, worker, "trigger-elicitation-request", {"input": True})
-        key, token, params = question(first, "elicitation/create")
+        key, token, params = await ask(
+            caller, worker, "trigger-elicitation-request", "elicitation/create"
+        )
         assert "name" in params["requestedSchema"]["properties"]
         answer = {"action": "accept", "content": ELICITED}
-        final = await call(
-            caller, worker, None, {"continuation": token, "input_responses": {key: answer}}
-        )
+        final = await continue_at(caller, worker, token, {key: answer})
     assert "Ada" in text_of(final) and "ada@example.com" in text_of(final)
 
 
 async def test_server_everything_url_elicitation_completes(broker: Broker, worker: Worker) -> None:
     url = "https://example.com/authorize"
     async with Caller(broker.url) as caller:
-        first = await call(
-            caller, worker, "trigger-url-elicitation", {"input": True, "arguments": {"url": url}}
+        key, token, params = await ask(
+            caller, worker, "trigger-url-elicitation", "elicitation/create", {"url": url}
         )
-        key, token, params = question(first, "elicitation/create")
         assert params["mode"] == "url" and params["url"] == url
-        final = await call(
-            caller,
-            worker,
-            None,
-            {"continuation": token, "input_responses": {key: {"action": "accept"}}},
-        )
+        final = await continue_at(caller, worker, token, {key: {"action": "accept"}})
     assert "accept" in text_of(final)
 
 
@@ -115,17 +126,15 @@ async def test_server_everything_sampling_is_answered_by_the_callers_model(
     broker: Broker, worker: Worker
 ) -> None:
     async with Caller(broker.url) as caller:
-        first = await call(
+        key, token, params = await ask(
             caller,
             worker,
             "trigger-sampling-request",
-            {"input": True, "arguments": {"prompt": "the weather"}},
+            "sampling/createMessage",
+            {"prompt": "the weather"},
         )
-        key, token, params = question(first, "sampling/createMessage")
         assert "the weather" in params["messages"][0]["content"]["text"]
-        final = await call(
-            caller, worker, None, {"continuation": token, "input_responses": {key: SAMPLED}}
-        )
+        final = await continue_at(caller, worker, token, {key: SAMPLED})
     assert "a short summary" in text_of(final) and "caller-model" in text_of(final)
 
 
@@ -147,15 +156,12 @@ async def test_elicitation_from_servers_of_both_generations(
 ) -> None:
     before = runs.read_text().count("pick_device") if runs.exists() else 0
     async with Caller(broker.url) as caller:
-        first = await call(
-            caller, worker, f"{server}.pick_device", {"input": True, "arguments": {"room": "hall"}}
+        key, token, params = await ask(
+            caller, worker, f"{server}.pick_device", "elicitation/create", {"room": "hall"}
         )
-        key, token, params = question(first, "elicitation/create")
         assert "hall" in params["message"]
         answer = {"action": "accept", "content": {"device": "lamp"}}
-        final = await call(
-            caller, worker, None, {"continuation": token, "input_responses": {key: answer}}
-        )
+        final = await continue_at(caller, worker, token, {key: answer})
     assert final["ok"] is True, final
     assert final["result"]["structured"] == {"action": "accept", "device": "lamp"}
     assert runs.read_text().count("pick_device") == before + 1  # its body ran once
@@ -164,15 +170,11 @@ async def test_elicitation_from_servers_of_both_generations(
 
 async def test_a_held_call_is_counted_in_the_workers_status(broker: Broker, worker: Worker) -> None:
     async with Caller(broker.url) as caller:
-        first = await call(
-            caller, worker, "legacy.pick_device", {"input": True, "arguments": {"room": "x"}}
+        key, token, _ = await ask(
+            caller, worker, "legacy.pick_device", "elicitation/create", {"room": "x"}
         )
-        key, token, _ = question(first, "elicitation/create")
         assert worker._status.waiting() == 1
-        answer = {"action": "decline"}
-        final = await call(
-            caller, worker, None, {"continuation": token, "input_responses": {key: answer}}
-        )
+        final = await continue_at(caller, worker, token, {key: {"action": "decline"}})
     assert final["result"]["structured"]["action"] == "decline"
     assert worker._status.waiting() == 0
 
@@ -182,13 +184,10 @@ async def test_sampling_from_servers_of_both_generations(
     broker: Broker, worker: Worker, server: str
 ) -> None:
     async with Caller(broker.url) as caller:
-        first = await call(
-            caller, worker, f"{server}.summarize", {"input": True, "arguments": {"text": "long"}}
+        key, token, _ = await ask(
+            caller, worker, f"{server}.summarize", "sampling/createMessage", {"text": "long"}
         )
-        key, token, _ = question(first, "sampling/createMessage")
-        final = await call(
-            caller, worker, None, {"continuation": token, "input_responses": {key: SAMPLED}}
-        )
+        final = await continue_at(caller, worker, token, {key: SAMPLED})
     assert final["result"]["structured"] == {"summary": "a short summary", "model": "caller-model"}
 
 
@@ -213,20 +212,32 @@ async def test_two_questions_of_both_generations_are_answered_in_rounds(
                 key: {"action": "accept", "content": {"device": device_for(asked)}}
                 for key, asked in details["input_requests"].items()
             }
-            body = {
-                "input": True,
-                "continuation": details["continuation"],
-                "input_responses": answers,
-            }
-            reply = await call(caller, worker, None, body)
+            reply = await continue_at(caller, worker, details["continuation"], answers, input=True)
     assert reply["ok"] is True, reply
     assert rounds == (1 if server == "modern" else 2)
     assert reply["result"]["structured"] == {"devices": ["lamp", "fan"]}
 
 
+def ended_event(monkeypatch: pytest.MonkeyPatch, worker: Worker, token: str) -> asyncio.Event:
+    """Set when the worker's token store ends `token` (its call ended while nobody
+    waited: the state a continuation then finds), the event itself rather than a poll."""
+    tokens = worker.pipeline.rounds.tokens
+    end = tokens.end
+    ended = asyncio.Event()
+
+    async def ending(told: str, reply: str) -> bool:
+        changed = await end(told, reply)
+        if changed and told == token:
+            ended.set()
+        return changed
+
+    monkeypatch.setattr(tokens, "end", ending)
+    return ended
+
+
 @pytest.mark.parametrize("server", ["modern", "legacy"])
 async def test_a_call_waiting_for_its_caller_can_be_cancelled(
-    broker: Broker, worker: Worker, server: str
+    broker: Broker, worker: Worker, server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The caller's cancel names the request that got the question: the call ends
     (held: its run is cancelled; stateless: its token ends), and the continuation that
@@ -234,24 +245,22 @@ async def test_a_call_waiting_for_its_caller_can_be_cancelled(
     reply_topic = reply_topic_for(worker.topics, "asker")
     ident = f"cancel-{server}-{uuid.uuid4().hex[:6]}"
     async with Caller(broker.url) as caller:
-        first = await call(
+        key, token, _ = await ask(
             caller,
             worker,
             f"{server}.pick_device",
-            {"id": ident, "input": True, "arguments": {"room": "hall"}},
+            "elicitation/create",
+            {"room": "hall"},
+            id=ident,
         )
-        key, token, _ = question(first, "elicitation/create")
+        ended = ended_event(monkeypatch, worker, token)
         await caller.publish(
             worker.topics.cancel, json.dumps({"id": ident}).encode(), response_topic=reply_topic
         )
-        tokens = worker.pipeline.rounds.tokens
-        async with asyncio.timeout(WAIT_S):
-            while (record := await tokens.get(token)) is None or record.state != ENDED:
-                await asyncio.sleep(0.02)  # polled, bounded: the worker heard the cancel
+        # A cancel is never answered: the worker heard it when the call's token ends.
+        await asyncio.wait_for(ended.wait(), WAIT_S)
         answer = {"action": "accept", "content": {"device": "lamp"}}
-        late = await call(
-            caller, worker, None, {"continuation": token, "input_responses": {key: answer}}
-        )
+        late = await continue_at(caller, worker, token, {key: answer})
     assert late["error"]["code"] == "cancelled", late
     assert late["error"]["details"]["cause"] == "caller"
 

@@ -19,7 +19,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ import pytest
 import pytest_asyncio
 
 from tests.cli.test_cli import cli_env
-from tests.support.asking import ASKING
+from tests.support.asking import ASKING, continuation
 from tests.support.harness import Broker, RedisServer, make_settings, measured, running_worker
 from tests.support.mqtt import Caller, call_topic, correlation_of
 from tests.support.processes import Serve
@@ -62,58 +62,72 @@ async def pool(broker: Broker, redis_server: RedisServer) -> AsyncIterator[list[
         yield workers
 
 
-async def first_round(caller: Caller, worker: Worker, tool: str, reply: str) -> tuple[str, str]:
-    """The call, asked through the broker: its question's key and token."""
-    answer, _ = await caller.call(
-        call_topic(worker.topics, tool),
-        {"input": True, "arguments": {"room": "hall"}},
-        reply_topic=reply,
-        timeout_s=WAIT_S,
-    )
-    assert answer["error"]["code"] == "input_required", answer
-    [key] = answer["error"]["details"]["input_requests"]
-    return key, answer["error"]["details"]["continuation"]
+class Asker:
+    """A caller that can answer, its replies under the pool's prefix (`asker`)."""
+
+    def __init__(self, caller: Caller, prefix: str) -> None:
+        self.caller = caller
+        self.reply = f"{prefix}/reply/me"
+
+    async def first_round(self, worker: Worker, tool: str) -> tuple[str, str]:
+        """The call, asked through the broker: its question's key and token."""
+        answer, _ = await self.caller.call(
+            call_topic(worker.topics, tool),
+            {"input": True, "arguments": {"room": "hall"}},
+            reply_topic=self.reply,
+            timeout_s=WAIT_S,
+        )
+        assert answer["error"]["code"] == "input_required", answer
+        [key] = answer["error"]["details"]["input_requests"]
+        return key, answer["error"]["details"]["continuation"]
+
+    async def continue_at(
+        self, worker: Worker, token: str, key: str, ident: str | None = None
+    ) -> dict[str, Any]:
+        """The continuation (under `ident`, else an id of its own), delivered to `worker`
+        as the broker would; its reply, read on the broker within WAIT_S."""
+        correlation = uuid.uuid4().hex.encode()
+        body = continuation(token, {key: ACCEPT}, id=ident or f"c-{correlation.decode()[:8]}")
+        message = Inbound(
+            topic=call_topic(worker.topics),
+            payload=json.dumps(body).encode(),
+            response_topic=self.reply,
+            correlation_data=correlation,
+        )
+        await asyncio.wait_for(worker.pipeline.handle(message), WAIT_S)
+        async with asyncio.timeout(WAIT_S):
+            while True:
+                got = await self.caller.next_message(WAIT_S)
+                if correlation_of(got) == correlation:
+                    return dict(json.loads(got.payload))
 
 
-async def continue_at(
-    caller: Caller, worker: Worker, reply: str, token: str, key: str, ident: str | None = None
-) -> dict[str, Any]:
-    """The continuation (under `ident`, else an id of its own), delivered to `worker` as
-    the broker would; its reply, read on the broker."""
-    correlation = uuid.uuid4().hex.encode()
-    body = {"id": ident or f"c-{correlation.decode()[:8]}", "continuation": token}
-    body["input_responses"] = {key: ACCEPT}  # type: ignore[assignment]
-    message = Inbound(
-        topic=call_topic(worker.topics),
-        payload=json.dumps(body).encode(),
-        response_topic=reply,
-        correlation_data=correlation,
-    )
-    await asyncio.wait_for(worker.pipeline.handle(message), WAIT_S)
-    async with asyncio.timeout(WAIT_S):
-        while True:
-            got = await caller.next_message(WAIT_S)
-            if correlation_of(got) == correlation:
-                return dict(json.loads(got.payload))
+@asynccontextmanager
+async def asker(broker: Broker, prefix: str) -> AsyncIterator[Asker]:
+    """An `Asker` connected to the broker and subscribed to its reply topic."""
+    async with Caller(broker.url) as caller:
+        asking = Asker(caller, prefix)
+        await caller.subscribe(asking.reply)
+        yield asking
 
 
-def holder_and_other(pool: list[Worker], token: str) -> tuple[Worker, Worker]:
+async def held_call(asking: Asker, pool: list[Worker]) -> tuple[str, str, Worker, Worker]:
+    """An older server's call asked at the pool's first worker: its question's key and
+    token, the worker whose session holds it, and the other."""
+    key, token = await asking.first_round(pool[0], "legacy.pick_device")
     holders = [w for w in pool if w.pipeline.rounds.held(token) is not None]
     assert len(holders) == 1, "one worker holds the call"
     [other] = [w for w in pool if w is not holders[0]]
-    return holders[0], other
+    return key, token, holders[0], other
 
 
 async def test_a_continuation_at_the_other_worker_resumes_the_held_call(
     broker: Broker, pool: list[Worker]
 ) -> None:
-    reply = f"{pool[0].topics.prefix}/reply/me"
-    async with Caller(broker.url) as caller:
-        await caller.subscribe(reply)
-        key, token = await first_round(caller, pool[0], "legacy.pick_device", reply)
-        holder, other = holder_and_other(pool, token)
+    async with asker(broker, pool[0].topics.prefix) as asking:
+        key, token, holder, other = await held_call(asking, pool)
         started = time.monotonic()
-        final = await continue_at(caller, other, reply, token, key)
+        final = await asking.continue_at(other, token, key)
         took_ms = (time.monotonic() - started) * 1000
     assert final["ok"] is True, final
     assert final["result"]["structured"] == {"action": "accept", "device": "lamp"}
@@ -124,12 +138,10 @@ async def test_a_continuation_at_the_other_worker_resumes_the_held_call(
 async def test_a_stateless_servers_continuation_is_resumed_by_either_worker(
     broker: Broker, pool: list[Worker]
 ) -> None:
-    reply = f"{pool[0].topics.prefix}/reply/me"
-    async with Caller(broker.url) as caller:
-        await caller.subscribe(reply)
+    async with asker(broker, pool[0].topics.prefix) as asking:
         for worker in pool:  # each worker resumes a call the other may have asked
-            key, token = await first_round(caller, worker, "modern.pick_device", reply)
-            final = await continue_at(caller, worker, reply, token, key)
+            key, token = await asking.first_round(worker, "modern.pick_device")
+            final = await asking.continue_at(worker, token, key)
             assert final["ok"] is True, final
             assert final["result"]["structured"]["device"] == "lamp"
 
@@ -137,16 +149,13 @@ async def test_a_stateless_servers_continuation_is_resumed_by_either_worker(
 async def test_when_the_holder_is_gone_the_continuation_is_in_doubt_at_once(
     broker: Broker, pool: list[Worker]
 ) -> None:
-    reply = f"{pool[0].topics.prefix}/reply/me"
-    async with Caller(broker.url) as caller:
-        await caller.subscribe(reply)
-        key, token = await first_round(caller, pool[0], "legacy.pick_device", reply)
-        holder, other = holder_and_other(pool, token)
+    async with asker(broker, pool[0].topics.prefix) as asking:
+        key, token, holder, other = await held_call(asking, pool)
         relay = holder.pipeline.rounds.relay
         assert relay is not None
         await relay.__aexit__(None, None, None)  # what a killed worker's connection does
         started = time.monotonic()
-        final = await continue_at(caller, other, reply, token, key)
+        final = await asking.continue_at(other, token, key)
         took_s = time.monotonic() - started
     assert final["error"]["code"] == "in_doubt", final
     assert final["error"]["details"]["cause"] == "worker_lost"
@@ -160,13 +169,9 @@ async def test_a_copy_of_a_continuation_at_the_other_worker_replays(
 ) -> None:
     """The continuation's own id is claimed in the shared store: its copy delivered to
     the other worker gets the same reply, and the answers reach the tool once."""
-    reply = f"{pool[0].topics.prefix}/reply/me"
-    async with Caller(broker.url) as caller:
-        await caller.subscribe(reply)
-        key, token = await first_round(caller, pool[0], tool, reply)
-        replies = [
-            await continue_at(caller, worker, reply, token, key, ident="copy-1") for worker in pool
-        ]
+    async with asker(broker, pool[0].topics.prefix) as asking:
+        key, token = await asking.first_round(pool[0], tool)
+        replies = [await asking.continue_at(worker, token, key, ident="copy-1") for worker in pool]
     first, copy = replies
     assert first["ok"] is True and copy["replayed"] is True
     assert copy["result"] == first["result"]
@@ -186,12 +191,12 @@ async def test_a_holder_killed_while_its_call_waits_is_in_doubt_not_a_hang(
     settings = make_settings(
         broker, topic_prefix=prefix, dedup_store=redis_server.url, mcpServers={"legacy": legacy}
     )
-    reply = f"{prefix}/reply/me"
     async with (
         Serve(env, "--broker", broker.url, "--mcp-config", str(servers)) as serve,
         running_worker(settings) as alive,
-        Caller(broker.url) as caller,
+        asker(broker, prefix) as asking,
     ):
+        caller = asking.caller
         await caller.subscribe(f"{prefix}/status/workers/+")
         ready: set[str] = set()
         async with asyncio.timeout(WAIT_S):  # both workers' `legacy` servers are ready
@@ -199,16 +204,15 @@ async def test_a_holder_killed_while_its_call_waits_is_in_doubt_not_a_hang(
                 status = json.loads((await caller.next_message(WAIT_S)).payload)
                 if status.get("servers", {}).get("legacy", {}).get("state") == "ready":
                     ready.add(status["worker_id"])
-        await caller.subscribe(reply)
         token = key = ""
         for _ in range(8):  # `$share` picks: until the serve process holds one
-            key, token = await first_round(caller, alive, "legacy.pick_device", reply)
+            key, token = await asking.first_round(alive, "legacy.pick_device")
             if alive.pipeline.rounds.held(token) is None:
                 break
         assert token and alive.pipeline.rounds.held(token) is None, "the serve process holds it"
         serve.kill()
         started = time.monotonic()
-        final = await continue_at(caller, alive, reply, token, key)
+        final = await asking.continue_at(alive, token, key)
         took_s = time.monotonic() - started
     assert final["error"]["code"] == "in_doubt", final
     assert took_s < 3.0
