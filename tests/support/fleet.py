@@ -154,10 +154,17 @@ class WorkerProcess:
             return
         if self.proc.returncode is None:
             self.proc.send_signal(sig)
-        async with asyncio.timeout(30):
+        try:
+            async with asyncio.timeout(30):
+                await self.proc.wait()
+        except TimeoutError:  # a stop that hangs: what it last said, then a real kill
+            self.proc.kill()
             await self.proc.wait()
+            raise AssertionError(f"worker did not exit on {sig.name}: {self.log[-20:]}") from None
+        finally:
             if self._reader is not None:
-                await self._reader  # the pipe ends with the process
+                async with asyncio.timeout(10):
+                    await self._reader  # the pipe ends with the process
 
     def rss_mib(self) -> float:
         """Resident memory now, from /proc (Linux)."""
