@@ -19,8 +19,8 @@ from rich.console import Console
 
 from tests.support.harness import mosquitto_binary
 from toolbus.cli.bench import cpu
-from toolbus.cli.bench.loadgen import LoadFigures, figures, percentile
-from toolbus.cli.bench.phases import RESPONDERS, CpuPerCall, Phase
+from toolbus.cli.bench.loadgen import LoadFigures, figures, merged, percentile, result_line
+from toolbus.cli.bench.phases import RESPONDERS, CpuPerCall, Phase, split
 from toolbus.cli.bench.report import render, targets, to_json
 from toolbus.cli.bench.run import BenchOptions, BenchRun
 
@@ -73,6 +73,70 @@ def test_toolbus_bench_measures_every_phase(tmp_path: Path) -> None:
         assert (phase["ratios"] or {}).get("baseline") == baseline, phase
     assert report["traces_exported"] > 0
     assert report["parameters"]["in_flight"] == [1, 4]
+
+
+def test_several_load_generators_share_a_level_and_their_figures_add_up(tmp_path: Path) -> None:
+    """`--loadgens 2`: 4 in flight runs as 2 processes with 2 each (1 in flight on one);
+    the merged rate is the sum of theirs, so the requests counted over it give back the
+    window's length. (The raw baseline stays one process: `split`, below.)"""
+    figures = tmp_path / "bench.json"
+    result = run(
+        str(BIN / "toolbus"), "bench",
+        "--only", "aiomqtt-echo",
+        "--in-flight", "1,4",
+        "--loadgens", "2",
+        "--duration-s", "0.5",
+        "--warmup-s", "0.2",
+        "--json", str(figures),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 load generators" in result.stdout and "4 (2x2)" in result.stdout, result.stdout
+    report = json.loads(figures.read_text())
+    assert report["parameters"]["loadgens"] == 2
+    phases = {(p["responder"], p["in_flight"]): p for p in report["phases"]}
+    shares = {key: p["loadgens_in_flight"] for key, p in phases.items()}
+    assert shares == {("aiomqtt-echo", 1): [1], ("aiomqtt-echo", 4): [2, 2]}
+    for phase in phases.values():
+        assert phase["requests"] > 0 and phase["failures"] == 0, phase
+        assert phase["p50_ms"] <= phase["p99_ms"] <= phase["max_ms"], phase
+        # Half the rate (one process's, or a mean) would read as twice the window.
+        window = phase["requests"] / phase["throughput_rps"]
+        assert 0.75 < window / phase["elapsed_s"] < 1.33, phase
+    assert phases[("aiomqtt-echo", 4)]["cpu_us_per_call"]["loadgen"] > 0
+
+
+def test_merged_figures_sum_the_rates_and_take_percentiles_over_every_latency() -> None:
+    fast = LoadFigures(4, 1.0, 4.0, 2.0, 4.0, 4.0, failures=1)
+    slow = LoadFigures(2, 1.01, 2.0, 10.0, 20.0, 20.0, failures=0)
+    both = merged([(fast, [1.0, 2.0, 3.0, 4.0]), (slow, [10.0, 20.0])])
+    # [1, 2, 3, 4, 10, 20]: p50 is the 3rd (not 6, the mean of the two p50s)
+    assert both == LoadFigures(6, 1.01, 6.0, 3.0, 20.0, 20.0, failures=1)
+    with pytest.raises(ValueError, match="samples"):
+        merged([(fast, [1.0])])
+
+
+def test_one_load_generator_merged_is_its_own_figures() -> None:
+    latencies = [0.0001 * n + 0.00000123 * (n % 7) for n in range(1, 500)]
+    own = figures(latencies, elapsed_s=0.75, failures=2)
+    body = json.loads(result_line(own, latencies))
+    samples = body.pop("latencies_ms")
+    assert merged([(LoadFigures(**body), samples)]) == own
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "loadgens", "responder", "expected"),
+    [
+        (64, 1, "toolbus-echo", (64,)),
+        (64, 2, "toolbus-echo", (32, 32)),
+        (16, 3, "aiomqtt-echo", (6, 5, 5)),
+        (1, 4, "toolbus-echo", (1,)),
+        (16, 4, "raw-mcp", (16,)),
+    ],
+)
+def test_a_level_is_shared_out_between_the_load_generators(
+    in_flight: int, loadgens: int, responder: str, expected: tuple[int, ...]
+) -> None:
+    assert split(in_flight, loadgens, RESPONDERS[responder]) == expected
 
 
 def test_an_unknown_responder_is_a_usage_error() -> None:

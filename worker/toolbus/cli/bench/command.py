@@ -43,6 +43,13 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
         "--processes", type=int, default=1, help="worker processes (`toolbus serve --processes`)"
     )
     bench.add_argument(
+        "--loadgens",
+        type=int,
+        default=1,
+        metavar="K",
+        help="load-generator processes a phase, sharing its requests in flight (default 1)",
+    )
+    bench.add_argument(
         "--worker-tree",
         type=Path,
         metavar="DIR",
@@ -69,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         duration_s=args.duration_s,
         warmup_s=args.warmup_s,
         processes=args.processes,
+        loadgens=args.loadgens,
         worker_tree=args.worker_tree.resolve() if args.worker_tree else None,
     )
     to_stdout = args.json is not None and str(args.json) == "-"

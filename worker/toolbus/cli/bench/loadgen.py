@@ -6,10 +6,17 @@
 Lean on purpose, so that it is never what limits a run: paho-mqtt 2.x (MQTT v5,
 TCP_NODELAY) in one thread under `loop_forever`, no asyncio; one payload encoded once;
 each request carries the reply topic and a correlation number, and each reply sends
-the next request from the `on_message` callback. It warms up for `--warmup-s`, then
-prints `window open`, measures for `--duration-s`, prints `window closed` (a bench
-reads the responder's CPU at those two lines), stops sending and waits a bounded time
-for the requests still in flight. Last it prints one JSON line (`LoadFigures`).
+the next request from the `on_message` callback. It prints `started` once its first
+requests are out, warms up for `--warmup-s`, then prints `window open`, measures for
+`--duration-s`, prints `window closed` (a bench reads the responder's CPU at those two
+lines), stops sending and waits a bounded time for the requests still in flight. Last
+it prints one JSON line (`LoadFigures`).
+
+`--window-on-stdin` opens the window when a line arrives on stdin and closes it at the
+next, instead of by the clock: `toolbus bench --loadgens K` runs K of these at once and
+opens and closes all their windows together. `--samples` adds each latency in the
+window (`latencies_ms`) to the JSON line, so that the bench can merge the K runs'
+percentiles (`merged`) rather than average them.
 
 A reply counts as a failure when it is not a JSON object with `ok: true` (`--no-check`
 accepts any reply); a request never answered counts too. Failures are counted over
@@ -37,6 +44,7 @@ from paho.mqtt.properties import Properties
 
 WINDOW_OPEN = "window open"
 WINDOW_CLOSED = "window closed"
+STARTED = "started"  # connected, subscribed, the first requests out
 DRAIN_BOUND_S = 10.0  # the longest a run waits for its last replies
 CONNECT_BOUND_S = 10.0  # from start to the reply subscription, at most
 
@@ -79,6 +87,38 @@ def figures(latencies_s: list[float], elapsed_s: float, failures: int) -> LoadFi
     )
 
 
+def merged(parts: list[tuple[LoadFigures, list[float]]]) -> LoadFigures:
+    """The figures of several load generators run over the same window, each with its
+    latencies in ms (`--samples`): counts and rates summed, percentiles of all the
+    latencies together (a mean of percentiles is no percentile), the longest window."""
+    if any(len(samples) != part.requests for part, samples in parts):
+        raise ValueError("a load generator's samples do not match its request count")
+    ordered = sorted(ms for _, samples in parts for ms in samples)
+    return LoadFigures(
+        requests=len(ordered),
+        elapsed_s=max((part.elapsed_s for part, _ in parts), default=0.0),
+        throughput_rps=round(sum(part.throughput_rps for part, _ in parts), 3),
+        p50_ms=round(percentile(ordered, 0.50), 4),
+        p99_ms=round(percentile(ordered, 0.99), 4),
+        max_ms=ordered[-1] if ordered else 0.0,
+        failures=sum(part.failures for part, _ in parts),
+    )
+
+
+def result_line(result: LoadFigures, latencies_s: list[float] | None) -> str:
+    """The JSON line a run ends with; with `latencies_s`, each in ms as the figures
+    round them (so merging one run's samples gives back its own figures)."""
+    if latencies_s is None:
+        return result.line()
+    samples = [round(s * 1000, 4) for s in latencies_s]
+    return json.dumps({**asdict(result), "latencies_ms": samples})
+
+
+def wait_for_line() -> None:
+    """Blocks until a line (or the end) arrives on stdin: a bench's go."""
+    sys.stdin.readline()
+
+
 def say(line: str) -> None:
     """One line to stdout, flushed at once: the bench acts on it as it arrives."""
     sys.stdout.write(line + "\n")
@@ -98,10 +138,11 @@ class ClosedLoop:
         warmup_s: float,
         duration_s: float,
         check_ok: bool,
+        window_on_stdin: bool = False,
     ) -> None:
         self.topic, self.payload, self.reply_topic = topic, payload, reply_topic
         self.in_flight, self.warmup_s, self.duration_s = in_flight, warmup_s, duration_s
-        self.check_ok = check_ok
+        self.check_ok, self.window_on_stdin = check_ok, window_on_stdin
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5, client_id="")
         self.client.max_inflight_messages_set(0)  # paho's default of 20 would cap N
         self.client.on_connect = self._on_connect
@@ -138,6 +179,7 @@ class ClosedLoop:
         threading.Thread(target=self._clock, name="window", daemon=True).start()
         for _ in range(self.in_flight):
             self._send()
+        say(STARTED)
 
     def _on_message(self, _c: mqtt.Client, _u: Any, message: mqtt.MQTTMessage) -> None:
         now = time.perf_counter()
@@ -163,11 +205,11 @@ class ClosedLoop:
     # -- the window, on a thread of its own -----------------------------------------
 
     def _clock(self) -> None:
-        time.sleep(self.warmup_s)
+        wait_for_line() if self.window_on_stdin else time.sleep(self.warmup_s)
         opened = time.perf_counter()
         self.measuring = True
         say(WINDOW_OPEN)
-        time.sleep(self.duration_s)
+        wait_for_line() if self.window_on_stdin else time.sleep(self.duration_s)
         self.measuring = False
         closed = time.perf_counter()
         self.counted = len(self.latencies_s)  # a reply appended after this is not counted
@@ -186,9 +228,12 @@ class ClosedLoop:
         guard.cancel()
         opened, closed = self.window
         unanswered = len(self.sent_at)
-        return figures(
-            self.latencies_s[: self.counted], closed - opened, self.failures + unanswered
-        )
+        return figures(self.measured, closed - opened, self.failures + unanswered)
+
+    @property
+    def measured(self) -> list[float]:
+        """The latencies inside the window, in seconds."""
+        return self.latencies_s[: self.counted]
 
     def _no_start(self) -> None:
         if not self.started.is_set():
@@ -213,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, default=1.0)
     parser.add_argument("--duration-s", type=float, default=3.0)
     parser.add_argument("--no-check", action="store_true", help="accept replies without ok")
+    parser.add_argument(
+        "--window-on-stdin", action="store_true", help="open, then close, at a line on stdin"
+    )
+    parser.add_argument("--samples", action="store_true", help="add latencies_ms to the JSON")
     args = parser.parse_args(argv)
     url = urlsplit(args.broker)
     loop = ClosedLoop(
@@ -223,9 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         warmup_s=args.warmup_s,
         duration_s=args.duration_s,
         check_ok=not args.no_check,
+        window_on_stdin=args.window_on_stdin,
     )
     result = loop.run(url.hostname or "127.0.0.1", url.port or 1883)
-    say(result.line())
+    say(result_line(result, loop.measured if args.samples else None))
     return 0 if loop.started.is_set() else 1
 
 

@@ -6,15 +6,24 @@ echo, `toolbus serve` answering its built-in `echo` or the demo MCP server's
 camelCase), the raw mcp SDK on one session calling the same tool with the schema's own
 keys, and `toolbus serve` echoing with tracing on or logging at INFO.
 
-CPU per call: the load generator prints `window open` and `window closed`; at each
-line the bench reads the CPU time of the responder's process tree (found once before
-the phase), of the broker and of the load generator. CPU seconds in the window divided
-by the calls the window held (the measured rate times the time between the two
-readings, which is the window's length give or take reading a pipe) is CPU per call.
+Load generators: a phase runs K of them at once (`--loadgens K`), its in-flight level
+shared out between them (`split`: 64 over 2 is 32 + 32, so "in flight" stays what the
+responder has outstanding), each on its own reply topic. The bench holds their window:
+once every one has said `started` it waits the warm-up, then writes a line to each
+one's stdin to open the window and, after the measured seconds, another to close it.
+Their figures are merged (`loadgen.merged`): rates and counts summed, percentiles of
+all their latencies together. The raw baseline is always one process: one session.
+
+CPU per call: each load generator prints `window open` and `window closed`; once all
+have, the bench reads the CPU time of the responder's process tree (found once before
+the phase), of the broker and of the load generators (summed). CPU seconds in the
+window divided by the calls the window held (the merged rate times the time between
+the two readings, the window's length give or take reading a pipe) is CPU per call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import selectors
 import subprocess
@@ -25,7 +34,14 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from toolbus.cli.bench import cpu, loadgen
-from toolbus.cli.bench.loadgen import DRAIN_BOUND_S, WINDOW_CLOSED, WINDOW_OPEN, LoadFigures
+from toolbus.cli.bench.loadgen import (
+    DRAIN_BOUND_S,
+    STARTED,
+    WINDOW_CLOSED,
+    WINDOW_OPEN,
+    LoadFigures,
+    merged,
+)
 
 MCP_TOOL = "control_zwave_device"
 ECHO_ARGUMENTS: dict[str, object] = {"text": "benchmark"}
@@ -38,6 +54,7 @@ RAW_MCP_ARGUMENTS: dict[str, object] = {
     "action": "on",
 }  # the schema's own keys
 START_BOUND_S = 60.0  # a load generator's start-up (the raw baseline starts its server)
+EDGE_BOUND_S = 10.0  # from the bench's line on stdin to a load generator's window line
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +110,14 @@ class CpuPerCall:
 @dataclass(frozen=True, slots=True)
 class Phase:
     responder: str
-    in_flight: int
+    in_flight: int  # in all: the sum of `split`
     load: LoadFigures
     cpu_us: CpuPerCall
+    split: tuple[int, ...] = ()  # each load generator's in-flight level; () read as one
+
+    @property
+    def generators(self) -> tuple[int, ...]:
+        return self.split or (self.in_flight,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,39 +150,60 @@ def command_name(proc: subprocess.Popen[bytes]) -> str:
     return " ".join(map(str, args[:3])) if isinstance(args, list) else str(args)
 
 
+def split(in_flight: int, loadgens: int, responder: Responder) -> tuple[int, ...]:
+    """Each load generator's share of `in_flight`, as even as it goes (16 over 3 is
+    6 + 5 + 5); a level below `loadgens` runs on fewer (1 in flight on one), and the
+    raw baseline, its own single session, on one."""
+    count = 1 if responder.kind == "raw" else max(1, min(loadgens, in_flight))
+    each, more = divmod(in_flight, count)
+    return tuple(each + (i < more) for i in range(count))
+
+
 def run_phase(
-    responder: str, in_flight: int, command: list[str], measured: Measured, window_s: float
+    responder: str,
+    shares: tuple[int, ...],
+    commands: list[list[str]],
+    measured: Measured,
+    window: tuple[float, float],
 ) -> Phase:
-    """Runs one load generator to its figures, reading CPU at its window's edges."""
+    """Runs the load generators to their merged figures, opening and closing their
+    window together (`window`: seconds of warm-up, then measured) and reading CPU
+    at its edges."""
     own = measured.responder_root is None
     tree = set() if measured.responder_root is None else cpu.tree(measured.responder_root)
-    proc = subprocess.Popen(  # noqa: S603 -- our own interpreter and arguments
-        command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, bufsize=0
-    )
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        broker = set() if measured.broker is None else {measured.broker}
-        loadgen = set() if own else {proc.pid}
-        readings: list[tuple[float, cpu.Reading, cpu.Reading, cpu.Reading]] = []
-        load: LoadFigures | None = None
-        deadline = time.monotonic() + START_BOUND_S + window_s + DRAIN_BOUND_S
-        for line in lines(proc, deadline):
-            if line in (WINDOW_OPEN, WINDOW_CLOSED):
-                if own and line == WINDOW_OPEN:
-                    tree = cpu.tree(proc.pid)  # the raw client and the server it started
-                readings.append(
-                    (time.perf_counter(), cpu.read(tree), cpu.read(broker), cpu.read(loadgen))
+        for command in commands:
+            procs.append(
+                subprocess.Popen(  # noqa: S603 -- our own interpreter and arguments
+                    command, stdout=subprocess.PIPE, stdin=subprocess.PIPE, bufsize=0
                 )
-            elif line.startswith("{"):
-                body = json.loads(line)
-                if "error" in body:
-                    raise RuntimeError(f"{responder}: the load generator failed: {body['error']}")
-                load = LoadFigures(**body)
-        if proc.wait(timeout=DRAIN_BOUND_S) != 0 or load is None or len(readings) != 2:
-            raise RuntimeError(f"{responder}: the load generator ended without figures")
+            )
+        started_by = time.monotonic() + START_BOUND_S
+        for proc in procs:
+            _expect(responder, proc, STARTED, started_by)
+        if own:
+            tree = cpu.tree(procs[0].pid)  # the raw client and the server it started
+        broker = set() if measured.broker is None else {measured.broker}
+        loadgens = set() if own else {proc.pid for proc in procs}
+        readings: list[tuple[float, cpu.Reading, cpu.Reading, cpu.Reading]] = []
+        time.sleep(window[0])  # the warm-up: load runs, nothing is counted
+        for edge, then in ((WINDOW_OPEN, window[1]), (WINDOW_CLOSED, 0.0)):
+            for proc in procs:
+                _go(proc)
+            for proc in procs:
+                _expect(responder, proc, edge, time.monotonic() + EDGE_BOUND_S)
+            readings.append(
+                (time.perf_counter(), cpu.read(tree), cpu.read(broker), cpu.read(loadgens))
+            )
+            time.sleep(then)  # the measured window, when it has just opened
+        drained_by = time.monotonic() + DRAIN_BOUND_S + EDGE_BOUND_S
+        load = merged([_figures(responder, proc, drained_by) for proc in procs])
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     (t0, r0, b0, g0), (t1, r1, b1, g1) = readings
     calls = load.throughput_rps * (t1 - t0)
 
@@ -171,45 +214,87 @@ def run_phase(
 
     return Phase(
         responder,
-        in_flight,
+        sum(shares),
         load,
         CpuPerCall(
-            per_call(r1, r0, True), per_call(b1, b0, bool(broker)), per_call(g1, g0, bool(loadgen))
+            per_call(r1, r0, True), per_call(b1, b0, bool(broker)), per_call(g1, g0, bool(loadgens))
         ),
+        shares,
     )
 
 
-def loadgen_command(
-    broker_url: str,
-    prefix: str,
-    responder: Responder,
-    in_flight: int,
-    *,
-    warmup_s: float,
-    duration_s: float,
-) -> list[str]:
+def _go(proc: subprocess.Popen[bytes]) -> None:
+    """The line that opens or closes a load generator's window (`--window-on-stdin`)."""
+    assert proc.stdin is not None
+    with contextlib.suppress(OSError):  # it has ended: `_expect` says so, with what it printed
+        proc.stdin.write(b"\n")
+
+
+def _expect(responder: str, proc: subprocess.Popen[bytes], marker: str, deadline: float) -> None:
+    """Reads the load generator's lines up to `marker`; RuntimeError if it ends or
+    reports an error first, TimeoutError past `deadline`."""
+    for line in lines(proc, deadline):
+        if line == marker:
+            return
+        if line.startswith("{") and "error" in (body := json.loads(line)):
+            raise RuntimeError(f"{responder}: the load generator failed: {body['error']}")
+    raise RuntimeError(f"{responder}: the load generator ended before {marker!r}")
+
+
+def _figures(
+    responder: str, proc: subprocess.Popen[bytes], deadline: float
+) -> tuple[LoadFigures, list[float]]:
+    """What a load generator printed last, once it has ended (its figures are one line,
+    with every latency: read in one go, not line by line)."""
+    out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+    found = [line for line in out.decode(errors="replace").splitlines() if line.startswith("{")]
+    body = json.loads(found[-1]) if found else {}
+    if "error" in body:
+        raise RuntimeError(f"{responder}: the load generator failed: {body['error']}")
+    if proc.returncode != 0 or "latencies_ms" not in body:
+        raise RuntimeError(f"{responder}: the load generator ended without figures")
+    samples = body.pop("latencies_ms")
+    return LoadFigures(**body), samples
+
+
+def loadgen_commands(
+    broker_url: str, prefix: str, responder: Responder, shares: tuple[int, ...]
+) -> list[list[str]]:
+    """A command per load generator, each with its share of the requests in flight and
+    a reply topic of its own; the window is the bench's (`run_phase`)."""
+    paced = ["--window-on-stdin", "--samples"]
     if responder.kind == "raw":
+        [in_flight] = shares
         return [
-            sys.executable,
-            "-m",
-            "toolbus.cli.bench.raw_mcp",
-            "--tool",
-            responder.tool,
-            "--arguments",
-            json.dumps(responder.arguments),
-            *_loop_flags(in_flight, warmup_s, duration_s),
+            [
+                sys.executable,
+                "-m",
+                "toolbus.cli.bench.raw_mcp",
+                "--tool",
+                responder.tool,
+                "--arguments",
+                json.dumps(responder.arguments),
+                "--in-flight",
+                str(in_flight),
+                *paced,
+            ]
         ]
     return [
-        *script(loadgen),
-        "--broker",
-        broker_url,
-        "--topic",
-        f"{prefix}/call/{responder.tool}",
-        "--payload",
-        json.dumps({"arguments": responder.arguments}),
-        "--reply-topic",
-        f"{prefix}/reply/loadgen-{in_flight}",
-        *_loop_flags(in_flight, warmup_s, duration_s),
+        [
+            *script(loadgen),
+            "--broker",
+            broker_url,
+            "--topic",
+            f"{prefix}/call/{responder.tool}",
+            "--payload",
+            json.dumps({"arguments": responder.arguments}),
+            "--reply-topic",
+            f"{prefix}/reply/loadgen-{sum(shares)}-{number}",
+            "--in-flight",
+            str(in_flight),
+            *paced,
+        ]
+        for number, in_flight in enumerate(shares, start=1)
     ]
 
 
@@ -219,14 +304,3 @@ def script(module: ModuleType) -> list[str]:
     not put first on sys.path, where `toolbus.cli.bench`'s modules would shadow others)."""
     assert module.__file__ is not None
     return [sys.executable, "-P", module.__file__]
-
-
-def _loop_flags(in_flight: int, warmup_s: float, duration_s: float) -> list[str]:
-    return [
-        "--in-flight",
-        str(in_flight),
-        "--warmup-s",
-        str(warmup_s),
-        "--duration-s",
-        str(duration_s),
-    ]

@@ -130,15 +130,35 @@ def _cell(value: float | None, digits: int, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.{digits}f}{suffix}"
 
 
+def in_flight_cell(phase: Phase) -> str:
+    """The requests in flight in all, and how the load generators shared them out:
+    `64 (2x32)`, `16 (6+5+5)`; one load generator: `64`."""
+    shares = phase.generators
+    if len(shares) == 1:
+        return str(phase.in_flight)
+    if len(set(shares)) == 1:
+        return f"{phase.in_flight} ({len(shares)}x{shares[0]})"
+    return f"{phase.in_flight} ({'+'.join(map(str, shares))})"
+
+
 def render(run: BenchRun, console: Console) -> None:
+    options = run.options
+    setup = "".join(
+        (
+            f", toolbus serve --processes {options.processes}" if options.processes > 1 else "",
+            f", {options.loadgens} load generators" if options.loadgens > 1 else "",
+        )
+    )
     table = Table(
         box=box.SIMPLE_HEAD,
-        title=f"toolbus bench: closed loop, {run.options.duration_s:g} s per phase "
-        f"after {run.options.warmup_s:g} s warm-up",
-        caption="x: toolbus / its baseline at the same in-flight level (toolbus-echo / "
+        title=f"toolbus bench: closed loop, {options.duration_s:g} s per phase "
+        f"after {options.warmup_s:g} s warm-up{setup}",
+        caption="in flight: requests outstanding in all, shared out between the load "
+        "generators (KxN: K processes with N each; raw-mcp is always one); "
+        "x: toolbus / its baseline at the same in-flight level (toolbus-echo / "
         "aiomqtt-echo, toolbus-mcp / raw-mcp, tracing and INFO / toolbus-echo); "
         "dp50: ms of p50 above the baseline's; CPU us per call from /proc (responder's "
-        "process tree, broker, load generator)",
+        "process tree, broker, load generators summed)",
     )
     columns = "responder|in flight|req/s|x|p50 ms|dp50|p99 ms|CPU us/call|x|broker|loadgen|fail"
     for column in columns.split("|"):
@@ -148,7 +168,7 @@ def render(run: BenchRun, console: Console) -> None:
         load, cpu = phase.load, phase.cpu_us
         table.add_row(
             phase.responder,
-            str(phase.in_flight),
+            in_flight_cell(phase),
             f"{load.throughput_rps:.0f}",
             _cell(r.throughput if r else None, 2, "x"),
             f"{load.p50_ms:.2f}",
@@ -183,6 +203,7 @@ def to_json(run: BenchRun) -> dict[str, Any]:
             {
                 "responder": phase.responder,
                 "in_flight": phase.in_flight,
+                "loadgens_in_flight": list(phase.generators),
                 **asdict(phase.load),
                 "cpu_us_per_call": asdict(phase.cpu_us),
                 "ratios": None if r is None else asdict(r),
@@ -195,6 +216,7 @@ def to_json(run: BenchRun) -> dict[str, Any]:
             "duration_s": options.duration_s,
             "warmup_s": options.warmup_s,
             "processes": options.processes,
+            "loadgens": options.loadgens,
             "worker_tree": str(options.worker_tree) if options.worker_tree else None,
         },
         "python": sys.version.split()[0],

@@ -33,9 +33,10 @@ from toolbus.cli.bench.phases import (
     Phase,
     Responder,
     lines,
-    loadgen_command,
+    loadgen_commands,
     run_phase,
     script,
+    split,
 )
 from toolbus.cli.bench.served import Probe, ServeOptions, served_worker, stop
 
@@ -49,7 +50,8 @@ class BenchFailed(Exception):
 @dataclass(frozen=True, slots=True)
 class BenchOptions:
     """What to run: responders by name (see `phases.RESPONDERS`), in-flight levels,
-    seconds of warm-up and of measurement per phase, and how the worker runs."""
+    seconds of warm-up and of measurement per phase, how the worker runs, and how many
+    load-generator processes share each level's requests in flight."""
 
     responders: tuple[str, ...]
     in_flight: tuple[int, ...] = (1, 16, 64)
@@ -57,6 +59,7 @@ class BenchOptions:
     warmup_s: float = 1.0
     processes: int = 1
     worker_tree: Path | None = None
+    loadgens: int = 1
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.responders if name not in RESPONDERS]
@@ -67,6 +70,8 @@ class BenchOptions:
             raise ValueError("in-flight levels are whole numbers of at least 1")
         if self.duration_s <= 0 or self.warmup_s < 0 or self.processes < 1:
             raise ValueError("the duration is above 0, the warm-up at least 0, processes >= 1")
+        if self.loadgens < 1:
+            raise ValueError("load generators: at least 1")
 
 
 @dataclass(slots=True)
@@ -79,7 +84,7 @@ class BenchRun:
 def run(options: BenchOptions, *, show_progress: bool = True) -> BenchRun:
     result = BenchRun(options)
     responders = [RESPONDERS[name] for name in options.responders]
-    window_s = options.warmup_s + options.duration_s
+    window = (options.warmup_s, options.duration_s)
     with ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="toolbus-bench-")))
         broker = stack.enter_context(private_broker())
@@ -101,15 +106,10 @@ def run(options: BenchOptions, *, show_progress: bool = True) -> BenchRun:
             with started(group[0], broker, scratch, options, sink) as (measured, prefix):
                 for responder, n in itertools.product(group, options.in_flight):
                     progress.update(task, description=f"{responder.name}, {n} in flight")
-                    command = loadgen_command(
-                        broker.url,
-                        prefix,
-                        responder,
-                        n,
-                        warmup_s=options.warmup_s,
-                        duration_s=options.duration_s,
-                    )
-                    result.phases.append(run_phase(responder.name, n, command, measured, window_s))
+                    shares = split(n, options.loadgens, responder)
+                    commands = loadgen_commands(broker.url, prefix, responder, shares)
+                    phase = run_phase(responder.name, shares, commands, measured, window)
+                    result.phases.append(phase)
                     progress.advance(task)
         if sink is not None:
             result.traces_exported = sink.traces_received
