@@ -23,6 +23,25 @@ RETRY = Retry(attempts=10, interval_s=2.0)
 CALL_TIMEOUT_S = 40.0
 
 
+class Resends:
+    """A `Client`'s `on_resend`: counts the repeats and wakes who waits for one."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._one = asyncio.Event()
+
+    def __call__(self, send: int, sends: int) -> None:
+        self.count += 1
+        self._one.set()
+
+    async def beyond(self, count: int, timeout_s: float = 20.0) -> None:
+        """Once more than `count` repeats were sent."""
+        async with asyncio.timeout(timeout_s):
+            while self.count <= count:
+                self._one.clear()
+                await self._one.wait()
+
+
 class SteadyLoad:
     """Requests `{tag}0, {tag}1, ...` to `{prefix}/call/record`, each holding `hold_s`."""
 

@@ -23,7 +23,7 @@ import pytest
 from tests.support.fleet import Executions, WorkerProcess, recording_env
 from tests.support.harness import Broker, RedisServer, measured
 from tests.support.relay import Relay
-from tests.support.steady_load import CALL_TIMEOUT_S, RETRY, SteadyLoad
+from tests.support.steady_load import CALL_TIMEOUT_S, RETRY, Resends, SteadyLoad
 from toolbus.client.client import Client
 from toolbus.config import BrokerUrl
 
@@ -74,13 +74,16 @@ async def test_a_worker_partitioned_from_its_broker_mid_load(
     executions = Executions(tmp_path / "executions")
     await asyncio.gather(cut_off.start(), direct.start())
     try:
-        async with Client(BrokerUrl.from_url(broker.url), prefix=prefix, retry=RETRY) as client:
+        resends = Resends()
+        async with Client(
+            BrokerUrl.from_url(broker.url), prefix=prefix, retry=RETRY, on_resend=resends
+        ) as client:
             load = SteadyLoad(client, prefix, tag="p", hold_s=0.05)
             sending = asyncio.create_task(load.run(in_flight=16), name="load")
             await load.reached(100)
             assert cut_off.started, "the worker behind the relay ran nothing before the fault"
             held_at_partition = len(cut_off.started)
-            resent_before = client.resent
+            resent_before = resends.count
             cut_off.log = []
             await relay.partition()
             began = time.monotonic()
@@ -88,9 +91,7 @@ async def test_a_worker_partitioned_from_its_broker_mid_load(
             noticed_s = time.monotonic() - began
             # Held until the caller has re-sent a call it heard nothing of (2 s on), while
             # the other worker answers the rest.
-            async with asyncio.timeout(WAIT_S):
-                while client.resent == resent_before:
-                    await load.reached(len(load.replies) + 1)
+            await resends.beyond(resent_before)
             before_heal = set(cut_off.started)
             cut_off.log = []
             healed = await relay.heal()
