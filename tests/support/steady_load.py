@@ -67,13 +67,16 @@ class SteadyLoad:
                 reply = await self.client.request(self.topic, body, timeout_s=CALL_TIMEOUT_S)
                 assert isinstance(reply, Reply)  # one call, our envelope: a plain reply
             except Exception as exc:  # counted as lost, reported with the rest
-                self.failed[key] = exc
+                outcome: Reply | Exception = exc
             else:
-                async with self._progress:
-                    self.replies[key] = reply
-                    self._progress.notify_all()
-            finally:
-                slots.release()
+                outcome = reply
+            async with self._progress:
+                if isinstance(outcome, Reply):
+                    self.replies[key] = outcome
+                else:
+                    self.failed[key] = outcome
+                self._progress.notify_all()
+            slots.release()
 
         async with asyncio.TaskGroup() as group:
             while True:
@@ -87,6 +90,14 @@ class SteadyLoad:
         """Once `count` replies are in."""
         async with asyncio.timeout(timeout_s), self._progress:
             await self._progress.wait_for(lambda: len(self.replies) >= count)
+
+    async def ended(self, sent: int, timeout_s: float = 30.0) -> None:
+        """Once each of the first `sent` requests has its outcome (a reply, or lost)."""
+        keys = [f"{self.tag}{n}" for n in range(sent)]
+        async with asyncio.timeout(timeout_s), self._progress:
+            await self._progress.wait_for(
+                lambda: all(k in self.replies or k in self.failed for k in keys)
+            )
 
     def codes(self) -> Counter[str]:
         return Counter(

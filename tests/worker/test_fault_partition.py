@@ -23,7 +23,7 @@ import pytest
 from tests.support.fleet import Executions, WorkerProcess, recording_env
 from tests.support.harness import Broker, RedisServer, measured
 from tests.support.relay import Relay
-from tests.support.steady_load import CALL_TIMEOUT_S, RETRY, Resends, SteadyLoad
+from tests.support.steady_load import CALL_TIMEOUT_S, RETRY, SteadyLoad
 from toolbus.client.client import Client
 from toolbus.config import BrokerUrl
 
@@ -74,24 +74,21 @@ async def test_a_worker_partitioned_from_its_broker_mid_load(
     executions = Executions(tmp_path / "executions")
     await asyncio.gather(cut_off.start(), direct.start())
     try:
-        resends = Resends()
-        async with Client(
-            BrokerUrl.from_url(broker.url), prefix=prefix, retry=RETRY, on_resend=resends
-        ) as client:
+        async with Client(BrokerUrl.from_url(broker.url), prefix=prefix, retry=RETRY) as client:
             load = SteadyLoad(client, prefix, tag="p", hold_s=0.05)
             sending = asyncio.create_task(load.run(in_flight=16), name="load")
             await load.reached(100)
             assert cut_off.started, "the worker behind the relay ran nothing before the fault"
             held_at_partition = len(cut_off.started)
-            resent_before = resends.count
             cut_off.log = []
             await relay.partition()
-            began = time.monotonic()
+            began, sent_before = time.monotonic(), load.sent
             await logged(cut_off, "broker connection lost")  # its keepalive gave up
             noticed_s = time.monotonic() - began
-            # Held until the caller has re-sent a call it heard nothing of (2 s on), while
-            # the other worker answers the rest.
-            await resends.beyond(resent_before)
+            # While the partition lasts, every call sent before it is answered: those the
+            # cut-off worker held too, by their re-sends on the other worker.
+            await load.ended(sent_before, timeout_s=WAIT_S)
+            answered_cut_off_s = time.monotonic() - began
             before_heal = set(cut_off.started)
             cut_off.log = []
             healed = await relay.heal()
@@ -108,7 +105,8 @@ async def test_a_worker_partitioned_from_its_broker_mid_load(
 
     load.report(
         f"partition ({dispatch} dispatch): one of 2 workers cut off from mosquitto for "
-        f"{partitioned_s:.1f} s mid-load (noticed after {noticed_s:.1f} s, rejoined "
+        f"{partitioned_s:.1f} s mid-load (noticed after {noticed_s:.1f} s, its calls answered "
+        f"after {answered_cut_off_s:.1f} s, rejoined "
         f"{rejoined_s:.1f} s after the cut; {held_at_partition} calls run there before)",
         executions,
     )
