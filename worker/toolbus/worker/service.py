@@ -190,6 +190,8 @@ class Worker:
             try:
                 async with links[0] as conn, links[1] as out:
                     needs_shares(conn, self._links.broker, self.topics)  # before `$share/`
+                    if self.dispatch is not None:  # alive to the pool before taking
+                        await self.dispatch.online()
                     connected_once = True
                     takeovers.connected()
                     self._conn = conn
@@ -214,6 +216,8 @@ class Worker:
                     raise  # a configuration no retry can fix: say so and stop
                 delay_s = takeovers.said(exc, links, delay_s)
             finally:
+                if self.dispatch is not None:  # what it took, another may now answer
+                    self.dispatch.offline()
                 await self._status.pause()
                 self._conn = None
                 self._publisher.detach()
