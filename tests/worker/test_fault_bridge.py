@@ -71,14 +71,11 @@ async def test_the_bridge_between_callers_and_pool_cut_and_restored_mid_load(
     callers_side.start()
     relay = Relay("127.0.0.1", callers_side.port)
     await relay.start()
-    pool_side.config.write_text(
-        pool_side.config.read_text() + bridge_conf(relay.port, prefix)
-    )
+    pool_side.config.write_text(pool_side.config.read_text() + bridge_conf(relay.port, prefix))
     pool_side.start()
     env = recording_env(tmp_path, prefix, concurrency="16", dedup_store=redis_server.url)
     pool = [
-        WorkerProcess(pool_side.url, {**env, "TOOLBUS_WORKER_ID": f"{prefix}-w{n}"})
-        for n in (1, 2)
+        WorkerProcess(pool_side.url, {**env, "TOOLBUS_WORKER_ID": f"{prefix}-w{n}"}) for n in (1, 2)
     ]
     executions = Executions(tmp_path / "executions")
     try:
