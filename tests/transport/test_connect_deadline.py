@@ -136,3 +136,26 @@ async def test_a_connection_made_after_the_deadline_is_closed(
         async with asyncio.timeout(4 * TIMEOUT_S):
             sent = await relay.closed.get()  # connected late, then closed by us
         assert sent[0] >> 4 == 1 and sent[-2:] == bytes([0xE0, 0])  # CONNECT ... DISCONNECT
+
+
+async def test_a_connection_closed_before_its_connack_fails_at_once() -> None:
+    """A listener that reads the CONNECT and closes (a broker going down, a proxy with no
+    backend, a partition the keepalive gave up on before the CONNACK) ends the attempt
+    when the socket closes, not at the deadline: aiomqtt alone would wait for a CONNACK
+    its full timeout, and a worker cut off for a few seconds rejoined 10 s late."""
+
+    async def closing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)
+        writer.close()
+
+    server = await asyncio.start_server(closing, "127.0.0.1", 0)
+    url = BrokerUrl.from_url(f"mqtt://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    deadline_s = 10.0
+    try:
+        started = time.monotonic()
+        with pytest.raises(TransportError):
+            async with MqttConnection(url, timeout_s=deadline_s):
+                pass
+        assert time.monotonic() - started < 1 + SLACK_S
+    finally:
+        server.close()

@@ -15,6 +15,10 @@ see a copy takes the key over, and dedup tells the run was cut short (`in_doubt`
 rerun for an idempotent tool). Two identical publishes with no id both run, on one worker.
 Each worker's heartbeat also scores it in `{p}:dispatch-owners` (a sorted set by beat
 time), so the workers alive are read in one range query, never by scanning the keys.
+A worker that lost its broker (`offline`) can answer nothing it took: it stops beating
+and removes its heartbeat at once, so a re-send of a call it took is taken over by a
+worker that can answer it (from dedup's record, or by waiting for the run), not dropped
+until the partition heals; `online` beats again before it takes a message.
 
 When Redis cannot be reached no worker can know whether another took the message: each
 ranks the workers it last saw alive by the message's digest (rendezvous hashing) and only
@@ -94,6 +98,9 @@ class RedisDispatch:
         self._take = self._redis.register_script(TAKE)
         self.alive: tuple[str, ...] = (self.owner,)  # as the last heartbeat saw them
         self._beating: asyncio.Task[None] | None = None
+        self._online = True  # connected to the broker (alive to the others)
+        self._changed = asyncio.Event()  # wakes the heartbeat when `offline` is called
+        self._beats = asyncio.Lock()  # a beat and a leave never cross in Redis
         self.dropped = 0  # messages another worker took
         self.taken_over = 0  # messages whose taker's heartbeat had lapsed
 
@@ -127,11 +134,36 @@ class RedisDispatch:
 
     async def _beat_on(self) -> None:
         while True:
-            await asyncio.sleep(HEARTBEAT_S)  # the heartbeat's period, not a sync
+            with contextlib.suppress(TimeoutError):  # the heartbeat's period, or `offline`
+                async with asyncio.timeout(HEARTBEAT_S):
+                    await self._changed.wait()
+            self._changed.clear()
             try:
-                await self._beat()
+                async with self._beats:
+                    await (self._beat() if self._online else self._leave())
             except Exception as exc:  # Redis away for a while: the next beat tries again
                 log.warning("dispatch heartbeat failed: %s", exc)
+
+    async def _leave(self) -> None:
+        async with self._redis.pipeline(transaction=False) as leave:
+            leave.delete(self._alive_key(self.owner))
+            leave.zrem(f"{self._prefix}:dispatch-owners", self.owner)
+            await leave.execute()
+
+    def offline(self) -> None:
+        """The broker connection is lost: not alive to the other workers (its heartbeat
+        removed now, not left to lapse), so they take over the re-sends of what it took."""
+        self._online = False
+        self._changed.set()
+
+    async def online(self) -> None:
+        """Connected again: alive to the others before any message is taken."""
+        self._online = True
+        try:
+            async with self._beats:
+                await self._beat()
+        except Exception as exc:  # Redis away: answered by rank meanwhile, as ever
+            log.warning("dispatch heartbeat failed: %s", exc)
 
     async def mine(self, message: Inbound) -> bool:
         """Whether this worker answers `message` (False: another took it; drop it)."""

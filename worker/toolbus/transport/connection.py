@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from types import TracebackType
@@ -205,8 +205,8 @@ class MqttConnection:
 
         aiomqtt bounds only the wait for the CONNACK, after a socket phase in a thread
         that no cancellation stops; so the connect runs as its own task behind one
-        deadline. One given up on goes on alone and is closed if it connects after all.
-        """
+        deadline, or until the socket closes before any CONNACK (aiomqtt waits on then).
+        One given up on goes on alone and is closed if it connects after all."""
         self._reader.install(asyncio.get_running_loop())
         self._writer.install(asyncio.get_running_loop())
         entering = asyncio.create_task(
@@ -214,7 +214,7 @@ class MqttConnection:
         )
         try:
             async with asyncio.timeout(self._timeout_s):
-                await asyncio.shield(entering)
+                await self._unless_lost(asyncio.shield(entering), "connecting")
         except aiomqtt.MqttError as exc:
             self._drop_socket()
             raise connect_error(exc) from exc
@@ -287,10 +287,10 @@ class MqttConnection:
         except aiomqtt.MqttError as exc:
             raise TransportError(str(exc)) from exc
 
-    async def _unless_lost(self, step: Coroutine[Any, Any, T], doing: str) -> T:
+    async def _unless_lost(self, step: Awaitable[T], doing: str) -> T:
         """`step`, or `TransportError` as soon as the connection is lost: aiomqtt waits
-        for a SUBACK or UNSUBACK its full timeout even once the broker is gone (a worker
-        stopping as its broker stops would wait it out)."""
+        for a CONNACK, SUBACK or UNSUBACK its full timeout even once the broker is gone
+        (a worker stopping as its broker stops, or one a partition cut off, waits it out)."""
         task = asyncio.ensure_future(step)
         gone = asyncio.ensure_future(self._gone.wait())
         try:

@@ -7,7 +7,8 @@ ejabberd, RabbitMQ 3.x, aedes) gives every worker every request: a worker that n
 `$share/` SUBSCRIBE (which ejabberd answers by closing the session), with the fix in the
 error. With `dispatch = "store"` every worker takes every request and asks the shared
 store whether it is its own to answer (`Dispatch`, dedup/redis_dispatch.py); the rest
-are acknowledged and dropped, nothing published (`gated`).
+are acknowledged and dropped, nothing published (`gated`). A worker whose broker
+connection is lost says so (`offline`): the others then take over what it took.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ class Dispatch(Protocol):
     async def __aexit__(self, *exc: object) -> None: ...
 
     async def mine(self, message: Inbound) -> bool: ...
+
+    def offline(self) -> None:
+        """The broker connection is lost: this worker can answer nothing it took."""
+
+    async def online(self) -> None:
+        """Connected (again), before any message is taken."""
 
 
 class NoSharedSubscriptions(BrokerRefused):

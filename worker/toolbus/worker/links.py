@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from toolbus.observability.metrics import Metrics
@@ -24,8 +26,9 @@ from toolbus.transport import MqttConnection
 from toolbus.transport.nodes import Nodes
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.messages import Outbound
+from toolbus.wire.topics import Topics
 from toolbus.worker.client_ids import ClientIds
-from toolbus.worker.dispatch import Dispatch
+from toolbus.worker.dispatch import Dispatch, needs_shares
 
 log = logging.getLogger("toolbus.service")  # the worker's lines, wherever they are made
 
@@ -125,6 +128,22 @@ class Links:
             timeout_s=self.timeout_s,
             keepalive_s=self.keepalive_s,
         )
+
+    @asynccontextmanager
+    async def joined(self, conn: MqttConnection, topics: Topics) -> AsyncIterator[None]:
+        """While `conn` (the request connection, just made) is up: a broker without
+        `$share` refused first when the worker needs it, and under store dispatch the
+        worker alive to the pool (before it takes a message), offline once it is lost,
+        so that the others take over what it took rather than drop it."""
+        needs_shares(conn, self.broker, topics)  # before any `$share/` subscription
+        if self.dispatch is None:
+            yield
+            return
+        await self.dispatch.online()
+        try:
+            yield
+        finally:
+            self.dispatch.offline()
 
     def replies(self) -> MqttConnection:
         """Where replies leave: the request connection may stop reading (see

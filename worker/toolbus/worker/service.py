@@ -41,7 +41,7 @@ from toolbus.wire.messages import Inbound
 from toolbus.wire.tasks import cancel_and_wait
 from toolbus.wire.topics import Topics
 from toolbus.worker.cancels import CancelIntake
-from toolbus.worker.dispatch import gated, needs_shares
+from toolbus.worker.dispatch import gated
 from toolbus.worker.handover import Handover
 from toolbus.worker.links import RECONNECT_FIRST_DELAY_S, Links, Takeovers
 from toolbus.worker.publisher import ConnectionPublisher
@@ -188,8 +188,7 @@ class Worker:
         while not stop.is_set():
             links = self._links.requests(self._status.will()), self._links.replies()
             try:
-                async with links[0] as conn, links[1] as out:
-                    needs_shares(conn, self._links.broker, self.topics)  # before `$share/`
+                async with links[0] as conn, links[1] as out, self._links.joined(conn, self.topics):
                     connected_once = True
                     takeovers.connected()
                     self._conn = conn
