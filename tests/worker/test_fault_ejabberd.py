@@ -3,10 +3,19 @@
 Two ejabberd nodes form a cluster (ejabberd has no `$share`, so the workers run in store
 dispatch: Redis decides which of them runs a call). Worker A and half the callers start
 on node 1, worker B and the other half on node 2; each is given both nodes, node 1 or
-node 2 first. Node 1 is SIGKILLed mid-load (its sessions die with it) and started again.
-Worker A and node 1's callers move to node 2; the callers send again, under the same id,
-what was not answered. The recording tool writes a line per execution: nothing lost,
-nothing executed twice, and what was in doubt counted.
+node 2 first. Node 1 is SIGKILLed mid-load (its sessions die with it): worker A and node
+1's callers move to node 2, the callers send again, under the same id, what was not
+answered. The recording tool writes a line per execution: nothing lost, nothing executed
+twice, what was in doubt counted. Then node 1 is started again (same name and spool), it
+rejoins, and a caller on it is answered by the workers on node 2.
+
+Node 1 is started again once the load is through, not during it: ejabberd 23.01 crashes
+each session on the other node that publishes while a node rejoins (`mod_mqtt_mnesia`'s
+cluster-wide topic match gets a `badrpc` from the node whose topic tree is not up yet),
+and such a session can keep its socket open, unanswering, for about 40 s while its
+cleanup waits on mnesia: every PUBACK and reply on it stalls past the callers' deadline.
+Seen here in 2 runs of 11 with the restart under load; toolbus's side of it (a silent
+connection is dropped after the keepalive, `keepalive_s`) is longer than that stall.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from tests.worker.test_chaos import CALL_TIMEOUT_S, RETRY
 from toolbus.client.client import Client
 from toolbus.config import BrokerUrl
 from toolbus.wire.contracts import Reply
+from toolbus.wire.errors import NoReply
 
 
 def nodes_from(first: Ejabberd, then: Ejabberd) -> list[BrokerUrl]:
@@ -34,11 +44,13 @@ def nodes_from(first: Ejabberd, then: Ejabberd) -> list[BrokerUrl]:
 
 class Callers:
     """Requests `{name}-0..` to the recording tool through one client, `in_flight` at a
-    time; replies by id, and when each request was first sent."""
+    time; replies by id, the requests left without one (`NoReply`: lost), and when each
+    request was first sent."""
 
     def __init__(self, client: Client, prefix: str, name: str) -> None:
         self.client, self.name, self.topic = client, name, f"{prefix}/call/record"
         self.replies: dict[str, Reply] = {}
+        self.unanswered: set[str] = set()
         self.first_sent: dict[str, float] = {}
 
     async def run(self, requests: int, in_flight: int, hold_s: float) -> None:
@@ -49,7 +61,11 @@ class Callers:
             async with slots:
                 self.first_sent[key] = time.monotonic()
                 body = {"id": key, "arguments": {"key": key, "hold_s": hold_s}}
-                reply = await self.client.request(self.topic, body, timeout_s=CALL_TIMEOUT_S)
+                try:
+                    reply = await self.client.request(self.topic, body, timeout_s=CALL_TIMEOUT_S)
+                except NoReply:
+                    self.unanswered.add(key)  # counted, and asserted on, as lost
+                    return
                 assert isinstance(reply, Reply)
                 self.replies[reply.id] = reply
 
@@ -83,10 +99,12 @@ async def crosses(publish_on: Ejabberd, subscribe_on: Ejabberd) -> None:
 async def test_a_cluster_node_killed_mid_load_loses_nothing_and_runs_nothing_twice(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    per_client, in_flight, hold_s = 300, 24, 0.02
-    requests = 2 * per_client
+    per_client, in_flight, hold_s = 200, 24, 0.02
+    requests, after = 2 * per_client, 50
+    began = time.monotonic()
     with cluster(tmp_path / "ejabberd") as (one, two):
         await crosses(one, two)
+        clustered_s = time.monotonic() - began
         prefix = f"ej{uuid.uuid4().hex[:8]}"
         env = recording_env(
             tmp_path,
@@ -98,13 +116,15 @@ async def test_a_cluster_node_killed_mid_load_loses_nothing_and_runs_nothing_twi
             broker_password=PASSWORD,
             reconnect_max_delay_s="1",
         )
-        both = f"{one.url},{two.url}"
-        worker_a = WorkerProcess(both, {**env, "TOOLBUS_WORKER_ID": f"{prefix}-a"})
+        worker_a = WorkerProcess(
+            f"{one.url},{two.url}", {**env, "TOOLBUS_WORKER_ID": f"{prefix}-a"}
+        )
         worker_b = WorkerProcess(
             f"{two.url},{one.url}", {**env, "TOOLBUS_WORKER_ID": f"{prefix}-b"}
         )
         executions = Executions(tmp_path / "executions")
         await asyncio.gather(worker_a.start(), worker_b.start())
+        load_began = time.monotonic()
         try:
             async with (
                 Client(nodes_from(one, two), prefix=prefix, retry=RETRY) as on_one,
@@ -114,36 +134,51 @@ async def test_a_cluster_node_killed_mid_load_loses_nothing_and_runs_nothing_twi
                 sending = asyncio.gather(
                     *(load.run(per_client, in_flight, hold_s) for load in loads)
                 )
-                await reached(loads, requests // 3)
+                await reached(loads, requests // 4)
                 killed_at = time.monotonic()
+                before_kill_s = killed_at - load_began
                 one.stop()  # SIGKILL: its sessions, worker A's and c1's, die with it
-                await asyncio.to_thread(one.start)  # the same name and spool: it rejoins
-                restarted_s = time.monotonic() - killed_at
                 async with asyncio.timeout(CALL_TIMEOUT_S + 10):
                     await sending
+                drained_s = time.monotonic() - killed_at
+                resent = on_one.resent + on_two.resent
+            # Started again once the load is through: ejabberd 23.01 crashes the sessions
+            # on the other node that publish while a node rejoins (module docstring).
+            started_at = time.monotonic()
+            await asyncio.to_thread(one.start)  # the same name and spool: it rejoins
+            restarted_s = time.monotonic() - started_at
             rejoined = await asyncio.to_thread(one.in_cluster_with, two)
+            # A caller on the restarted node, the workers both on node 2: answered across.
+            async with Client(nodes_from(one, two), prefix=prefix, retry=RETRY) as again:
+                loads.append(Callers(again, prefix, "c3"))
+                async with asyncio.timeout(CALL_TIMEOUT_S + 10):
+                    await loads[-1].run(after, in_flight, hold_s)
         finally:
             await asyncio.gather(worker_a.stop(), worker_b.stop())
 
     replies = {key: reply for load in loads for key, reply in load.replies.items()}
     codes = Counter("ok" if r.error is None else r.error.code.value for r in replies.values())
     counts = executions.counts()
-    lost = requests - len(replies)
+    lost = sorted(key for load in loads for key in load.unanswered)
     twice = [key for key, runs in counts.items() if runs > 1]
     # Worker A kept answering from node 2: it ran requests first sent after node 1 died.
-    sent_after = {k for load in loads for k, at in load.first_sent.items() if at > killed_at}
+    sent_after = {k for load in loads[:2] for k, at in load.first_sent.items() if at > killed_at}
     a_after = executions.by(worker_a.pid) & sent_after
     measured(
-        f"ejabberd 2-node cluster, node 1 SIGKILLed mid-load and restarted "
-        f"({restarted_s:.1f} s to listen again), {requests} requests from callers on both "
-        f"nodes, 2 workers in store dispatch: answered {len(replies)}, lost {lost}, executed "
-        f"twice {len(twice)}, in_doubt {codes['in_doubt']}, resent "
-        f"{on_one.resent + on_two.resent}; worker A ran {len(a_after)} of the "
-        f"{len(sent_after)} requests sent after the kill"
+        f"ejabberd 2-node cluster, node 1 SIGKILLed mid-load: {requests} requests from "
+        f"callers on both nodes, 2 workers in store dispatch: answered "
+        f"{len(replies) - len(loads[-1].replies)}, lost {len(lost)}, executed twice "
+        f"{len(twice)}, in_doubt {codes['in_doubt']}, resent {resent}, all answered "
+        f"{drained_s:.1f} s after the kill; worker A ran "
+        f"{len(a_after)} of the {len(sent_after)} requests sent after the kill; node 1 "
+        f"restarted ({restarted_s:.1f} s) and rejoined: {after} more from a caller on it, "
+        f"answered {len(loads[-1].replies)}; cluster up in {clustered_s:.1f} s, the "
+        f"kill {before_kill_s:.1f} s into the load"
     )
-    assert lost == 0
+    assert lost == []
     assert twice == []
     assert set(codes) <= {"ok", "in_doubt"}, codes
     assert all(counts[k] == 1 for k, r in replies.items() if r.error is None)
     assert a_after, "worker A did not answer from node 2 after its node died"
     assert rejoined, "node 1 did not rejoin the cluster after its restart"
+    assert len(loads[-1].replies) == after
