@@ -82,6 +82,11 @@ class Ejabberd:
     def start(self) -> None:
         """Started (again, after `stop`: the same node name, port and spool, so a node of a
         cluster rejoins it) and its MQTT listener answering."""
+        self.launch()
+        self.wait_listening()
+
+    def launch(self) -> None:
+        """Its process started; `wait_listening` for the listener (nodes start together)."""
         libs = need_ejabberd()
         for sub in ("spool", "logs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -118,7 +123,6 @@ class Ejabberd:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        self.wait_listening()
 
     def wait_listening(self) -> None:
         """Until the MQTT listener takes a connection (bounded)."""
@@ -197,7 +201,9 @@ def cluster(root: Path, size: int = 2) -> Iterator[list[Ejabberd]]:
     nodes = [Ejabberd(root / f"node{n + 1}", cookie) for n in range(size)]
     try:
         for node in nodes:
-            node.start()
+            node.launch()
+        for node in nodes:
+            node.wait_listening()
         for node in nodes[1:]:
             node.join(nodes[0])
         yield nodes
