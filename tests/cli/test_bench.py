@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.support.harness import mosquitto_binary
+from tests.support.harness import RedisServer, mosquitto_binary
 from toolbus.cli.bench import cpu
+from toolbus.cli.bench.command import setting as worker_setting
 from toolbus.cli.bench.loadgen import LoadFigures, figures, merged, percentile, result_line
 from toolbus.cli.bench.phases import RESPONDERS, CpuPerCall, Phase, split
 from toolbus.cli.bench.report import render, targets, to_json
@@ -103,6 +104,54 @@ def test_several_load_generators_share_a_level_and_their_figures_add_up(tmp_path
         window = phase["requests"] / phase["throughput_rps"]
         assert 0.75 < window / phase["elapsed_s"] < 1.33, phase
     assert phases[("aiomqtt-echo", 4)]["cpu_us_per_call"]["loadgen"] > 0
+
+
+def test_worker_settings_reach_the_workers_under_test(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """`--worker-setting dispatch=store` (with a Redis `dedup_store`): the two worker
+    processes run in store dispatch, as the keys they leave in Redis show, so that the
+    bench measures it against `$share`."""
+    figures = tmp_path / "bench.json"
+    prefix_keys = "*:dispatch:*"
+    before = len(redis_keys(redis_server, prefix_keys))
+    result = run(
+        str(BIN / "toolbus"), "bench",
+        "--only", "toolbus-echo",
+        "--in-flight", "4",
+        "--processes", "2",
+        "--worker-setting", "dispatch=store",
+        "--worker-setting", f"dedup_store={redis_server.url}",
+        "--duration-s", "0.5",
+        "--warmup-s", "0.2",
+        "--json", str(figures),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(figures.read_text())
+    assert report["parameters"]["worker_settings"]["dispatch"] == "store"
+    (phase,) = report["phases"]
+    assert phase["failures"] == 0
+    # One key a request taken (probes and warm-up included), none without store dispatch.
+    assert len(redis_keys(redis_server, prefix_keys)) - before >= phase["requests"]
+
+
+def redis_keys(server: RedisServer, pattern: str) -> list[str]:
+    listed = subprocess.run(
+        ["redis-cli", "-p", str(server.port), "--scan", "--pattern", pattern],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return listed.stdout.split()
+
+
+def test_a_worker_setting_is_key_equals_value() -> None:
+    assert worker_setting("dispatch=store") == ("dispatch", "store")
+    assert worker_setting("concurrency=32") == ("concurrency", 32)
+    assert worker_setting("dedup_store=redis://h:1/0") == ("dedup_store", "redis://h:1/0")
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        worker_setting("dispatch")
 
 
 def test_merged_figures_sum_the_rates_and_take_percentiles_over_every_latency() -> None:

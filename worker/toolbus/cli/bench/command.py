@@ -50,6 +50,14 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
         help="load-generator processes a phase, sharing its requests in flight (default 1)",
     )
     bench.add_argument(
+        "--worker-setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the workers under test, as in their config file (a JSON value "
+        "or text); e.g. dispatch=store with dedup_store=redis://127.0.0.1:6379/0",
+    )
+    bench.add_argument(
         "--worker-tree",
         type=Path,
         metavar="DIR",
@@ -77,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         warmup_s=args.warmup_s,
         processes=args.processes,
         loadgens=args.loadgens,
+        worker_settings=tuple(setting(text) for text in args.worker_setting),
         worker_tree=args.worker_tree.resolve() if args.worker_tree else None,
     )
     to_stdout = args.json is not None and str(args.json) == "-"
@@ -97,3 +106,16 @@ def run(args: argparse.Namespace) -> int:
         else:
             args.json.write_text(text + "\n")
     return 1 if any(phase.load.failures for phase in result.phases) else 0
+
+
+def setting(text: str) -> tuple[str, object]:
+    """`KEY=VALUE` as the config file would hold it: JSON where it parses, else text."""
+    import json
+
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise ValueError(f"--worker-setting takes KEY=VALUE, not {text!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value

@@ -217,6 +217,7 @@ def to_json(run: BenchRun) -> dict[str, Any]:
             "warmup_s": options.warmup_s,
             "processes": options.processes,
             "loadgens": options.loadgens,
+            "worker_settings": dict(options.worker_settings),
             "worker_tree": str(options.worker_tree) if options.worker_tree else None,
         },
         "python": sys.version.split()[0],

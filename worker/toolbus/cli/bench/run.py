@@ -60,6 +60,7 @@ class BenchOptions:
     processes: int = 1
     worker_tree: Path | None = None
     loadgens: int = 1
+    worker_settings: tuple[tuple[str, object], ...] = ()  # into the workers' config
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.responders if name not in RESPONDERS]
@@ -139,6 +140,7 @@ def started(
             log_level=responder.log_level,
             processes=options.processes,
             worker_tree=options.worker_tree,
+            settings=options.worker_settings,
             otlp_endpoint=sink.endpoint if responder.tracing and sink is not None else None,
         )
         probes = [

@@ -52,6 +52,7 @@ class ServeOptions:
     processes: int = 1
     worker_tree: Path | None = None
     otlp_endpoint: str | None = None  # tracing on, exporting here
+    settings: tuple[tuple[str, object], ...] = ()  # more of the config (`--worker-setting`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,7 @@ def write_config(directory: Path, broker_url: str, prefix: str, options: ServeOp
                 "topic_prefix": prefix,
                 "log_level": options.log_level,
                 "mcpServers": {SERVER: server},
+                **dict(options.settings),
             }
         )
     )
