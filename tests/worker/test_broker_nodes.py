@@ -18,8 +18,10 @@ from rich.console import RenderableType
 from tests.cli.test_cli import cli_env, run_cli
 from tests.support.harness import Broker, free_port, make_settings, measured, running_worker
 from tests.support.mqtt import Caller, reply_topic_for
+from tests.support.relay import Relay
 from toolbus import Client
 from toolbus.cli import status_view
+from toolbus.client.client import Retry
 from toolbus.client.pool import Pool
 from toolbus.config import BrokerUrl
 from toolbus.wire.contracts import WorkerStatus
@@ -154,3 +156,33 @@ async def test_the_live_status_view_reads_the_first_node_that_answers_and_names_
     workers, note = next((w, n) for w, n in drawn if any(x.state == "online" for x in w))
     assert note == f"statuses read from {first.url}"
     assert [w.broker for w in workers] == [f"127.0.0.1:{first.port}"]
+
+
+async def test_a_client_leaves_a_node_that_stalls_within_its_keepalive(broker: Broker) -> None:
+    """A node that stalls without closing the connection (a partition: the relay holds
+    every byte): a `Client` with `keepalive_s = 1` gives it up within a few seconds and
+    its re-send is answered through the next node; with the 60 s default it would wait."""
+    relay = Relay("127.0.0.1", broker.port)
+    await relay.start()
+    try:
+        async with running_worker(make_settings(broker)) as worker:
+            client = Client(
+                [relay.url, broker.url],
+                prefix=worker.topics.prefix,
+                timeout_s=WAIT_S,
+                keepalive_s=1,
+                retry=Retry(attempts=10, interval_s=1.0),
+            )
+            async with client:
+                before = await client.call("echo", {"text": "a"})
+                assert before.result is not None and client.connects == 1
+                await relay.partition()
+                stalled_at = time.monotonic()
+                after = await client.call("echo", {"text": "b"})
+                moved_s = time.monotonic() - stalled_at
+        assert after.result is not None and after.result.structured == {"text": "b", "data": None}
+        assert client.connects == 2  # the stalled node left for the next
+        assert moved_s < 10.0  # a few keepalives, not the 60 s default's 90
+    finally:
+        await relay.stop()
+    measured(f"client left a stalled node (keepalive_s = 1) and was answered in {moved_s:.2f} s")

@@ -66,6 +66,7 @@ def _client(args: argparse.Namespace, settings: Any) -> Client:
         client_id=client_id(args, settings),
         require_worker=not args.no_worker_check,
         fail_when_taken_over=True,  # two commands at once with one id: say so, once
+        keepalive_s=settings.keepalive_s,
     )
 
 

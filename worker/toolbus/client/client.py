@@ -70,6 +70,8 @@ class Client:
             logins to client ids (mosquitto's dynamic security, docs/security.md) needs
             the one bound to the login: the caller's login itself, as `add-caller` makes it.
         connect_timeout_s: bound on connecting (and each acknowledgement).
+        keepalive_s: MQTT keepalive: a broker node silent this long is pinged, and left
+            (for the next node, or again) after as long again without an answer.
         timeout_s: each request's deadline unless the call gives one. It travels as
             the request's MQTT expiry: the worker stops the call then and answers
             `timeout` (`CallTimeout`); with no answer at all, `NoReply`.
@@ -98,18 +100,16 @@ class Client:
         on_resend: Callable[[int, int], None] | None = None,
         require_worker: bool = False,
         fail_when_taken_over: bool = False,
+        keepalive_s: int = 60,
     ) -> None:
         if caller_identity not in ("claim", "topic"):
             raise ValueError("caller_identity is `claim` or `topic`, as the workers have it")
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
-        self.prefix = prefix
-        self.caller = caller
-        self._in_topic = caller_identity == "topic"
+        self.prefix, self.caller, self._in_topic = prefix, caller, caller_identity == "topic"
         self._cancels = Canceller(prefix, caller, self._in_topic)
         nodes = _nodes(broker)
-        self._login = nodes[0].username
-        self._timeout_s = timeout_s
+        self._login, self._timeout_s = nodes[0].username, timeout_s
         client_id = client_id or f"toolbus-client-{uuid.uuid4().hex[:12]}"
         # In `topic` mode a reply sits under the caller's level (`anonymous` without one).
         level = caller or (ANONYMOUS_CALLER if self._in_topic else None)
@@ -126,6 +126,7 @@ class Client:
             watch=self._presence.subscribe if self._presence else None,
             heard=self._presence.take if self._presence else None,
             fail_when_taken_over=fail_when_taken_over,
+            keepalive_s=keepalive_s,
         )
 
     async def __aenter__(self) -> Self:

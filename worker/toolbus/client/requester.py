@@ -113,25 +113,22 @@ class Requester:
         watch: Callable[[MqttConnection], Awaitable[None]] | None = None,
         heard: Callable[[Inbound], None] | None = None,
         fail_when_taken_over: bool = False,
+        keepalive_s: int = 60,
     ) -> None:
-        self._nodes = Nodes(broker)
-        self._fail_when_taken_over = fail_when_taken_over
+        self._nodes, self._fail_when_taken_over = Nodes(broker), fail_when_taken_over
         self._failed: SessionTakenOver | None = None  # no request can be sent now
         self.short_lived = 0  # connections in a row lost soon after made (or taken over)
         self._watch, self._heard = watch, heard
-        self._on_resend = on_resend
-        self._retry = retry
-        self.client_id = client_id
-        self.reply_topic = reply_topic
-        self._connect_timeout_s = connect_timeout_s
+        self._on_resend, self._retry = on_resend, retry
+        self.client_id, self.reply_topic = client_id, reply_topic
+        self._connect_timeout_s, self._keepalive_s = connect_timeout_s, keepalive_s
         self._pending: dict[bytes, Pending] = {}
         self.connection: MqttConnection | None = None  # the one up now, if any
         self._connected = asyncio.Event()
         self._closed = False  # after `__aexit__`: no request may wait for a connection
         self._reader: asyncio.Task[None] | None = None
         self.connects = 0  # connections made: 1 unless the broker went away
-        self.sent = 0  # publishes, first sends and repeats
-        self.resent = 0  # repeats only
+        self.sent = self.resent = 0  # publishes (first sends and repeats), and repeats
 
     async def __aenter__(self) -> Self:
         """Connected and subscribed; raises `TransportError` when the broker cannot be
@@ -297,7 +294,10 @@ class Requester:
 
     async def _connect(self) -> MqttConnection:
         connection = MqttConnection(
-            self._nodes.current, client_id=self.client_id, timeout_s=self._connect_timeout_s
+            self._nodes.current,
+            client_id=self.client_id,
+            timeout_s=self._connect_timeout_s,
+            keepalive_s=self._keepalive_s,  # a node that stalls is left after about twice this
         )
         await connection.__aenter__()
         try:
