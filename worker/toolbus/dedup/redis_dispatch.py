@@ -15,10 +15,14 @@ see a copy takes the key over, and dedup tells the run was cut short (`in_doubt`
 rerun for an idempotent tool). Two identical publishes with no id both run, on one worker.
 Each worker's heartbeat also scores it in `{p}:dispatch-owners` (a sorted set by beat
 time), so the workers alive are read in one range query, never by scanning the keys.
-A worker that lost its broker (`offline`) can answer nothing it took: it stops beating
-and removes its heartbeat at once, so a re-send of a call it took is taken over by a
-worker that can answer it (from dedup's record, or by waiting for the run), not dropped
-until the partition heals; `online` beats again before it takes a message.
+A worker that lost its broker (`offline`) can answer nothing it took: it stops beating,
+removes its heartbeat at once and leaves a mark (`{p}:dispatch-left:{owner}`), so a
+*re-send* of a call it took is taken over by a worker that can answer it (from dedup's
+record, or by waiting for the run), not dropped until the partition heals. A late copy
+of the *same publish* is not: the worker that left may be running it (a call without an
+id would run twice). Each worker tells the two apart by the digests it has read: a
+second copy here that is not the broker's redelivery (DUP) is a re-send. It takes no
+message while offline, and `online` beats again before it takes one.
 
 When Redis cannot be reached no worker can know whether another took the message: each
 ranks the workers it last saw alive by the message's digest (rendezvous hashing) and only
@@ -34,6 +38,7 @@ import hashlib
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from typing import Self
 
 from redis.asyncio import Redis
@@ -46,10 +51,18 @@ from toolbus.wire.tasks import cancel_and_wait
 log = logging.getLogger("toolbus.dispatch")
 
 HEARTBEAT_S = 2.0
+# The digests a worker remembers to tell a re-send from its first copy (about 5 MB); one
+# older than that is taken for a first copy, given up by a holder that left only once
+# that holder's heartbeat is gone for good.
+SEEN_MAX = 32_768
 ALIVE_TTL_S = 6.0  # three heartbeats: a slow loop is not taken for a dead worker
 
-# KEYS[1]: the message's key. ARGV: this owner, the key's ttl (ms), the alive prefix.
-# 1: taken now; 2: taken before by this owner; 3: taken over from a lapsed owner; 0: another's.
+# KEYS[1]: the message's key. ARGV: this owner, the key's ttl (ms), the alive prefix, the
+# left prefix, 1 when this worker saw the same bytes before (a re-send), else 0.
+# 1: taken now; 2: taken before by this owner; 3: taken over from a gone owner; 0: another's.
+# A holder that left (lost its broker: `{p}:dispatch-left:{owner}`) gives up only re-sends:
+# a copy of the publish it took, read late here, is still its own (it may be running it).
+# The alive and left keys are read undeclared: they carry the same hash tag as KEYS[1].
 TAKE = """
 local holder = redis.call('GET', KEYS[1])
 if not holder then
@@ -58,10 +71,10 @@ if not holder then
 end
 if holder == ARGV[1] then return 2 end
 if redis.call('EXISTS', ARGV[3] .. holder) == 1 then return 0 end
+if ARGV[5] ~= '1' and redis.call('EXISTS', ARGV[4] .. holder) == 1 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 3
 """
-
 TAKEN, MINE, TAKEN_OVER = 1, 2, 3
 
 
@@ -98,7 +111,9 @@ class RedisDispatch:
         self._take = self._redis.register_script(TAKE)
         self.alive: tuple[str, ...] = (self.owner,)  # as the last heartbeat saw them
         self._beating: asyncio.Task[None] | None = None
-        self._online = True  # connected to the broker (alive to the others)
+        self._online = False  # connected to the broker (alive to the others): `online`
+        # Digests of the messages read here, newest last: a second copy is a re-send.
+        self._seen: OrderedDict[str, None] = OrderedDict()
         self._changed = asyncio.Event()  # wakes the heartbeat when `offline` is called
         self._beats = asyncio.Lock()  # a beat and a leave never cross in Redis
         self.dropped = 0  # messages another worker took
@@ -107,8 +122,11 @@ class RedisDispatch:
     def _alive_key(self, owner: str) -> str:
         return f"{self._prefix}:dispatch-alive:{owner}"
 
+    def _left_key(self, owner: str) -> str:
+        return f"{self._prefix}:dispatch-left:{owner}"
+
     async def __aenter__(self) -> Self:
-        await self._beat()  # fails here, at start-up, when Redis is unreachable
+        await self._redis.ping()  # fails here, at start-up, when Redis is unreachable
         self._beating = asyncio.create_task(self._beat_on(), name="dispatch-heartbeat")
         return self
 
@@ -125,6 +143,7 @@ class RedisDispatch:
         owners = f"{self._prefix}:dispatch-owners"
         async with self._redis.pipeline(transaction=False) as beat:
             beat.set(self._alive_key(self.owner), "1", px=int(ALIVE_TTL_S * 1000))
+            beat.delete(self._left_key(self.owner))
             beat.zadd(owners, {self.owner: now})
             beat.zremrangebyscore(owners, "-inf", now - ALIVE_TTL_S)
             beat.zrangebyscore(owners, now - ALIVE_TTL_S, "+inf")
@@ -146,6 +165,7 @@ class RedisDispatch:
 
     async def _leave(self) -> None:
         async with self._redis.pipeline(transaction=False) as leave:
+            leave.set(self._left_key(self.owner), "1", px=self._keep_ms)  # as long as its keys
             leave.delete(self._alive_key(self.owner))
             leave.zrem(f"{self._prefix}:dispatch-owners", self.owner)
             await leave.execute()
@@ -166,12 +186,28 @@ class RedisDispatch:
             log.warning("dispatch heartbeat failed: %s", exc)
 
     async def mine(self, message: Inbound) -> bool:
-        """Whether this worker answers `message` (False: another took it; drop it)."""
+        """Whether this worker answers `message` (False: another took it; drop it). Not
+        while offline: a message read from a connection since lost comes again on the
+        session; taking it now would hand it to a worker that cannot answer."""
+        if not self._online:
+            return False
         key = digest(message)
+        # Seen before, and not the broker's redelivery of the same copy: a re-send.
+        resend = key in self._seen and not message.redelivered
+        self._seen[key] = None
+        self._seen.move_to_end(key)
+        if len(self._seen) > SEEN_MAX:
+            self._seen.popitem(last=False)
         try:
             taken = await self._take(
                 keys=[f"{self._prefix}:dispatch:{key}"],
-                args=[self.owner, self._keep_ms, self._alive_key("")],
+                args=[
+                    self.owner,
+                    self._keep_ms,
+                    self._alive_key(""),
+                    self._left_key(""),
+                    int(resend),
+                ],
             )
         except Exception as exc:
             first = self._ranked(key)
