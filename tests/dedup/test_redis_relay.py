@@ -56,6 +56,23 @@ async def test_an_owner_nobody_listens_for_is_gone_at_once(reached: RedisServer 
     assert time.monotonic() - started < 1.0
 
 
+async def test_an_owner_answering_slower_than_the_check_is_waited_for(
+    reached: RedisServer | Cluster,
+) -> None:
+    """The asker checks every `CHECK_S` that the owner still listens: on a cluster, at
+    the node where the owner's subscription is (another node counts none)."""
+    prefix = uuid.uuid4().hex
+
+    async def slow(message: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(CHECK_S * 2.5)  # the tool's own time, not a sync
+        return {"echo": message["n"]}
+
+    holder, asker = relay(reached, "w1/a", prefix), relay(reached, "w2/b", prefix)
+    holder.serve(slow)
+    async with holder, asker:
+        assert await asker.ask("w1/a", {"n": 3}, 30.0) == {"echo": 3}
+
+
 async def test_an_owner_that_stops_listening_mid_wait_is_noticed(
     reached: RedisServer | Cluster,
 ) -> None:

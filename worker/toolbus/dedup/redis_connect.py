@@ -47,3 +47,11 @@ def connect(url: str, *, timeout_s: float, **options: Any) -> Redis:
             startup_nodes=nodes, username=taken.username, password=taken.password, **options
         )
     return Redis.from_url(url, **options)
+
+
+def where_channel(client: Redis, channel: str) -> dict[str, Any]:
+    """What a command about `channel`'s subscribers needs: on a cluster, the node of the
+    channel's slot, where its client subscribes (PUBSUB NUMSUB counts one node's only)."""
+    if isinstance(client, RedisCluster):
+        return {"target_nodes": client.get_node_from_key(channel)}
+    return {}
