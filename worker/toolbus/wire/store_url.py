@@ -25,20 +25,29 @@ class Where:
 
     @property
     def shown(self) -> str:
-        """The URL without its password (log lines and errors)."""
-        hosts = ",".join(f"{h}:{p}" for h, p in self.hosts)
+        """The URL without its user and password (log lines and errors)."""
+        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)
         return f"{self.scheme}://{hosts}/{'/'.join(self.path)}".rstrip("/")
 
 
+class StoreUrlError(ValueError):
+    """A store URL that does not parse; its text never quotes the URL (a password)."""
+
+
 def where(url: str) -> Where:
-    """`url` taken apart; a comma-separated host list is kept whole (urllib would not)."""
-    parts = urlsplit(url)
-    credentials, _, hosts = parts.netloc.rpartition("@")
-    user, _, password = credentials.partition(":")
-    listed = []
-    for host in filter(None, hosts.split(",")):
-        name, _, port = host.rpartition(":") if ":" in host else (host, "", "")
-        listed.append((name or "127.0.0.1", int(port or (26379 if SENTINEL in url else 6379))))
+    """`url` taken apart; a comma-separated host list is kept whole (urllib would not).
+    A host may be `[IPv6]:port`; a password with `@ : / ? #` in it is percent-encoded."""
+    default = 26379 if url.startswith(f"{SENTINEL}://") else 6379
+    try:
+        parts = urlsplit(url)
+        credentials, _, hosts = parts.netloc.rpartition("@")
+        user, _, password = credentials.partition(":")
+        listed = []
+        for host in filter(None, hosts.split(",")):
+            one = urlsplit(f"//{host}")  # brackets of an IPv6 host removed, port checked
+            listed.append((one.hostname or "127.0.0.1", one.port or default))
+    except ValueError:  # the text may hold a piece of the password: never passed on
+        raise StoreUrlError("the store URL's hosts do not parse: host:port[,host:port]") from None
     return Where(
         parts.scheme,
         tuple(listed),
@@ -51,13 +60,27 @@ def where(url: str) -> Where:
 def check(url: str) -> str:
     """`url` if it names a store these clients can open; ValueError saying why not."""
     if not url.startswith(SCHEMES):
-        raise ValueError("dedup_store is `memory` or a redis://, redis+sentinel:// URL")
-    if url.startswith((f"{SENTINEL}://", f"{CLUSTER}://")):
-        taken = where(url)
-        if not taken.hosts:
-            raise ValueError(f"{taken.scheme} needs host:port[,host:port]")
-        if taken.scheme == SENTINEL and not taken.path:
-            raise ValueError("redis+sentinel:// needs the service: …/host:port/mymaster")
+        raise StoreUrlError(
+            "dedup_store is `memory` or a redis://, rediss://, unix://, redis+sentinel:// "
+            "or redis+cluster:// URL"
+        )
+    if url.startswith("unix://"):
+        return url
+    taken = where(url)
+    if not taken.hosts:
+        raise StoreUrlError(f"{taken.scheme} needs host:port[,host:port]")
+    many = url.startswith((f"{SENTINEL}://", f"{CLUSTER}://"))
+    if not many and len(taken.hosts) > 1:
+        raise StoreUrlError(f"{taken.scheme}:// names one server: redis+sentinel:// for several")
+    if many and urlsplit(url).query:  # they would be dropped unheard
+        raise StoreUrlError(f"{taken.scheme}:// takes no query options (? in a password: %3F)")
+    if taken.scheme == SENTINEL and not taken.path:
+        raise StoreUrlError("redis+sentinel:// needs the service: …/host:port/mymaster")
+    if taken.scheme == CLUSTER and taken.path:
+        raise StoreUrlError("redis+cluster:// takes no database (a cluster has only 0)")
+    db = taken.path[1:] if taken.scheme == SENTINEL else taken.path
+    if len(db) > 1 or (db and not db[0].isdigit()):
+        raise StoreUrlError("the store URL's database is a number: …/0")
     return url
 
 
