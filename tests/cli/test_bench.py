@@ -114,6 +114,8 @@ def test_worker_settings_reach_the_workers_under_test(
     bench measures it against `$share`."""
     figures = tmp_path / "bench.json"
     prefix_keys = "*:dispatch:*"
+    # The default user with any password: Redis without `requirepass` lets it in.
+    login_url = redis_server.url.replace("redis://", "redis://default:secret@")
     before = len(redis_keys(redis_server, prefix_keys))
     result = run(
         str(BIN / "toolbus"), "bench",
@@ -121,7 +123,7 @@ def test_worker_settings_reach_the_workers_under_test(
         "--in-flight", "4",
         "--processes", "2",
         "--worker-setting", "dispatch=store",
-        "--worker-setting", f"dedup_store={redis_server.url}",
+        "--worker-setting", f"dedup_store={login_url}",
         "--duration-s", "0.5",
         "--warmup-s", "0.2",
         "--json", str(figures),
@@ -129,6 +131,7 @@ def test_worker_settings_reach_the_workers_under_test(
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(figures.read_text())
     assert report["parameters"]["worker_settings"]["dispatch"] == "store"
+    assert "secret" not in figures.read_text()  # the store URL's login left out
     (phase,) = report["phases"]
     assert phase["failures"] == 0
     # One key a request taken (probes and warm-up included), none without store dispatch.

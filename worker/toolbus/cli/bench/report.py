@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -217,7 +218,7 @@ def to_json(run: BenchRun) -> dict[str, Any]:
             "warmup_s": options.warmup_s,
             "processes": options.processes,
             "loadgens": options.loadgens,
-            "worker_settings": dict(options.worker_settings),
+            "worker_settings": {k: _no_login(v) for k, v in options.worker_settings},
             "worker_tree": str(options.worker_tree) if options.worker_tree else None,
         },
         "python": sys.version.split()[0],
@@ -250,3 +251,12 @@ def git_commit(tree: Path) -> str | None:
     if commit is None:
         return None
     return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+_LOGIN = re.compile(r"(?<=://)[^/@\s]*@")
+
+
+def _no_login(value: object) -> object:
+    """A setting as a report may show it: a URL's user and password left out (reports
+    are shared and committed; `dedup_store=redis://:pw@…` is a setting like another)."""
+    return _LOGIN.sub("", value) if isinstance(value, str) else value
