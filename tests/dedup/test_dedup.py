@@ -18,10 +18,11 @@ import redis.exceptions
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 
-from tests.support.harness import RedisServer, metric_points
+from tests.support.harness import RedisServer, free_port, metric_points
 from tests.support.logwait import watching
 from toolbus.dedup import DedupStore, MemoryStore, Once, open_store
 from toolbus.dedup.redis import RedisStore
+from toolbus.dedup.store import StoreUnreachable
 from toolbus.observability.metrics import Metrics
 from toolbus.wire.contracts import Reply
 
@@ -432,3 +433,12 @@ async def test_a_repeat_waits_on_for_a_copy_that_took_the_id_over() -> None:
     async with asyncio.timeout(5):
         waited = await second
     assert waited.reply == reply.model_dump_json(by_alias=True).encode()
+
+
+async def test_a_cluster_no_node_of_which_answers_is_unreachable_at_start() -> None:
+    """Not redis-py's own exception (no `RedisError`): the worker's clean refusal."""
+    url = f"redis+cluster://:hunter2@127.0.0.1:{free_port()}"
+    with pytest.raises(StoreUnreachable) as refused:
+        async with open_store(url, "w1", prefix="t"):
+            pass
+    assert "hunter2" not in str(refused.value)

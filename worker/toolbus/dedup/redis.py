@@ -28,12 +28,12 @@ from typing import Self
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from toolbus.dedup.cancels import REMEMBER, remember_call, tombstones_key
 from toolbus.dedup.ledger import Bounds
 from toolbus.dedup.recovery import GRACE_S, Journal
-from toolbus.dedup.redis_connect import connect
+from toolbus.dedup.redis_connect import connect, on_node_of
 from toolbus.dedup.redis_fleet import HEARTBEAT_S, Fleet
 from toolbus.dedup.redis_scripts import CLAIM, FINISH, RELEASE, TAKE_OVER, UNCLAIM, WRITE_RUN
 from toolbus.dedup.store import (
@@ -137,8 +137,8 @@ class RedisStore:
         at = f"Redis at {self._where}"  # never the URL: it may hold a password
         try:
             await self._fleet.beat()  # fails here, at start-up, when Redis is unreachable
-            memory = await self._redis.info("memory")
-        except RedisError as exc:
+            memory = await self._redis.info("memory", **on_node_of(self._redis, self._key("")))
+        except (RedisError, RedisClusterException) as exc:  # the latter: no node answered
             await self._redis.aclose()
             raise StoreUnreachable(f"cannot reach the dedup store ({at}): {exc}") from None
         try:

@@ -49,9 +49,10 @@ def connect(url: str, *, timeout_s: float, **options: Any) -> Redis:
     return Redis.from_url(url, **options)
 
 
-def where_channel(client: Redis, channel: str) -> dict[str, Any]:
-    """What a command about `channel`'s subscribers needs: on a cluster, the node of the
-    channel's slot, where its client subscribes (PUBSUB NUMSUB counts one node's only)."""
+def on_node_of(client: Redis, key: str) -> dict[str, Any]:
+    """What a command that names no key needs to reach the node holding `key` (or the
+    channel `key`) on a cluster: PUBSUB NUMSUB counts one node's subscribers, INFO tells
+    of one node's memory. Nothing on one server."""
     if isinstance(client, RedisCluster):
-        return {"target_nodes": client.get_node_from_key(channel)}
+        return {"target_nodes": client.get_node_from_key(key)}
     return {}

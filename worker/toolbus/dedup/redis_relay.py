@@ -27,7 +27,7 @@ from typing import Any, Self
 
 from redis.asyncio import Redis
 
-from toolbus.dedup.redis_connect import connect, where_channel
+from toolbus.dedup.redis_connect import connect, on_node_of
 from toolbus.wire.store_url import key_prefix
 from toolbus.wire.tasks import cancel_and_wait
 
@@ -173,5 +173,5 @@ class RedisRelay:
             self._waiting.pop(ref, None)
 
     async def _listening(self, channel: str) -> bool:
-        counts = await self._redis.pubsub_numsub(channel, **where_channel(self._redis, channel))
+        counts = await self._redis.pubsub_numsub(channel, **on_node_of(self._redis, channel))
         return bool(counts) and int(counts[0][1]) > 0
