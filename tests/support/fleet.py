@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import signal
 import sys
 import textwrap
@@ -98,6 +99,7 @@ class WorkerProcess:
         self._reader: asyncio.Task[None] | None = None
         self.log: list[str] = []
         self.started: set[str] = set()  # the recording tool's keys, from its log lines
+        self.said: Counter[str] = Counter()  # every line's event, its digits dropped
         self.new_line = asyncio.Event()  # set at each line; workers may share one
 
     @property
@@ -134,6 +136,7 @@ class WorkerProcess:
             with contextlib.suppress(ValueError):  # not JSON: keep the raw line
                 text = str(json.loads(text).get("event", text))
             self.log = [*self.log[-50:], text]
+            self.said[re.sub(r"\S*\d\S*", "#", text.split(":", 1)[0]).strip()] += 1
             if text.startswith("record started "):
                 self.started.add(text.removeprefix("record started ").strip())
             self.new_line.set()

@@ -45,7 +45,7 @@ async def run_through(
     store_url: str,
     fault: Callable[[Load], Awaitable[None]],
     **settings: str,
-) -> tuple[Load, Load, Executions]:
+) -> tuple[Load, Load, Executions, list[WorkerProcess]]:
     """`REQUESTS` calls through two workers with `fault(load)` a third of the way in;
     then `AFTER` more once the load is through. The two loads and the executions."""
     prefix = f"fr{uuid.uuid4().hex[:8]}"
@@ -65,7 +65,7 @@ async def run_through(
                 await after.run(AFTER, IN_FLIGHT, HOLD_S, first=REQUESTS)
     finally:
         await asyncio.gather(*(w.stop() for w in workers))
-    return load, after, Executions(tmp_path / "executions")
+    return load, after, Executions(tmp_path / "executions"), workers
 
 
 @pytest.mark.parametrize("policy", ["refuse", "run"])
@@ -86,7 +86,7 @@ async def test_redis_stopped_mid_load_and_restarted(
         store.start()  # the same port: the workers' clients reconnect by themselves
 
     try:
-        load, after, executions = await run_through(
+        load, after, executions, workers = await run_through(
             broker, tmp_path, store.url, outage, dedup_unavailable=policy
         )
     finally:
@@ -101,9 +101,11 @@ async def test_redis_stopped_mid_load_and_restarted(
     if policy == "refuse":
         assert set(codes) <= {"ok", "unavailable", "in_doubt"}, codes
         assert codes["unavailable"] > 0  # the outage was met, and said
-    else:  # run unrecorded: available throughout
+    else:  # run unrecorded: available throughout, each such run said
         assert set(codes) <= {"ok", "in_doubt"}, codes
         assert during[0] >= OUTAGE_REPLIES
+    unrecorded = sum(n for w in workers for line, n in w.said.items() if "without dedup" in line)
+    assert (unrecorded > 0) == (policy == "run"), unrecorded
     assert after.codes() == {"ok": AFTER}  # recovered without a restart
 
 
@@ -113,7 +115,7 @@ async def test_sentinel_fails_over_mid_load(
     async def fail_over(_: Load) -> None:
         await asyncio.to_thread(sentinels.fail_over)
 
-    load, after, executions = await run_through(broker, tmp_path, sentinels.url, fail_over)
+    load, after, executions, _ = await run_through(broker, tmp_path, sentinels.url, fail_over)
     codes = load.codes()
     load.report(
         f"Redis primary SIGKILLed mid-load, Sentinel promoted its replica, {REQUESTS} "
