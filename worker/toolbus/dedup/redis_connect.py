@@ -19,7 +19,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis.backoff import ExponentialBackoff
 
 from toolbus.wire.store_url import CLUSTER, SENTINEL, where
 
@@ -43,6 +45,10 @@ def connect(url: str, *, timeout_s: float, **options: Any) -> Redis:
     if url.startswith(f"{CLUSTER}://"):
         taken = where(url)
         nodes = [ClusterNode(host, port) for host, port in taken.hosts]
+        # redis-py's cluster retries any error, timeouts included, 3 times by default: a
+        # hung node would hold each command four timeouts. Once more is enough to follow
+        # a slot that moved (the client learns the new owner before it sends again).
+        options.setdefault("retry", Retry(ExponentialBackoff(cap=0.5, base=0.05), 1))
         return RedisCluster(  # type: ignore[return-value]  # the commands the stores use
             startup_nodes=nodes, username=taken.username, password=taken.password, **options
         )
