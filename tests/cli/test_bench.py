@@ -273,6 +273,14 @@ def test_client_latency_bench_runs() -> None:
     assert "one Client, kept" in result.stdout and "per call / kept" in result.stdout
 
 
+def test_cold_start_bench_runs() -> None:
+    result = run(sys.executable, "bench/cold_start.py", "--runs", "1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    for case in ("local tools only", "with an MCP server"):
+        assert f"start to first answered echo, {case}: median " in result.stdout
+    assert "import mcp: " in result.stdout
+
+
 def test_tcp_nodelay_bench_runs() -> None:
     result = run(sys.executable, "bench/tcp_nodelay.py", "--calls", "3")
     assert result.returncode == 0, result.stderr[-2000:]

@@ -14,7 +14,26 @@ The only package that imports `mcp`:
     convert  the SDK's types to ours (tools, results, failures)
 """
 
-from toolbus.backends.mcp.backend import McpBackend
-from toolbus.backends.mcp.server import McpServer, ServerState
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from toolbus.backends.mcp.backend import McpBackend
+    from toolbus.backends.mcp.server import McpServer, ServerState
 
 __all__ = ["McpBackend", "McpServer", "ServerState"]
+
+
+def __getattr__(name: str) -> object:
+    """Each name loaded when first asked for: the mcp SDK (which `server` imports) takes
+    about a second, and a worker with no MCP server never needs it."""
+    if name == "McpBackend":
+        from toolbus.backends.mcp.backend import McpBackend  # noqa: PLC0415 -- see above
+
+        return McpBackend
+    if name in ("McpServer", "ServerState"):
+        from toolbus.backends.mcp import server  # noqa: PLC0415 -- see above
+
+        return getattr(server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from opentelemetry import trace
 
-from toolbus.backends.mcp.server import McpServer, StateListener
-from toolbus.backends.mcp.stdio import CLOSE_DEADLINE_S
+from toolbus.backends.mcp.retry import CLOSE_DEADLINE_S
 from toolbus.config import McpPolicy, McpServerConfig, ToolSettings
 from toolbus.tools.registry import Registry
+
+if TYPE_CHECKING:
+    from toolbus.backends.mcp.server import McpServer, StateListener
 
 
 class McpBackend:
@@ -48,7 +50,11 @@ class McpBackend:
     ) -> None:
         policy = policy or McpPolicy()
         self.listeners = list(listeners)
-        self.servers = {
+        # The mcp SDK takes about a second to import: a worker with no MCP server (or
+        # `toolbus mappings` of local tools) starts without it.
+        if any(not cfg.disabled for cfg in configs.values()):
+            from toolbus.backends.mcp.server import McpServer  # noqa: PLC0415 -- see above
+        self.servers: dict[str, McpServer] = {
             name: McpServer(
                 name,
                 cfg,

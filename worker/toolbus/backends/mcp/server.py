@@ -39,6 +39,7 @@ from toolbus.backends.mcp.keeping import keep
 from toolbus.backends.mcp.listing import ToolListing
 from toolbus.backends.mcp.output_schema import schema_violation
 from toolbus.backends.mcp.retry import (
+    CLOSE_DEADLINE_S,
     Stopping,
     connect_attempts,
     log_connected,
@@ -48,7 +49,7 @@ from toolbus.backends.mcp.retry import (
 )
 from toolbus.backends.mcp.session import Ending, Session, list_tools
 from toolbus.backends.mcp.stderr import StderrTail, by_attempt
-from toolbus.backends.mcp.stdio import CLOSE_DEADLINE_S, open_stdio
+from toolbus.backends.mcp.stdio import open_stdio
 from toolbus.config import McpPolicy, McpServerConfig, ToolSettings
 from toolbus.observability.spans import server_attributes
 from toolbus.tools.context import DETACHED, CallContext

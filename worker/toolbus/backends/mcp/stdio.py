@@ -58,7 +58,6 @@ log = logging.getLogger("toolbus.mcp")
 
 READ_BYTES = 256 * 1024
 LINE_HEADROOM_BYTES = 64 * 1024  # the JSON-RPC envelope around a result, and then some
-CLOSE_DEADLINE_S = 5.0  # the longest `stop` takes, and then some
 EXIT_GRACE_S = 2.0  # after stdin closes, as the SDK waits
 TERM_GRACE_S = 1.0  # after SIGTERM, before SIGKILL
 KILL_REAP_S = 1.0  # after SIGKILL, for the event loop to see the exit

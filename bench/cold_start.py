@@ -1,0 +1,123 @@
+"""Cold start: `toolbus serve` spawned, to its first answered local call.
+
+Run: `.venv/bin/python bench/cold_start.py [--runs N] [--worker-tree DIR]`. A private
+mosquitto (TCP_NODELAY, as shipped); for each run a new `toolbus serve` process, with no
+MCP server and with the demo MCP server (started in the background, as ever), while a
+caller already subscribed to its reply topic publishes an `echo` call every 10 ms (QoS 0:
+those before the worker subscribes are dropped) until the first answer. Printed: each
+case's runs and median, then what the imports alone take in a fresh interpreter (the
+entry point, the worker's wiring, the mcp SDK, the OTLP exporter), so that the start-up
+can be read against them. `--worker-tree DIR` runs DIR's `toolbus` (before/after pairs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "worker"))
+
+from toolbus.cli.bench.mosquitto import private_broker
+from toolbus.transport import MqttConnection
+from toolbus.wire.broker import BrokerUrl
+from toolbus.wire.messages import Outbound
+
+ANSWER_BOUND_S = 60.0
+SEND_EVERY_S = 0.01
+IMPORTS = (
+    "toolbus.cli.main",
+    "toolbus.worker.wiring",
+    "mcp",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+)
+
+
+def environment(worker_tree: Path | None) -> dict[str, str]:
+    """The bench's own environment without `TOOLBUS_*` and `OTEL_*` (a config file is
+    the whole truth); DIR's package first where a worker tree is measured."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLBUS_", "OTEL_"))}
+    if worker_tree is not None:
+        env["PYTHONPATH"] = str(worker_tree / "worker")
+    return env
+
+
+async def first_answer(broker_url: str, config: Path, env: dict[str, str], prefix: str) -> float:
+    """Seconds from the spawn to the first `ok` reply to an `echo` call."""
+    reply = f"{prefix}/reply/cold"
+    async with MqttConnection(BrokerUrl.from_url(broker_url)) as caller:
+        await caller.subscribe([reply])
+        answers = caller.messages()
+        body = json.dumps({"tool": "echo", "arguments": {"text": "cold"}}).encode()
+        call = Outbound(topic=f"{prefix}/call", payload=body, qos=0, response_topic=reply)
+        started = time.perf_counter()
+        serve = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "toolbus", "serve", "--config", str(config)),
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+
+        async def keep_calling() -> None:
+            while True:
+                await caller.publish(call)
+                await asyncio.sleep(SEND_EVERY_S)  # the call's pace, not a sync
+
+        calling = asyncio.create_task(keep_calling(), name="cold-calls")
+        try:
+            async with asyncio.timeout(ANSWER_BOUND_S):
+                async for answer in answers:
+                    if json.loads(answer.payload).get("ok") is True:
+                        return time.perf_counter() - started
+            raise RuntimeError("the reply subscription ended")
+        finally:
+            calling.cancel()
+            serve.terminate()
+            async with asyncio.timeout(30):
+                await serve.wait()
+
+
+def import_time(module: str, env: dict[str, str]) -> float:
+    """Seconds a fresh interpreter takes to import `module` (its start not counted)."""
+    code = f"import time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    return float(done.stdout.strip())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--worker-tree", type=Path, help="measure DIR's toolbus package")
+    args = parser.parse_args()
+    env = environment(args.worker_tree.resolve() if args.worker_tree else None)
+    demo = {"command": sys.executable, "args": ["-m", "toolbus", "demo-server"]}
+    with private_broker() as broker, tempfile.TemporaryDirectory() as tmp:
+        for case, servers in (("local tools only", {}), ("with an MCP server", {"demo": demo})):
+            took = []
+            for _ in range(args.runs):
+                prefix = f"cold{uuid.uuid4().hex[:8]}"
+                config = Path(tmp) / f"{prefix}.json"
+                settings = {"broker_url": broker.url, "topic_prefix": prefix}
+                config.write_text(json.dumps({**settings, "mcpServers": servers}))
+                took.append(asyncio.run(first_answer(broker.url, config, env, prefix)))
+            runs = ", ".join(f"{t:.2f}" for t in took)
+            median = statistics.median(took)
+            print(f"start to first answered echo, {case}: median {median:.2f} s ({runs})")
+    for module in IMPORTS:
+        print(f"import {module}: {import_time(module, env):.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
