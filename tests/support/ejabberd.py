@@ -67,6 +67,15 @@ def need_ejabberd() -> Path:
     return libs
 
 
+def erl(node: str, cookie: str) -> list[str]:
+    """An Erlang node's command line: its name and cookie, no shell, distribution on
+    127.0.0.1 only (the ejabberd nodes and the short-lived ones that call into them)."""
+    return [
+        *("erl", "-name", node, "-setcookie", cookie, "-noshell", "-noinput"),
+        *("-kernel", "inet_dist_use_interface", "{127,0,0,1}"),
+    ]
+
+
 class Ejabberd:
     """One ejabberd node on a free port; `url` is its MQTT listener."""
 
@@ -102,16 +111,7 @@ class Ejabberd:
         }
         self.process = subprocess.Popen(
             [
-                "erl",
-                "-name",
-                self.node,
-                "-setcookie",
-                self.cookie,
-                "-noshell",
-                "-noinput",
-                "-kernel",
-                "inet_dist_use_interface",
-                "{127,0,0,1}",
+                *erl(self.node, self.cookie),
                 "-mnesia",
                 "dir",
                 f'"{self.root / "spool"}"',
@@ -151,16 +151,7 @@ class Ejabberd:
         )
         done = subprocess.run(
             [
-                "erl",
-                "-name",
-                f"ctl{uuid.uuid4().hex[:8]}@127.0.0.1",
-                "-setcookie",
-                self.cookie,
-                "-noshell",
-                "-noinput",
-                "-kernel",
-                "inet_dist_use_interface",
-                "{127,0,0,1}",
+                *erl(f"ctl{uuid.uuid4().hex[:8]}@127.0.0.1", self.cookie),
                 "-eval",
                 code,
             ],
