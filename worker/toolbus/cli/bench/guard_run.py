@@ -1,0 +1,242 @@
+"""The guards step: one guard worker, a few calls, each guard judged (`guards.py`).
+
+The guard worker is `toolbus serve` as the bench runs it (`served.py`: the same
+`--worker-tree`, `--processes` and `--worker-setting`s, the demo MCP server), plus:
+log level INFO in JSON (the call lines), the guard tools (`guard_tools.py`, a plugin
+on its PYTHONPATH), no progress rate limit (every update must arrive), and tracing to
+a decoding sink (`span_sink.py`) with a production's sampler: `parentbased_traceidratio`
+at one in a million. Calls without a caller's trace therefore take the unrecorded path
+the bench measures, and only the traced guard's call, whose trace id the ratio samples
+(its low 64 bits under the ratio's bound), records; the MCP server inherits the OTEL
+settings (the worker hands its stdio servers theirs) and exports its own span to the
+same sink, flushed every 50 ms.
+
+It runs once per bench run, before the phases, in a few seconds; the log is read once
+the worker has stopped (SIGTERM, drained), so every call line has been written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from toolbus.cli.bench import guard_tools
+from toolbus.cli.bench.guards import (
+    CALL_LINES_AT_INFO,
+    CANCEL,
+    DEDUP_REPEAT,
+    PROGRESS,
+    SETTLED_EQUALS_FULL,
+    TRACED_MCP_CALL,
+    GuardResult,
+    check_call_lines,
+    check_cancel,
+    check_dedup,
+    check_progress,
+    check_same_reply,
+    check_trace,
+    result,
+)
+from toolbus.cli.bench.phases import MCP_ARGUMENTS, MCP_TOOL, RAW_MCP_ARGUMENTS
+from toolbus.cli.bench.served import Probe, ServeOptions, log_path, served_worker
+from toolbus.cli.bench.span_sink import Span, SpanSink, span_sink
+from toolbus.transport import MqttConnection
+from toolbus.wire.broker import BrokerUrl
+from toolbus.wire.messages import Inbound, Outbound
+
+SAMPLER_RATIO = 1e-6
+STEPS = 5
+HOLD_S = 20.0  # far past the wait: a call that ends by itself was not cancelled
+REPLY_BOUND_S = 10.0
+SPANS_BOUND_S = 10.0
+GUARD_SETTINGS: tuple[tuple[str, object], ...] = (
+    ("log_level", "INFO"),
+    ("log_format", "json"),
+    ("progress_rate_per_s", 0),  # no limit: every update counts
+)
+
+
+@dataclass(slots=True)
+class Seen:
+    """What the guard calls brought back."""
+
+    prefix: str
+    trace_id: str = ""
+    traced: list[dict[str, Any]] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    settled: dict[str, Any] = field(default_factory=dict)
+    full: dict[str, Any] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    cancelled: list[dict[str, Any]] = field(default_factory=list)
+    first: dict[str, Any] = field(default_factory=dict)
+    repeat: dict[str, Any] = field(default_factory=dict)
+    executions: int = 0
+    ran: list[str] = field(default_factory=list)  # ids of the calls that ran: a line each
+    log: str = ""
+
+
+def sampled_trace_id(ratio: float = SAMPLER_RATIO) -> str:
+    """A random trace id that `TraceIdRatioBased(ratio)` samples: its low 64 bits under
+    the ratio's bound."""
+    bound = round(ratio * 2**64)
+    return f"{secrets.randbits(64) | 1 << 63:016x}{1 + secrets.randbelow(bound - 1):016x}"
+
+
+def run_guards(
+    scratch: Path, broker_url: str, serve: ServeOptions, *, dedup_counted: bool = True
+) -> list[GuardResult]:
+    """Starts the guard worker, makes the calls, stops it, and judges each guard.
+    `dedup_counted` False (several processes on the memory store, which is per process)
+    leaves the repeat guard out as not promised."""
+    prefix = f"guard{uuid.uuid4().hex[:8]}"
+    folder, executions = guard_tools.install(scratch)
+    with span_sink() as sink:
+        options = replace(
+            serve,
+            log_level="INFO",
+            otlp_endpoint=sink.endpoint,
+            settings=(*serve.settings, *GUARD_SETTINGS),
+            python_path=(str(folder),),
+            env=(
+                ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", repr(SAMPLER_RATIO)),
+                ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+            ),
+        )
+        probe = Probe(f"{prefix}/call/echo", json.dumps({"arguments": {"text": "x"}}).encode())
+        seen = Seen(prefix)
+        with served_worker(scratch, broker_url, prefix, options, [probe]):
+            asyncio.run(_calls(broker_url, seen, sink))
+        seen.executions = guard_tools.executions(executions, seen.first.get("id", ""))
+    seen.log = log_path(scratch, prefix).read_text(errors="replace")
+    return judge(seen, dedup_counted=dedup_counted)
+
+
+def judge(seen: Seen, *, dedup_counted: bool = True) -> list[GuardResult]:
+    results = [
+        result(
+            TRACED_MCP_CALL,
+            check_trace(seen.spans, seen.trace_id, MCP_TOOL),
+            f"CLIENT and SERVER `tools/call {MCP_TOOL}` spans in trace {seen.trace_id}",
+        ),
+        result(
+            SETTLED_EQUALS_FULL,
+            check_same_reply(seen.settled, seen.full),
+            f"{MCP_TOOL}: the same reply from the schema's keys and from snake_case",
+        ),
+        result(
+            CALL_LINES_AT_INFO,
+            check_call_lines(seen.log, seen.ran),
+            f"a call line for each of {len(seen.ran)} calls",
+        ),
+        result(PROGRESS, check_progress(seen.steps, STEPS), f"updates 1..{STEPS}, then ok"),
+        result(CANCEL, check_cancel(seen.cancelled), "cancelled while running: `cancelled`"),
+    ]
+    if dedup_counted:
+        failure = check_dedup(seen.first, seen.repeat, seen.executions)
+        results.append(result(DEDUP_REPEAT, failure, "one id sent twice: ran once, replayed"))
+    else:
+        results.append(GuardResult(DEDUP_REPEAT, True, "skipped: the memory store is per process"))
+    return results
+
+
+async def _calls(broker_url: str, seen: Seen, sink: SpanSink) -> None:
+    reply_topic = f"{seen.prefix}/reply/guards-{uuid.uuid4().hex[:8]}"
+    async with MqttConnection(BrokerUrl.from_url(broker_url)) as conn:
+        await conn.subscribe([reply_topic])
+        caller = _Caller(conn, seen.prefix, reply_topic)
+        reader = asyncio.create_task(caller.read(conn.messages()), name="guard-replies")
+        try:
+            await _guard_calls(caller, seen)
+        finally:
+            reader.cancel()
+        seen.ran = caller.ran[:-1]  # the repeat ran nothing: it may have no line
+        seen.spans = await asyncio.to_thread(
+            sink.wait_for,
+            lambda spans: check_trace(spans, seen.trace_id, MCP_TOOL) is None,
+            SPANS_BOUND_S,
+        )
+
+
+async def _guard_calls(caller: _Caller, seen: Seen) -> None:
+    seen.trace_id = sampled_trace_id()
+    traceparent = f"00-{seen.trace_id}-{secrets.randbits(64) | 1:016x}-01"
+    seen.traced = await caller.call(MCP_TOOL, MCP_ARGUMENTS, traceparent=traceparent)
+    seen.settled = _final(await caller.call(MCP_TOOL, RAW_MCP_ARGUMENTS))
+    seen.full = _final(await caller.call(MCP_TOOL, MCP_ARGUMENTS))
+    seen.steps = await caller.call(guard_tools.STEPS_TOOL, {"n": STEPS}, progress=True)
+    hold: dict[str, object] = {"hold_s": HOLD_S}
+    seen.cancelled = await caller.call(guard_tools.HOLD_TOOL, hold, progress=True, cancel=True)
+    ident = f"guard-repeat-{uuid.uuid4().hex}"
+    seen.first = _final(await caller.call(guard_tools.COUNT_TOOL, {"key": ident}, ident=ident))
+    seen.repeat = _final(await caller.call(guard_tools.COUNT_TOOL, {"key": ident}, ident=ident))
+
+
+def _final(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The final reply, or {} when none came (each check then says what is missing)."""
+    return messages[-1] if messages and "ok" in messages[-1] else {}
+
+
+class _Caller:
+    """Requests on `{prefix}/call/{tool}` with an id each, answered on one reply topic
+    (read by one task, so a call that times out leaves the next one its messages)."""
+
+    def __init__(self, conn: MqttConnection, prefix: str, reply: str) -> None:
+        self.conn, self.prefix, self.reply = conn, prefix, reply
+        self.ran: list[str] = []
+        self.waiting: dict[bytes, asyncio.Queue[dict[str, Any]]] = {}
+
+    async def read(self, messages: AsyncIterator[Inbound]) -> None:
+        async for message in messages:
+            queue = self.waiting.get(message.correlation_data or b"")
+            if queue is not None:  # else a late message of a call given up on
+                queue.put_nowait(json.loads(message.payload))
+
+    async def call(
+        self,
+        tool: str,
+        arguments: dict[str, object],
+        *,
+        ident: str | None = None,
+        progress: bool = False,
+        cancel: bool = False,
+        traceparent: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Every message the call brought, its updates and then its final reply (none
+        within the bound: what came); with `cancel`, cancelled on its first update."""
+        ident = ident or f"guard-{tool}-{uuid.uuid4().hex}"
+        self.ran.append(ident)
+        body = {"id": ident, "arguments": arguments, **({"progress": True} if progress else {})}
+        correlation = uuid.uuid4().bytes
+        queue = self.waiting[correlation] = asyncio.Queue()
+        await self.conn.publish(
+            Outbound(
+                topic=f"{self.prefix}/call/{tool}",
+                payload=json.dumps(body).encode(),
+                response_topic=self.reply,
+                correlation_data=correlation,
+                user_properties=(("traceparent", traceparent),) if traceparent else (),
+            )
+        )
+        got: list[dict[str, Any]] = []
+        with contextlib.suppress(TimeoutError):  # unanswered: the guard says "no final reply"
+            async with asyncio.timeout(REPLY_BOUND_S):
+                while not got or "ok" not in got[-1]:
+                    got.append(await queue.get())
+                    if cancel and len(got) == 1 and got[0].get("type") == "progress":
+                        await self._cancel(ident)
+        del self.waiting[correlation]
+        return got
+
+    async def _cancel(self, ident: str) -> None:
+        """A cancel for our call: no caller named, so its reply topic says whose it is."""
+        cancelling = json.dumps({"id": ident}).encode()
+        topic = f"{self.prefix}/cancel"
+        await self.conn.publish(Outbound(topic, cancelling, response_topic=self.reply))
