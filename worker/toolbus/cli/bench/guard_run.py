@@ -75,6 +75,7 @@ class Seen:
     full: dict[str, Any] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
     cancelled: list[dict[str, Any]] = field(default_factory=list)
+    repeat_id: str = ""  # the id (and key) sent twice
     first: dict[str, Any] = field(default_factory=dict)
     repeat: dict[str, Any] = field(default_factory=dict)
     executions: int = 0
@@ -92,9 +93,15 @@ def sampled_trace_id(ratio: float = SAMPLER_RATIO) -> str:
 def run_guards(
     scratch: Path, broker_url: str, serve: ServeOptions, *, dedup_counted: bool = True
 ) -> list[GuardResult]:
-    """Starts the guard worker, makes the calls, stops it, and judges each guard.
-    `dedup_counted` False (several processes on the memory store, which is per process)
-    leaves the repeat guard out as not promised."""
+    """Each guard judged on what a guard worker did (`observe`). `dedup_counted` False
+    (several processes on the memory store, which is per process) leaves the repeat
+    guard out as not promised."""
+    return judge(observe(scratch, broker_url, serve), dedup_counted=dedup_counted)
+
+
+def observe(scratch: Path, broker_url: str, serve: ServeOptions) -> Seen:
+    """Starts the guard worker, makes the calls, stops it: what they brought back, the
+    spans the sink received, the executions counted and the worker's whole log."""
     prefix = f"guard{uuid.uuid4().hex[:8]}"
     folder, executions = guard_tools.install(scratch)
     with span_sink() as sink:
@@ -114,9 +121,9 @@ def run_guards(
         seen = Seen(prefix)
         with served_worker(scratch, broker_url, prefix, options, [probe]):
             asyncio.run(_calls(broker_url, seen, sink))
-        seen.executions = guard_tools.executions(executions, seen.first.get("id", ""))
+    seen.executions = guard_tools.executions(executions, seen.repeat_id)
     seen.log = log_path(scratch, prefix).read_text(errors="replace")
-    return judge(seen, dedup_counted=dedup_counted)
+    return seen
 
 
 def judge(seen: Seen, *, dedup_counted: bool = True) -> list[GuardResult]:
@@ -174,7 +181,7 @@ async def _guard_calls(caller: _Caller, seen: Seen) -> None:
     seen.steps = await caller.call(guard_tools.STEPS_TOOL, {"n": STEPS}, progress=True)
     hold: dict[str, object] = {"hold_s": HOLD_S}
     seen.cancelled = await caller.call(guard_tools.HOLD_TOOL, hold, progress=True, cancel=True)
-    ident = f"guard-repeat-{uuid.uuid4().hex}"
+    ident = seen.repeat_id = f"guard-repeat-{uuid.uuid4().hex}"
     seen.first = _final(await caller.call(guard_tools.COUNT_TOOL, {"key": ident}, ident=ident))
     seen.repeat = _final(await caller.call(guard_tools.COUNT_TOOL, {"key": ident}, ident=ident))
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 TRACES_PATH = "/v1/traces"
@@ -83,7 +84,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
                 received = decode(body)
-            except (OSError, ValueError):  # DecodeError is a ValueError (not gzip: OSError)
+            except (OSError, DecodeError):  # not gzip after all, or not OTLP protobuf
                 received = []
                 self.server.undecodable += 1
             with self.server.arrived:
