@@ -27,6 +27,8 @@ from toolbus.cli.bench.guards import (
     CANCEL,
     DEDUP_REPEAT,
     GUARDS,
+    MCP_CANCEL,
+    MCP_PROGRESS,
     OTLP_CLIENT,
     PROGRESS,
     SETTLED_EQUALS_FULL,
@@ -107,25 +109,29 @@ def test_a_missing_call_line_fails(real: Seen) -> None:
     assert lost in failures(seen)[CALL_LINES_AT_INFO]
 
 
-def test_a_lost_or_reordered_update_fails(real: Seen) -> None:
+@pytest.mark.parametrize(("name", "field"), [(PROGRESS, "steps"), (MCP_PROGRESS, "mcp_steps")])
+def test_a_lost_or_reordered_update_fails(real: Seen, name: str, field: str) -> None:
     seen = doctored(real)
-    del seen.steps[1]
-    assert set(failures(seen)) == {PROGRESS}
+    del getattr(seen, field)[1]
+    assert set(failures(seen)) == {name}
     seen = doctored(real)
-    seen.steps[0], seen.steps[1] = seen.steps[1], seen.steps[0]
-    assert set(failures(seen)) == {PROGRESS}
+    updates = getattr(seen, field)
+    updates[0], updates[1] = updates[1], updates[0]
+    assert set(failures(seen)) == {name}
     seen = doctored(real)
-    seen.steps = seen.steps[-1:]  # no update relayed at all
-    assert set(failures(seen)) == {PROGRESS}
+    setattr(seen, field, getattr(seen, field)[-1:])  # no update relayed at all
+    assert set(failures(seen)) == {name}
 
 
-def test_a_cancel_not_honoured_fails(real: Seen) -> None:
+@pytest.mark.parametrize(("name", "field"), [(CANCEL, "cancelled"), (MCP_CANCEL, "mcp_cancelled")])
+def test_a_cancel_not_honoured_fails(real: Seen, name: str, field: str) -> None:
     seen = doctored(real)
-    seen.cancelled[-1] = {**seen.cancelled[-1], "ok": True, "error": None}  # ran to its end
-    assert set(failures(seen)) == {CANCEL}
+    messages = getattr(seen, field)
+    messages[-1] = {**messages[-1], "ok": True, "error": None}  # ran to its end
+    assert set(failures(seen)) == {name}
     seen = doctored(real)
-    seen.cancelled = seen.cancelled[:-1]  # never answered
-    assert set(failures(seen)) == {CANCEL}
+    setattr(seen, field, getattr(seen, field)[:-1])  # never answered
+    assert set(failures(seen)) == {name}
 
 
 def test_a_repeat_run_twice_fails(real: Seen) -> None:

@@ -3,7 +3,8 @@
 The guard worker is `toolbus serve` as the bench runs it (`served.py`: the same
 `--worker-tree`, `--processes` and `--worker-setting`s, the demo MCP server), plus:
 log level INFO in JSON (the call lines), the guard tools (`guard_tools.py`, a plugin
-on its PYTHONPATH), no progress rate limit (every update must arrive), and tracing to
+on its PYTHONPATH), the guards' MCP server (`guard_server.py`: progress and cancel on the
+MCP path), no progress rate limit (every update must arrive), and tracing to
 a decoding sink (`span_sink.py`) with a production's sampler: `parentbased_traceidratio`
 at one in a million. Calls without a caller's trace therefore take the unrecorded path
 the bench measures, and only the traced guard's call, whose trace id the ratio samples
@@ -21,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -32,6 +34,8 @@ from toolbus.cli.bench.guards import (
     CALL_LINES_AT_INFO,
     CANCEL,
     DEDUP_REPEAT,
+    MCP_CANCEL,
+    MCP_PROGRESS,
     PROGRESS,
     SETTLED_EQUALS_FULL,
     TRACED_MCP_CALL,
@@ -51,6 +55,9 @@ from toolbus.transport import MqttConnection
 from toolbus.wire.broker import BrokerUrl
 from toolbus.wire.messages import Inbound, Outbound
 
+GUARD_SERVER = "guards"  # guard_server.py, beside the demo server
+# By its path: importing it here would load the mcp SDK into the bench for nothing.
+SERVER_PATH = Path(__file__).with_name("guard_server.py")
 SAMPLER_RATIO = 1e-6
 STEPS = 5
 HOLD_S = 20.0  # far past the wait: a call that ends by itself was not cancelled
@@ -75,6 +82,8 @@ class Seen:
     full: dict[str, Any] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
     cancelled: list[dict[str, Any]] = field(default_factory=list)
+    mcp_steps: list[dict[str, Any]] = field(default_factory=list)
+    mcp_cancelled: list[dict[str, Any]] = field(default_factory=list)
     repeat_id: str = ""  # the id (and key) sent twice
     first: dict[str, Any] = field(default_factory=dict)
     repeat: dict[str, Any] = field(default_factory=dict)
@@ -111,15 +120,21 @@ def observe(scratch: Path, broker_url: str, serve: ServeOptions) -> Seen:
             otlp_endpoint=sink.endpoint,
             settings=(*serve.settings, *GUARD_SETTINGS),
             python_path=(str(folder),),
+            servers=(
+                (GUARD_SERVER, {"command": sys.executable, "args": ["-P", str(SERVER_PATH)]}),
+            ),
             env=(
                 ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
                 ("OTEL_TRACES_SAMPLER_ARG", repr(SAMPLER_RATIO)),
                 ("OTEL_BSP_SCHEDULE_DELAY", "50"),
             ),
         )
-        probe = Probe(f"{prefix}/call/echo", json.dumps({"arguments": {"text": "x"}}).encode())
+        probes = [
+            Probe(f"{prefix}/call/{tool}", json.dumps({"arguments": arguments}).encode())
+            for tool, arguments in (("echo", {"text": "x"}), (guard_tools.MCP_STEPS_TOOL, {"n": 1}))
+        ]
         seen = Seen(prefix)
-        with served_worker(scratch, broker_url, prefix, options, [probe]):
+        with served_worker(scratch, broker_url, prefix, options, probes):
             asyncio.run(_calls(broker_url, seen, sink))
     seen.executions = guard_tools.executions(executions, seen.repeat_id)
     seen.log = log_path(scratch, prefix).read_text(errors="replace")
@@ -144,7 +159,17 @@ def judge(seen: Seen, *, dedup_counted: bool = True) -> list[GuardResult]:
             f"a call line for each of {len(seen.ran)} calls",
         ),
         result(PROGRESS, check_progress(seen.steps, STEPS), f"updates 1..{STEPS}, then ok"),
+        result(
+            MCP_PROGRESS,
+            check_progress(seen.mcp_steps, STEPS),
+            f"an MCP server's updates 1..{STEPS}, then ok",
+        ),
         result(CANCEL, check_cancel(seen.cancelled), "cancelled while running: `cancelled`"),
+        result(
+            MCP_CANCEL,
+            check_cancel(seen.mcp_cancelled),
+            "an MCP call cancelled while running: `cancelled`",
+        ),
     ]
     if dedup_counted:
         failure = check_dedup(seen.first, seen.repeat, seen.executions)
@@ -181,6 +206,11 @@ async def _guard_calls(caller: _Caller, seen: Seen) -> None:
     seen.steps = await caller.call(guard_tools.STEPS_TOOL, {"n": STEPS}, progress=True)
     hold: dict[str, object] = {"hold_s": HOLD_S}
     seen.cancelled = await caller.call(guard_tools.HOLD_TOOL, hold, progress=True, cancel=True)
+    steps: dict[str, object] = {"n": STEPS}
+    seen.mcp_steps = await caller.call(guard_tools.MCP_STEPS_TOOL, steps, progress=True)
+    seen.mcp_cancelled = await caller.call(
+        guard_tools.MCP_HOLD_TOOL, hold, progress=True, cancel=True
+    )
     ident = seen.repeat_id = f"guard-repeat-{uuid.uuid4().hex}"
     seen.first = _final(await caller.call(guard_tools.COUNT_TOOL, {"key": ident}, ident=ident))
     seen.repeat = _final(await caller.call(guard_tools.COUNT_TOOL, {"key": ident}, ident=ident))

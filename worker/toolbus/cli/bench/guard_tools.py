@@ -20,6 +20,8 @@ MODULE = "toolbus_bench_guards"
 COUNT_TOOL = "bench_guard_count"
 STEPS_TOOL = "bench_guard_steps"
 HOLD_TOOL = "bench_guard_hold"
+MCP_STEPS_TOOL = "bench_guard_mcp_steps"  # guard_server.py's, on the MCP path
+MCP_HOLD_TOOL = "bench_guard_mcp_hold"
 
 _SOURCE = '''\
 """toolbus bench's guard tools (written by toolbus.cli.bench.guard_tools)."""

@@ -21,9 +21,20 @@ TRACED_MCP_CALL = "traced-mcp-call"
 SETTLED_EQUALS_FULL = "settled-equals-full"
 CALL_LINES_AT_INFO = "call-lines-at-info"
 PROGRESS = "progress"
+MCP_PROGRESS = "mcp-progress"
 CANCEL = "cancel"
+MCP_CANCEL = "mcp-cancel"
 DEDUP_REPEAT = "dedup-repeat"
-GUARDS = (TRACED_MCP_CALL, SETTLED_EQUALS_FULL, CALL_LINES_AT_INFO, PROGRESS, CANCEL, DEDUP_REPEAT)
+GUARDS = (
+    TRACED_MCP_CALL,
+    SETTLED_EQUALS_FULL,
+    CALL_LINES_AT_INFO,
+    PROGRESS,
+    MCP_PROGRESS,
+    CANCEL,
+    MCP_CANCEL,
+    DEDUP_REPEAT,
+)
 
 OTLP_SERVER, OTLP_CLIENT = 2, 3  # OTLP's SpanKind numbers
 # Reply fields that differ between two runs of one call by design: who and when, and the

@@ -55,6 +55,7 @@ class ServeOptions:
     settings: tuple[tuple[str, object], ...] = ()  # more of the config (`--worker-setting`)
     python_path: tuple[str, ...] = ()  # more folders first on PYTHONPATH (a plugin's)
     env: tuple[tuple[str, str], ...] = ()  # more of the environment (the guards' OTEL_*)
+    servers: tuple[tuple[str, dict[str, Any]], ...] = ()  # MCP servers beside the demo one
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +99,7 @@ def write_config(directory: Path, broker_url: str, prefix: str, options: ServeOp
                 "broker_url": broker_url,
                 "topic_prefix": prefix,
                 "log_level": options.log_level,
-                "mcpServers": {SERVER: server},
+                "mcpServers": {SERVER: server, **dict(options.servers)},
                 **dict(options.settings),
             }
         )
