@@ -26,6 +26,7 @@ from toolbus.cli.bench.guards import (
     CALL_LINES_AT_INFO,
     CANCEL,
     DEDUP_REPEAT,
+    DEDUP_RUNNING,
     GUARDS,
     MCP_CANCEL,
     MCP_PROGRESS,
@@ -61,7 +62,8 @@ def test_every_guard_holds_on_the_real_worker(real: Seen) -> None:
     results = judge(real)
     assert [r.name for r in results] == list(GUARDS)
     assert all(r.ok for r in results), [r.line() for r in results]
-    assert real.executions == 1 and real.repeat.get("replayed") is True
+    assert real.executions == real.running_executions == 1
+    assert real.repeat.get("replayed") is real.running_repeat.get("replayed") is True
 
 
 def test_a_traced_call_without_the_workers_client_span_fails(real: Seen) -> None:
@@ -134,21 +136,23 @@ def test_a_cancel_not_honoured_fails(real: Seen, name: str, field: str) -> None:
     assert set(failures(seen)) == {name}
 
 
-def test_a_repeat_run_twice_fails(real: Seen) -> None:
+@pytest.mark.parametrize(("name", "prefix"), [(DEDUP_REPEAT, ""), (DEDUP_RUNNING, "running_")])
+def test_a_repeat_run_twice_fails(real: Seen, name: str, prefix: str) -> None:
     seen = doctored(real)
-    seen.executions = 2
-    assert set(failures(seen)) == {DEDUP_REPEAT}
+    setattr(seen, f"{prefix}executions", 2)
+    assert set(failures(seen)) == {name}
     seen = doctored(real)
-    seen.repeat["replayed"] = False
-    assert set(failures(seen)) == {DEDUP_REPEAT}
+    getattr(seen, f"{prefix}repeat")["replayed"] = False
+    assert set(failures(seen)) == {name}
 
 
-def test_the_repeat_guard_is_left_out_where_nothing_promises_it(real: Seen) -> None:
+def test_the_repeat_guards_are_left_out_where_nothing_promises_them(real: Seen) -> None:
     """Several processes on the memory store: ids are remembered per process."""
     seen = doctored(real)
-    seen.executions = 2
-    [dedup] = [r for r in judge(seen, dedup_counted=False) if r.name == DEDUP_REPEAT]
-    assert dedup.ok and "skipped" in dedup.detail
+    seen.executions = seen.running_executions = 2
+    left_out = [r for r in judge(seen, dedup_counted=False) if r.name.startswith(DEDUP_REPEAT)]
+    assert [r.name for r in left_out] == [DEDUP_REPEAT, DEDUP_RUNNING]
+    assert all(r.ok and "skipped" in r.detail for r in left_out)
 
 
 def test_the_sink_decodes_what_an_exporter_posts(tmp_path: Path) -> None:

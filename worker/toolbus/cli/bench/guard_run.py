@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import secrets
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from toolbus.cli.bench.guards import (
     CALL_LINES_AT_INFO,
     CANCEL,
     DEDUP_REPEAT,
+    DEDUP_RUNNING,
     MCP_CANCEL,
     MCP_PROGRESS,
     PROGRESS,
@@ -61,6 +63,7 @@ SERVER_PATH = Path(__file__).with_name("guard_server.py")
 SAMPLER_RATIO = 1e-6
 STEPS = 5
 HOLD_S = 20.0  # far past the wait: a call that ends by itself was not cancelled
+REPEAT_HOLD_S = 0.5  # the first run of the id held while its repeat comes
 REPLY_BOUND_S = 10.0
 SPANS_BOUND_S = 10.0
 GUARD_SETTINGS: tuple[tuple[str, object], ...] = (
@@ -88,6 +91,10 @@ class Seen:
     first: dict[str, Any] = field(default_factory=dict)
     repeat: dict[str, Any] = field(default_factory=dict)
     executions: int = 0
+    running_id: str = ""  # the id sent again while its first run held
+    running_first: dict[str, Any] = field(default_factory=dict)
+    running_repeat: dict[str, Any] = field(default_factory=dict)
+    running_executions: int = 0
     ran: list[str] = field(default_factory=list)  # ids of the calls that ran: a line each
     log: str = ""
 
@@ -137,6 +144,7 @@ def observe(scratch: Path, broker_url: str, serve: ServeOptions) -> Seen:
         with served_worker(scratch, broker_url, prefix, options, probes):
             asyncio.run(_calls(broker_url, seen, sink))
     seen.executions = guard_tools.executions(executions, seen.repeat_id)
+    seen.running_executions = guard_tools.executions(executions, seen.running_id)
     seen.log = log_path(scratch, prefix).read_text(errors="replace")
     return seen
 
@@ -171,12 +179,16 @@ def judge(seen: Seen, *, dedup_counted: bool = True) -> list[GuardResult]:
             "an MCP call cancelled while running: `cancelled`",
         ),
     ]
-    if dedup_counted:
-        failure = check_dedup(seen.first, seen.repeat, seen.executions)
-        results.append(result(DEDUP_REPEAT, failure, "one id sent twice: ran once, replayed"))
-    else:
-        results.append(GuardResult(DEDUP_REPEAT, True, "skipped: the memory store is per process"))
-    return results
+    if not dedup_counted:
+        skipped = "skipped: the memory store is per process"
+        return [*results, *(GuardResult(n, True, skipped) for n in (DEDUP_REPEAT, DEDUP_RUNNING))]
+    after = check_dedup(seen.first, seen.repeat, seen.executions)
+    running = check_dedup(seen.running_first, seen.running_repeat, seen.running_executions)
+    return [
+        *results,
+        result(DEDUP_REPEAT, after, "one id sent again after its reply: ran once, replayed"),
+        result(DEDUP_RUNNING, running, "one id sent again while it ran: ran once, replayed"),
+    ]
 
 
 async def _calls(broker_url: str, seen: Seen, sink: SpanSink) -> None:
@@ -189,7 +201,7 @@ async def _calls(broker_url: str, seen: Seen, sink: SpanSink) -> None:
             await _guard_calls(caller, seen)
         finally:
             reader.cancel()
-        seen.ran = caller.ran[:-1]  # the repeat ran nothing: it may have no line
+        seen.ran = caller.ran  # each id once: a repeat runs nothing, and may have no line
         seen.spans = await asyncio.to_thread(
             sink.wait_for,
             lambda spans: check_trace(spans, seen.trace_id, MCP_TOOL) is None,
@@ -213,7 +225,26 @@ async def _guard_calls(caller: _Caller, seen: Seen) -> None:
     )
     ident = seen.repeat_id = f"guard-repeat-{uuid.uuid4().hex}"
     seen.first = _final(await caller.call(guard_tools.COUNT_TOOL, {"key": ident}, ident=ident))
-    seen.repeat = _final(await caller.call(guard_tools.COUNT_TOOL, {"key": ident}, ident=ident))
+    again = await caller.call(guard_tools.COUNT_TOOL, {"key": ident}, ident=ident, repeat=True)
+    seen.repeat = _final(again)
+    await _repeat_while_running(caller, seen)
+
+
+async def _repeat_while_running(caller: _Caller, seen: Seen) -> None:
+    """The counting tool holding, its id sent again as soon as it says it runs."""
+    ident = seen.running_id = f"guard-running-{uuid.uuid4().hex}"
+    arguments: dict[str, object] = {"key": ident, "hold_s": REPEAT_HOLD_S}
+    repeats: list[asyncio.Task[list[dict[str, Any]]]] = []
+
+    async def again() -> None:
+        repeat = caller.call(guard_tools.COUNT_TOOL, arguments, ident=ident, repeat=True)
+        repeats.append(asyncio.create_task(repeat))
+
+    first = await caller.call(
+        guard_tools.COUNT_TOOL, arguments, ident=ident, progress=True, on_running=again
+    )
+    seen.running_first = _final(first)
+    seen.running_repeat = _final(await repeats[0]) if repeats else {}
 
 
 def _final(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -244,12 +275,19 @@ class _Caller:
         ident: str | None = None,
         progress: bool = False,
         cancel: bool = False,
+        on_running: Callable[[], Awaitable[None]] | None = None,
         traceparent: str | None = None,
+        repeat: bool = False,
     ) -> list[dict[str, Any]]:
         """Every message the call brought, its updates and then its final reply (none
-        within the bound: what came); with `cancel`, cancelled on its first update."""
+        within the bound: what came); on its first update, with `cancel` it is
+        cancelled, and `on_running` is awaited. A `repeat` of an id is not counted as
+        a call that ran."""
         ident = ident or f"guard-{tool}-{uuid.uuid4().hex}"
-        self.ran.append(ident)
+        if not repeat:
+            self.ran.append(ident)
+        if cancel:
+            on_running = functools.partial(self._cancel, ident)
         body = {"id": ident, "arguments": arguments, **({"progress": True} if progress else {})}
         correlation = uuid.uuid4().bytes
         queue = self.waiting[correlation] = asyncio.Queue()
@@ -267,8 +305,9 @@ class _Caller:
             async with asyncio.timeout(REPLY_BOUND_S):
                 while not got or "ok" not in got[-1]:
                     got.append(await queue.get())
-                    if cancel and len(got) == 1 and got[0].get("type") == "progress":
-                        await self._cancel(ident)
+                    running = len(got) == 1 and got[0].get("type") == "progress"
+                    if running and on_running is not None:
+                        await on_running()
         del self.waiting[correlation]
         return got
 

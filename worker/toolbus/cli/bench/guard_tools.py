@@ -5,8 +5,9 @@ folder is on its PYTHONPATH (a module and a `.dist-info` with the entry points, 
 installed for good). They import `toolbus` from the worker under test, so with
 `--worker-tree` they run on that checkout's `progress` and `tool`.
 
-- `bench_guard_count(key)`: appends a line to the run's executions file for each run, so
-  a repeat that ran again is counted, not guessed.
+- `bench_guard_count(key, hold_s)`: appends a line to the run's executions file for each
+  run, so a repeat that ran again is counted, not guessed; with `hold_s` it reports
+  progress 1 once running, then waits, so a repeat can be sent while it runs.
 - `bench_guard_steps(n)`: reports progress 1..n (`toolbus.progress`), then answers.
 - `bench_guard_hold(hold_s)`: reports progress 1 once running, then waits: the caller
   cancels it on that update, so no sleep decides when it is running.
@@ -34,10 +35,14 @@ EXECUTIONS = {executions!r}
 
 
 @tool
-async def {count}(key: str) -> dict[str, str]:
-    """Writes a line per run (the bench counts them), then answers its key."""
+async def {count}(key: str, hold_s: float = 0.0) -> dict[str, str]:
+    """Writes a line per run (the bench counts them); holding, it reports that it runs
+    and waits `hold_s` (a repeat then finds it running); then answers its key."""
     with open(EXECUTIONS, "a") as f:
         f.write(key + "\\n")
+    if hold_s:
+        progress(1, None, "running")
+        await asyncio.sleep(hold_s)
     return {{"key": key}}
 
 

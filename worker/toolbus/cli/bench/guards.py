@@ -25,6 +25,7 @@ MCP_PROGRESS = "mcp-progress"
 CANCEL = "cancel"
 MCP_CANCEL = "mcp-cancel"
 DEDUP_REPEAT = "dedup-repeat"
+DEDUP_RUNNING = "dedup-repeat-running"
 GUARDS = (
     TRACED_MCP_CALL,
     SETTLED_EQUALS_FULL,
@@ -34,6 +35,7 @@ GUARDS = (
     CANCEL,
     MCP_CANCEL,
     DEDUP_REPEAT,
+    DEDUP_RUNNING,
 )
 
 OTLP_SERVER, OTLP_CLIENT = 2, 3  # OTLP's SpanKind numbers
@@ -153,8 +155,9 @@ def check_cancel(messages: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def check_dedup(first: Mapping[str, Any], repeat: Mapping[str, Any], executions: int) -> str | None:
-    """The same request (same id) sent twice, the second after the first's reply: the
-    tool ran once, the repeat got the first's result marked `replayed`."""
+    """The same request (same id) sent twice, the second after the first's reply or
+    while the first runs: the tool ran once, the repeat got the first's result marked
+    `replayed`."""
     if first.get("ok") is not True:
         return f"the call failed: {first.get('error')}"
     if executions != 1:
