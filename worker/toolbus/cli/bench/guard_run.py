@@ -12,8 +12,9 @@ the bench measures, and only the traced guard's call, whose trace id the ratio s
 settings (the worker hands its stdio servers theirs) and exports its own span to the
 same sink, flushed every 50 ms.
 
-It runs once per bench run, before the phases, in a few seconds; the log is read once
-the worker has stopped (SIGTERM, drained), so every call line has been written.
+It runs once per bench run, before the phases, in seconds (most of them the guard
+worker and its MCP servers starting); the log is read once the worker has stopped
+(SIGTERM, drained), so every call line has been written.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from toolbus.cli.bench.guards import (
     check_progress,
     check_same_reply,
     check_trace,
+    outcome,
     result,
 )
 from toolbus.cli.bench.phases import MCP_ARGUMENTS, MCP_TOOL, RAW_MCP_ARGUMENTS
@@ -150,10 +152,13 @@ def observe(scratch: Path, broker_url: str, serve: ServeOptions) -> Seen:
 
 
 def judge(seen: Seen, *, dedup_counted: bool = True) -> list[GuardResult]:
+    traced = check_trace(seen.spans, seen.trace_id, MCP_TOOL)
+    if traced is not None and outcome(_final(seen.traced)) != "ok":
+        traced += f" (the call ended {outcome(_final(seen.traced))})"
     results = [
         result(
             TRACED_MCP_CALL,
-            check_trace(seen.spans, seen.trace_id, MCP_TOOL),
+            traced,
             f"CLIENT and SERVER `tools/call {MCP_TOOL}` spans in trace {seen.trace_id}",
         ),
         result(

@@ -55,6 +55,16 @@ class GuardResult:
         return f"guard {self.name}: {'ok' if self.ok else 'FAILED'}: {self.detail}"
 
 
+def outcome(reply: Mapping[str, Any]) -> str:
+    """`ok`, the error's code, or `no reply` ({}: none came within the bound)."""
+    if not reply:
+        return "no reply"
+    if reply.get("ok") is True:
+        return "ok"
+    error = reply.get("error")
+    return str(error.get("code")) if isinstance(error, dict) else "not ok, without a code"
+
+
 def check_trace(spans: Iterable[Span], trace_id: str, tool: str) -> str | None:
     """The worker's `tools/call {tool}` CLIENT span and the MCP server's SERVER span of
     the same name in the caller's trace, the server's beneath the client's (through the
@@ -89,7 +99,7 @@ def check_same_reply(settled: Mapping[str, Any], full: Mapping[str, Any]) -> str
     normalizing (full path): both `ok`, the full one having normalized something, and
     the same reply once the per-run fields are left out."""
     if settled.get("ok") is not True or full.get("ok") is not True:
-        return f"not both ok: settled {settled.get('error')}, full {full.get('error')}"
+        return f"not both ok: settled {outcome(settled)}, full {outcome(full)}"
     if settled.get("normalized"):
         return f"the settled call was normalized: {settled['normalized']}"
     if not full.get("normalized"):
@@ -131,7 +141,7 @@ def check_progress(messages: Sequence[Mapping[str, Any]], steps: int) -> str | N
         return "no final reply"
     *updates, reply = messages
     if reply.get("ok") is not True:
-        return f"the call failed: {reply.get('error')}"
+        return f"the call ended {outcome(reply)}"
     kinds = {m.get("type") for m in updates}
     if kinds - {"progress"}:
         return f"not progress before the reply: {sorted(map(str, kinds))}"
@@ -146,9 +156,8 @@ def check_cancel(messages: Sequence[Mapping[str, Any]]) -> str | None:
     if not messages or "ok" not in messages[-1]:
         return "no final reply"
     reply = messages[-1]
-    code = (reply.get("error") or {}).get("code")
-    if reply.get("ok") is not False or code != "cancelled":
-        return f"ended {'ok' if reply.get('ok') else code}, not cancelled"
+    if outcome(reply) != "cancelled":
+        return f"ended {outcome(reply)}, not cancelled"
     if not any(m.get("type") == "progress" for m in messages[:-1]):
         return "it was never seen running"
     return None
@@ -159,7 +168,7 @@ def check_dedup(first: Mapping[str, Any], repeat: Mapping[str, Any], executions:
     while the first runs: the tool ran once, the repeat got the first's result marked
     `replayed`."""
     if first.get("ok") is not True:
-        return f"the call failed: {first.get('error')}"
+        return f"the call ended {outcome(first)}"
     if executions != 1:
         return f"the tool ran {executions} times for one id"
     if repeat.get("replayed") is not True:
