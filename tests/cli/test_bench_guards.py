@@ -42,6 +42,7 @@ from toolbus.cli.bench.served import ServeOptions
 from toolbus.cli.bench.span_sink import decode, span_sink
 
 CLIENT = OtlpSpan.SpanKind.SPAN_KIND_CLIENT
+DEMO_SERVICE = "toolbus-demo-devices"  # the demo server's spans' service.name
 
 
 @pytest.fixture(scope="module")
@@ -75,23 +76,29 @@ def test_a_traced_call_without_the_workers_client_span_fails(real: Seen) -> None
 
 def test_a_traced_call_without_the_servers_span_fails(real: Seen) -> None:
     seen = doctored(real)
-    seen.spans = [s for s in seen.spans if s.service != "toolbus-demo-devices"]
+    seen.spans = [s for s in seen.spans if s.service != DEMO_SERVICE]
     assert set(failures(seen)) == {TRACED_MCP_CALL}
 
 
-def test_a_server_span_not_beneath_the_client_span_fails(real: Seen) -> None:
+@pytest.mark.parametrize("path", ["settled", "full"])
+def test_a_server_span_not_beneath_the_client_span_fails(real: Seen, path: str) -> None:
     """The server's span in the trace, but its parent not the worker's call (the context
-    did not travel in `_meta`: the server started a trace of its own, here re-parented)."""
+    did not travel in `_meta`: the server started a trace of its own, here re-parented),
+    on either path's traced call."""
     seen = doctored(real)
-    [server] = [s for s in seen.spans if s.service == "toolbus-demo-devices"]
+    trace_id = seen.trace_ids[path]
+    [server] = [s for s in seen.spans if s.service == DEMO_SERVICE and s.trace_id == trace_id]
     orphan = dataclasses.replace(server, parent_span_id="ab" * 8)
     seen.spans = [orphan if s is server else s for s in seen.spans]
     assert set(failures(seen)) == {TRACED_MCP_CALL}
 
 
-def test_the_trace_is_the_callers_own() -> None:
-    """The same spans judged for another trace id: nothing there."""
-    assert check_trace([], sampled_trace_id(), MCP_TOOL) is not None
+def test_the_spans_must_be_in_the_callers_trace(real: Seen) -> None:
+    """The same spans judged for a trace id the caller did not send: none there."""
+    seen = doctored(real)
+    seen.trace_ids["full"] = sampled_trace_id()
+    assert set(failures(seen)) == {TRACED_MCP_CALL}
+    assert check_trace(real.spans, sampled_trace_id(), MCP_TOOL) is not None
 
 
 def test_a_settled_reply_that_differs_from_the_full_paths_fails(real: Seen) -> None:

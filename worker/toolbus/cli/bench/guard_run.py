@@ -7,8 +7,9 @@ on its PYTHONPATH), the guards' MCP server (`guard_server.py`: progress and canc
 MCP path), no progress rate limit (every update must arrive), and tracing to
 a decoding sink (`span_sink.py`) with a production's sampler: `parentbased_traceidratio`
 at one in a million. Calls without a caller's trace therefore take the unrecorded path
-the bench measures, and only the traced guard's call, whose trace id the ratio samples
-(its low 64 bits under the ratio's bound), records; the MCP server inherits the OTEL
+the bench measures, and only the traced guard's calls (one on the settled path, one on
+the full), whose trace ids the ratio samples (their low 64 bits under the ratio's
+bound), record; the MCP server inherits the OTEL
 settings (the worker hands its stdio servers theirs) and exports its own span to the
 same sink, flushed every 50 ms.
 
@@ -80,8 +81,9 @@ class Seen:
     """What the guard calls brought back."""
 
     prefix: str
-    trace_id: str = ""
-    traced: list[dict[str, Any]] = field(default_factory=list)
+    # The traced calls, by path: "settled" (the schema's keys) and "full" (snake_case).
+    trace_ids: dict[str, str] = field(default_factory=dict)
+    traced: dict[str, dict[str, Any]] = field(default_factory=dict)
     spans: list[Span] = field(default_factory=list)
     settled: dict[str, Any] = field(default_factory=dict)
     full: dict[str, Any] = field(default_factory=dict)
@@ -152,14 +154,12 @@ def observe(scratch: Path, broker_url: str, serve: ServeOptions) -> Seen:
 
 
 def judge(seen: Seen, *, dedup_counted: bool = True) -> list[GuardResult]:
-    traced = check_trace(seen.spans, seen.trace_id, MCP_TOOL)
-    if traced is not None and outcome(_final(seen.traced)) != "ok":
-        traced += f" (the call ended {outcome(_final(seen.traced))})"
     results = [
         result(
             TRACED_MCP_CALL,
-            traced,
-            f"CLIENT and SERVER `tools/call {MCP_TOOL}` spans in trace {seen.trace_id}",
+            _traced(seen),
+            f"CLIENT and SERVER `tools/call {MCP_TOOL}` spans in the caller's trace, "
+            f"settled and full path ({', '.join(seen.trace_ids.values())})",
         ),
         result(
             SETTLED_EQUALS_FULL,
@@ -196,6 +196,18 @@ def judge(seen: Seen, *, dedup_counted: bool = True) -> list[GuardResult]:
     ]
 
 
+def _traced(seen: Seen) -> str | None:
+    """The trace guard on each path's call; its failures, with how the call ended."""
+    failed = []
+    for path in ("settled", "full"):
+        trace_id = seen.trace_ids.get(path, "")
+        failure = check_trace(seen.spans, trace_id, MCP_TOOL)
+        if failure is not None:
+            ended = outcome(seen.traced.get(path, {}))
+            failed.append(f"{path} path: {failure}" + ("" if ended == "ok" else f", {ended}"))
+    return "; ".join(failed) or None
+
+
 async def _calls(broker_url: str, seen: Seen, sink: SpanSink) -> None:
     reply_topic = f"{seen.prefix}/reply/guards-{uuid.uuid4().hex[:8]}"
     async with MqttConnection(BrokerUrl.from_url(broker_url)) as conn:
@@ -209,15 +221,20 @@ async def _calls(broker_url: str, seen: Seen, sink: SpanSink) -> None:
         seen.ran = caller.ran  # each id once: a repeat runs nothing, and may have no line
         seen.spans = await asyncio.to_thread(
             sink.wait_for,
-            lambda spans: check_trace(spans, seen.trace_id, MCP_TOOL) is None,
+            lambda spans: all(
+                check_trace(spans, trace_id, MCP_TOOL) is None
+                for trace_id in seen.trace_ids.values()
+            ),
             SPANS_BOUND_S,
         )
 
 
 async def _guard_calls(caller: _Caller, seen: Seen) -> None:
-    seen.trace_id = sampled_trace_id()
-    traceparent = f"00-{seen.trace_id}-{secrets.randbits(64) | 1:016x}-01"
-    seen.traced = await caller.call(MCP_TOOL, MCP_ARGUMENTS, traceparent=traceparent)
+    for path, arguments in (("settled", RAW_MCP_ARGUMENTS), ("full", MCP_ARGUMENTS)):
+        trace_id = seen.trace_ids[path] = sampled_trace_id()
+        traceparent = f"00-{trace_id}-{secrets.randbits(64) | 1:016x}-01"
+        traced = await caller.call(MCP_TOOL, arguments, traceparent=traceparent)
+        seen.traced[path] = _final(traced)
     seen.settled = _final(await caller.call(MCP_TOOL, RAW_MCP_ARGUMENTS))
     seen.full = _final(await caller.call(MCP_TOOL, MCP_ARGUMENTS))
     seen.steps = await caller.call(guard_tools.STEPS_TOOL, {"n": STEPS}, progress=True)
