@@ -64,6 +64,8 @@ def test_every_guard_holds_on_the_real_worker(real: Seen) -> None:
     assert [r.name for r in results] == list(GUARDS)
     assert all(r.ok for r in results), [r.line() for r in results]
     assert real.executions == real.running_executions == 1
+    # Only the traced calls recorded: the rest took the unrecorded path the bench measures.
+    assert {s.trace_id for s in real.spans} == set(real.trace_ids.values())
     assert real.repeat.get("replayed") is real.running_repeat.get("replayed") is True
 
 
