@@ -158,8 +158,8 @@ def judge(seen: Seen, *, dedup_counted: bool = True) -> list[GuardResult]:
         result(
             TRACED_MCP_CALL,
             _traced(seen),
-            f"the worker's CLIENT and the server's `tools/call {MCP_TOOL}` spans in the "
-            "caller's trace, on the settled and the full path",
+            f"CLIENT and server `tools/call {MCP_TOOL}` spans in the caller's trace, "
+            "settled and full path",
         ),
         result(
             SETTLED_EQUALS_FULL,
