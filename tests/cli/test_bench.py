@@ -20,6 +20,7 @@ from rich.console import Console
 from tests.support.harness import RedisServer, mosquitto_binary
 from toolbus.cli.bench import cpu
 from toolbus.cli.bench.command import setting as worker_setting
+from toolbus.cli.bench.guards import GUARDS
 from toolbus.cli.bench.loadgen import LoadFigures, figures, merged, percentile, result_line
 from toolbus.cli.bench.phases import RESPONDERS, CpuPerCall, Phase, split
 from toolbus.cli.bench.report import render, targets, to_json
@@ -74,6 +75,10 @@ def test_toolbus_bench_measures_every_phase(tmp_path: Path) -> None:
         assert (phase["ratios"] or {}).get("baseline") == baseline, phase
     assert report["traces_exported"] > 0
     assert report["parameters"]["in_flight"] == [1, 4]
+    # The guards ran (no flag turns them on), each listed, each holding, each a line.
+    assert [g["name"] for g in report["guards"]] == list(GUARDS)
+    assert all(g["ok"] for g in report["guards"]), report["guards"]
+    assert all(f"guard {name}: ok" in result.stdout for name in GUARDS), result.stdout
 
 
 def test_several_load_generators_share_a_level_and_their_figures_add_up(tmp_path: Path) -> None:
@@ -88,12 +93,15 @@ def test_several_load_generators_share_a_level_and_their_figures_add_up(tmp_path
         "--loadgens", "2",
         "--duration-s", "0.5",
         "--warmup-s", "0.2",
+        "--no-guards",  # no toolbus measured here (and the flag is the only way out)
         "--json", str(figures),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "guard " not in result.stdout
     assert "2 load generators" in result.stdout and "4 (2x2)" in result.stdout, result.stdout
     report = json.loads(figures.read_text())
     assert report["parameters"]["loadgens"] == 2
+    assert (report["parameters"]["guards"], report["guards"]) == (False, [])
     phases = {(p["responder"], p["in_flight"]): p for p in report["phases"]}
     shares = {key: p["loadgens_in_flight"] for key, p in phases.items()}
     assert shares == {("aiomqtt-echo", 1): [1], ("aiomqtt-echo", 4): [2, 2]}

@@ -2,8 +2,9 @@
 
 Imported whenever `toolbus` builds its parser, so it imports nothing heavy at the top:
 the bench itself (rich, the transport, subprocesses) loads only when `bench` runs.
-Exit codes: 0 measured, 1 a call failed or the run could not measure (no span reached
-the sink with tracing on), 2 a usage error (cli.py turns the ValueError into it).
+Exit codes: 0 measured, 1 a call failed, a guard failed (guard_run.py; `--no-guards`
+skips them) or the run could not measure (no span reached the sink with tracing on),
+2 a usage error (cli.py turns the ValueError into it).
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="run the worker from another checkout (a `git worktree`) for a before/after pair",
     )
+    bench.add_argument(
+        "--no-guards",
+        action="store_true",
+        help="skip the guards (a traced MCP call's spans, settled = full reply, call lines at "
+        "INFO, progress, cancel, a repeat run once): without them a speed-up that drops "
+        "behaviour passes",
+    )
     bench.add_argument("--json", type=Path, metavar="PATH", help="write every figure; - for stdout")
 
 
@@ -87,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         loadgens=args.loadgens,
         worker_settings=tuple(setting(text) for text in args.worker_setting),
         worker_tree=args.worker_tree.resolve() if args.worker_tree else None,
+        guards=not args.no_guards,
     )
     to_stdout = args.json is not None and str(args.json) == "-"
     try:
@@ -99,13 +108,16 @@ def run(args: argparse.Namespace) -> int:
     if not console.is_terminal:
         console.width = TABLE_WIDTH
     render(result, console)
+    for guard in result.guards:  # after the table: a line each, the failed ones marked
+        console.print(printable(guard.line()), style=None if guard.ok else "bold red", markup=False)
     if args.json is not None:
         text = json.dumps(to_json(result), indent=2)
         if to_stdout:
             print(text)
         else:
             args.json.write_text(text + "\n")
-    return 1 if any(phase.load.failures for phase in result.phases) else 0
+    failed = any(phase.load.failures for phase in result.phases) or result.failed_guards
+    return 1 if failed else 0
 
 
 def setting(text: str) -> tuple[str, object]:

@@ -220,12 +220,14 @@ def to_json(run: BenchRun) -> dict[str, Any]:
             "loadgens": options.loadgens,
             "worker_settings": {k: _no_login(v) for k, v in options.worker_settings},
             "worker_tree": str(options.worker_tree) if options.worker_tree else None,
+            "guards": options.guards,
         },
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "commit": git_commit(options.worker_tree or Path(__file__).resolve().parents[4]),
         "traces_exported": run.traces_exported,
+        "guards": [asdict(guard) for guard in run.guards],  # [] with --no-guards
         "phases": phases,
         "targets": [asdict(t) for t in targets(run)],
     }

@@ -24,6 +24,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from toolbus.cli.bench import aiomqtt_echo
+from toolbus.cli.bench.guard_run import run_guards
+from toolbus.cli.bench.guards import GuardResult
 from toolbus.cli.bench.mosquitto import Broker, private_broker
 from toolbus.cli.bench.otlp_sink import OtlpSink, otlp_sink
 from toolbus.cli.bench.phases import (
@@ -61,6 +63,7 @@ class BenchOptions:
     worker_tree: Path | None = None
     loadgens: int = 1
     worker_settings: tuple[tuple[str, object], ...] = ()  # into the workers' config
+    guards: bool = True  # the guards step (guard_run.py); off only by `--no-guards`
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.responders if name not in RESPONDERS]
@@ -80,6 +83,11 @@ class BenchRun:
     options: BenchOptions
     phases: list[Phase] = field(default_factory=list)
     traces_exported: int | None = None  # span exports the sink received, when tracing
+    guards: list[GuardResult] = field(default_factory=list)  # empty: not run (`--no-guards`)
+
+    @property
+    def failed_guards(self) -> list[GuardResult]:
+        return [guard for guard in self.guards if not guard.ok]
 
 
 def run(options: BenchOptions, *, show_progress: bool = True) -> BenchRun:
@@ -101,6 +109,9 @@ def run(options: BenchOptions, *, show_progress: bool = True) -> BenchRun:
         )
         stack.enter_context(progress)
         task = progress.add_task("starting", total=len(responders) * len(options.in_flight))
+        if options.guards:
+            progress.update(task, description="guards: what the fast paths must keep")
+            result.guards = _guards(scratch, broker, options)
         for _, sharing in itertools.groupby(responders, key=lambda r: r.host):
             group = list(sharing)
             progress.update(task, description=f"{group[0].name}: starting")
@@ -117,6 +128,23 @@ def run(options: BenchOptions, *, show_progress: bool = True) -> BenchRun:
     if result.traces_exported == 0:
         raise BenchFailed("no span reached the local OTLP receiver: tracing was not on")
     return result
+
+
+def _guards(scratch: Path, broker: Broker, options: BenchOptions) -> list[GuardResult]:
+    """The guards step on a worker of its own, run as the measured ones are."""
+    serve = ServeOptions(
+        processes=options.processes,
+        worker_tree=options.worker_tree,
+        settings=options.worker_settings,
+    )
+    # The memory store remembers ids per process: a repeat on another one is not a repeat.
+    per_process = dict(options.worker_settings).get("dedup_store", "memory") == "memory"
+    try:
+        return run_guards(
+            scratch, broker.url, serve, dedup_counted=not (per_process and options.processes > 1)
+        )
+    except RuntimeError as exc:  # the guard worker never got ready: its log says why
+        raise BenchFailed(f"guards: {exc}") from exc
 
 
 @contextmanager

@@ -53,6 +53,9 @@ class ServeOptions:
     worker_tree: Path | None = None
     otlp_endpoint: str | None = None  # tracing on, exporting here
     settings: tuple[tuple[str, object], ...] = ()  # more of the config (`--worker-setting`)
+    python_path: tuple[str, ...] = ()  # more folders first on PYTHONPATH (a plugin's)
+    env: tuple[tuple[str, str], ...] = ()  # more of the environment (the guards' OTEL_*)
+    servers: tuple[tuple[str, dict[str, Any]], ...] = ()  # MCP servers beside the demo one
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,14 +66,16 @@ class Probe:
 
 def environment(directory: Path, options: ServeOptions) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLBUS_", "OTEL_"))}
-    if options.worker_tree is not None:
+    tree = () if options.worker_tree is None else (str(tree_path(directory, options.worker_tree)),)
+    if tree or options.python_path:
         env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(tree_path(directory, options.worker_tree)), env.get("PYTHONPATH")) if p
+            p for p in (*tree, *options.python_path, env.get("PYTHONPATH")) if p
         )
     if options.otlp_endpoint is not None:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = options.otlp_endpoint
         env["OTEL_TRACES_EXPORTER"] = "otlp"
         env["OTEL_METRICS_EXPORTER"] = "none"  # tracing's cost alone
+    env.update(options.env)
     return env
 
 
@@ -94,7 +99,7 @@ def write_config(directory: Path, broker_url: str, prefix: str, options: ServeOp
                 "broker_url": broker_url,
                 "topic_prefix": prefix,
                 "log_level": options.log_level,
-                "mcpServers": {SERVER: server},
+                "mcpServers": {SERVER: server, **dict(options.servers)},
                 **dict(options.settings),
             }
         )
@@ -111,7 +116,7 @@ def served_worker(
     command = [sys.executable, "-m", "toolbus", "serve", "--config", str(config)]
     if options.processes != 1:
         command += ["--processes", str(options.processes)]
-    log = directory / f"{prefix}.log"
+    log = log_path(directory, prefix)
     with log.open("wb") as stderr:
         proc = subprocess.Popen(  # noqa: S603 -- our own interpreter and arguments
             command,
@@ -131,6 +136,11 @@ def served_worker(
         yield proc
     finally:
         stop(proc)
+
+
+def log_path(directory: Path, prefix: str) -> Path:
+    """Where the worker serving `prefix` writes its log (its stderr)."""
+    return directory / f"{prefix}.log"
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
