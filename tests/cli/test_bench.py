@@ -18,8 +18,9 @@ import pytest
 from rich.console import Console
 
 from tests.support.harness import RedisServer, mosquitto_binary
-from toolbus.cli.bench import cpu
+from toolbus.cli.bench import cpu, faststream_echo
 from toolbus.cli.bench.command import setting as worker_setting
+from toolbus.cli.bench.command import without_faststream
 from toolbus.cli.bench.loadgen import LoadFigures, figures, merged, percentile, result_line
 from toolbus.cli.bench.phases import RESPONDERS, CpuPerCall, Phase, split
 from toolbus.cli.bench.report import render, targets, to_json
@@ -74,6 +75,8 @@ def test_toolbus_bench_measures_every_phase(tmp_path: Path) -> None:
         assert (phase["ratios"] or {}).get("baseline") == baseline, phase
     assert report["traces_exported"] > 0
     assert report["parameters"]["in_flight"] == [1, 4]
+    # FastStream (a dev dependency) ran, so toolbus is measured against it too
+    assert "local_throughput_faststream" in {t["key"] for t in report["targets"]}
 
 
 def test_several_load_generators_share_a_level_and_their_figures_add_up(tmp_path: Path) -> None:
@@ -189,6 +192,17 @@ def test_a_level_is_shared_out_between_the_load_generators(
     in_flight: int, loadgens: int, responder: str, expected: tuple[int, ...]
 ) -> None:
     assert split(in_flight, loadgens, RESPONDERS[responder]) == expected
+
+
+def test_the_faststream_baseline_is_skipped_with_a_line_when_not_installed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert faststream_echo.available()  # a dev dependency: the bench runs it in CI
+    names = ["aiomqtt-echo", "faststream-echo", "toolbus-echo"]
+    assert without_faststream(names) == names
+    monkeypatch.setattr(faststream_echo, "available", lambda: False)
+    assert without_faststream(names) == ["aiomqtt-echo", "toolbus-echo"]
+    assert "faststream-echo skipped" in capsys.readouterr().err
 
 
 def test_an_unknown_responder_is_a_usage_error() -> None:
@@ -366,6 +380,7 @@ def test_ratios_and_targets_divide_by_the_same_level_of_the_baseline() -> None:
             _phase("toolbus-echo", 64, 2850, 22.0, 320),
             _phase("toolbus-mcp", 1, 300, 2.5, 2000),
             _phase("raw-mcp", 1, 800, 1.2, 1400),
+            _phase("faststream-echo", 64, 2000, 30.0, 400),
         ],
     )  # fmt: skip
     report = to_json(run_)
@@ -381,8 +396,12 @@ def test_ratios_and_targets_divide_by_the_same_level_of_the_baseline() -> None:
     assert by[("toolbus-mcp", 1)]["ratios"]["p50_above_ms"] == 1.3
     met = {t.key: t.met for t in targets(run_)}
     # no toolbus-mcp at 64 was run: its throughput target is left out, not failed
+    assert by[("faststream-echo", 64)]["ratios"]["baseline"] == "aiomqtt-echo"
+    local_over_faststream = [t for t in targets(run_) if t.key == "local_throughput_faststream"]
+    assert [t.measured for t in local_over_faststream] == [1.425]  # 2850 / 2000
     assert met == {
         "local_throughput": True,
+        "local_throughput_faststream": True,
         "local_cpu_us": True,
         "mcp_sequential_p50_above_ms": False,
     }

@@ -62,7 +62,7 @@ class Responder:
     """What answers, what it is compared against, and how it runs."""
 
     name: str
-    kind: str  # "aiomqtt", "toolbus" or "raw"
+    kind: str  # "aiomqtt", "faststream", "toolbus" or "raw"
     tool: str
     baseline: str | None = None  # the responder its ratios divide by
     log_level: str = "WARNING"
@@ -87,6 +87,7 @@ RESPONDERS = {
     r.name: r
     for r in (
         Responder("aiomqtt-echo", "aiomqtt", "echo"),
+        Responder("faststream-echo", "faststream", "echo", baseline="aiomqtt-echo"),
         Responder("toolbus-echo", "toolbus", "echo", baseline="aiomqtt-echo"),
         Responder("toolbus-mcp", "toolbus", MCP_TOOL, baseline="raw-mcp"),
         Responder("raw-mcp", "raw", MCP_TOOL),
@@ -94,7 +95,7 @@ RESPONDERS = {
         Responder("toolbus-echo-info", "toolbus", "echo", "toolbus-echo", log_level="INFO"),
     )
 }
-DEFAULT_RESPONDERS = ("aiomqtt-echo", "toolbus-echo", "toolbus-mcp", "raw-mcp")
+DEFAULT_RESPONDERS = ("aiomqtt-echo", "faststream-echo", "toolbus-echo", "toolbus-mcp", "raw-mcp")
 
 
 @dataclass(frozen=True, slots=True)
