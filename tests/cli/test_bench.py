@@ -92,6 +92,7 @@ def test_several_load_generators_share_a_level_and_their_figures_add_up(tmp_path
         "--duration-s", "0.5",
         "--warmup-s", "0.2",
         "--json", str(figures),
+        "--latencies",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 load generators" in result.stdout and "4 (2x2)" in result.stdout, result.stdout
@@ -106,6 +107,8 @@ def test_several_load_generators_share_a_level_and_their_figures_add_up(tmp_path
         # Half the rate (one process's, or a mean) would read as twice the window.
         window = phase["requests"] / phase["throughput_rps"]
         assert 0.75 < window / phase["elapsed_s"] < 1.33, phase
+        # `--latencies`: every one the window counted, both load generators' together
+        assert len(phase["latencies_ms"]) == phase["requests"], phase
     assert phases[("aiomqtt-echo", 4)]["cpu_us_per_call"]["loadgen"] > 0
 
 
@@ -230,6 +233,25 @@ def test_repeats_bench_runs_beside_another_tree() -> None:
     result = run(sys.executable, "bench/repeats.py", *args)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "to shape, with id" in result.stdout and "this checkout µs" in result.stdout
+
+
+def test_call_context_bench_runs() -> None:
+    result = run(sys.executable, "bench/call_context.py", "--rounds", "1", "--calls", "5")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Pipeline.handle" in result.stdout and "share of the call" in result.stdout
+
+
+def test_progress_and_tasks_bench_runs(tmp_path: Path) -> None:
+    """Progress relayed through a served worker, and a task against a plain call."""
+    figures = tmp_path / "pt.json"
+    args = ("--updates", "20", "--calls", "3", "--rounds", "1", "--json", str(figures))
+    result = run(sys.executable, "bench/progress_tasks.py", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "updates a second" in result.stdout and "task / plain" in result.stdout
+    report = json.loads(figures.read_text())
+    # the last update before the reply is never dropped: at least one arrives
+    assert 1 <= report["progress"]["updates_received"] <= 20
+    assert report["task"]["task"]["p50_ms"] > 0 and report["task"]["plain"]["p50_ms"] > 0
 
 
 def test_flood_bench_runs() -> None:

@@ -65,6 +65,11 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
         help="run the worker from another checkout (a `git worktree`) for a before/after pair",
     )
     bench.add_argument("--json", type=Path, metavar="PATH", help="write every figure; - for stdout")
+    bench.add_argument(
+        "--latencies",
+        action="store_true",
+        help="with --json: every phase's latencies too (ms, in the order the replies came)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         loadgens=args.loadgens,
         worker_settings=tuple(setting(text) for text in args.worker_setting),
         worker_tree=args.worker_tree.resolve() if args.worker_tree else None,
+        latencies=args.latencies,
     )
     to_stdout = args.json is not None and str(args.json) == "-"
     try:

@@ -115,6 +115,9 @@ class Phase:
     load: LoadFigures
     cpu_us: CpuPerCall
     split: tuple[int, ...] = ()  # each load generator's in-flight level; () read as one
+    # Every latency in the window, ms, in the order the replies came (load generators'
+    # one after another): the JSON's `latencies_ms` with `--latencies`.
+    latencies_ms: tuple[float, ...] = ()
 
     @property
     def generators(self) -> tuple[int, ...]:
@@ -199,7 +202,8 @@ def run_phase(
             )
             time.sleep(then)  # the measured window, when it has just opened
         drained_by = time.monotonic() + DRAIN_BOUND_S + EDGE_BOUND_S
-        load = merged([_figures(responder, proc, drained_by) for proc in procs])
+        parts = [_figures(responder, proc, drained_by) for proc in procs]
+        load = merged(parts)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -221,6 +225,7 @@ def run_phase(
             per_call(r1, r0, True), per_call(b1, b0, bool(broker)), per_call(g1, g0, bool(loadgens))
         ),
         shares,
+        tuple(ms for _, samples in parts for ms in samples),
     )
 
 

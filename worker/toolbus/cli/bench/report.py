@@ -221,6 +221,8 @@ def to_json(run: BenchRun) -> dict[str, Any]:
                 "ratios": None if r is None else asdict(r),
             }
         )
+        if options.latencies:
+            phases[-1]["latencies_ms"] = list(phase.latencies_ms)
     return {
         "parameters": {
             "responders": list(options.responders),

@@ -62,6 +62,7 @@ class BenchOptions:
     worker_tree: Path | None = None
     loadgens: int = 1
     worker_settings: tuple[tuple[str, object], ...] = ()  # into the workers' config
+    latencies: bool = False  # every phase's latencies in the JSON (`--latencies`)
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.responders if name not in RESPONDERS]
