@@ -103,7 +103,7 @@ async def context_us(rounds: int, calls: int) -> float | None:
     calls had none, or other ones."""
     try:
         found = importlib.import_module("toolbus.calls.running")
-        RunningCall, RunningCalls = found.RunningCall, found.RunningCalls  # noqa: N806
+        RunningCall, RunningCalls = found.RunningCall, found.RunningCalls  # noqa: N806 -- classes
         RunningCall(None, None, "probe", None, None, extend_on_progress=False)
     except (ImportError, TypeError):  # none, or one with other steps (older trees)
         return None
