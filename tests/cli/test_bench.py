@@ -18,8 +18,9 @@ import pytest
 from rich.console import Console
 
 from tests.support.harness import RedisServer, mosquitto_binary
-from toolbus.cli.bench import cpu
+from toolbus.cli.bench import cpu, faststream_echo
 from toolbus.cli.bench.command import setting as worker_setting
+from toolbus.cli.bench.command import without_faststream
 from toolbus.cli.bench.guards import GUARDS
 from toolbus.cli.bench.loadgen import LoadFigures, figures, merged, percentile, result_line
 from toolbus.cli.bench.phases import RESPONDERS, CpuPerCall, Phase, split
@@ -79,6 +80,8 @@ def test_toolbus_bench_measures_every_phase(tmp_path: Path) -> None:
     assert [g["name"] for g in report["guards"]] == list(GUARDS)
     assert all(g["ok"] for g in report["guards"]), report["guards"]
     assert all(f"guard {name}: ok" in result.stdout for name in GUARDS), result.stdout
+    # FastStream (a dev dependency) ran, so toolbus is measured against it too
+    assert "local_throughput_faststream" in {t["key"] for t in report["targets"]}
 
 
 def test_several_load_generators_share_a_level_and_their_figures_add_up(tmp_path: Path) -> None:
@@ -95,6 +98,7 @@ def test_several_load_generators_share_a_level_and_their_figures_add_up(tmp_path
         "--warmup-s", "0.2",
         "--no-guards",  # no toolbus measured here (and the flag is the only way out)
         "--json", str(figures),
+        "--latencies",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "guard " not in result.stdout
@@ -111,6 +115,8 @@ def test_several_load_generators_share_a_level_and_their_figures_add_up(tmp_path
         # Half the rate (one process's, or a mean) would read as twice the window.
         window = phase["requests"] / phase["throughput_rps"]
         assert 0.75 < window / phase["elapsed_s"] < 1.33, phase
+        # `--latencies`: every one the window counted, both load generators' together
+        assert len(phase["latencies_ms"]) == phase["requests"], phase
     assert phases[("aiomqtt-echo", 4)]["cpu_us_per_call"]["loadgen"] > 0
 
 
@@ -199,6 +205,17 @@ def test_a_level_is_shared_out_between_the_load_generators(
     assert split(in_flight, loadgens, RESPONDERS[responder]) == expected
 
 
+def test_the_faststream_baseline_is_skipped_with_a_line_when_not_installed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert faststream_echo.available()  # a dev dependency: the bench runs it in CI
+    names = ["aiomqtt-echo", "faststream-echo", "toolbus-echo"]
+    assert without_faststream(names) == names
+    monkeypatch.setattr(faststream_echo, "available", lambda: False)
+    assert without_faststream(names) == ["aiomqtt-echo", "toolbus-echo"]
+    assert "faststream-echo skipped" in capsys.readouterr().err
+
+
 def test_an_unknown_responder_is_a_usage_error() -> None:
     result = run(str(BIN / "toolbus"), "bench", "--only", "toolbus-echo,nosuch")
     assert result.returncode == 2, result.stderr
@@ -224,6 +241,25 @@ def test_repeats_bench_runs_beside_another_tree() -> None:
     result = run(sys.executable, "bench/repeats.py", *args)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "to shape, with id" in result.stdout and "this checkout µs" in result.stdout
+
+
+def test_call_context_bench_runs() -> None:
+    result = run(sys.executable, "bench/call_context.py", "--rounds", "1", "--calls", "5")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Pipeline.handle" in result.stdout and "share of the call" in result.stdout
+
+
+def test_progress_and_tasks_bench_runs(tmp_path: Path) -> None:
+    """Progress relayed through a served worker, and a task against a plain call."""
+    figures = tmp_path / "pt.json"
+    args = ("--updates", "20", "--calls", "3", "--rounds", "1", "--json", str(figures))
+    result = run(sys.executable, "bench/progress_tasks.py", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "updates a second" in result.stdout and "task / plain" in result.stdout
+    report = json.loads(figures.read_text())
+    # the last update before the reply is never dropped: at least one arrives
+    assert 1 <= report["progress"]["updates_received"] <= 20
+    assert report["task"]["task"]["p50_ms"] > 0 and report["task"]["plain"]["p50_ms"] > 0
 
 
 def test_flood_bench_runs() -> None:
@@ -374,6 +410,7 @@ def test_ratios_and_targets_divide_by_the_same_level_of_the_baseline() -> None:
             _phase("toolbus-echo", 64, 2850, 22.0, 320),
             _phase("toolbus-mcp", 1, 300, 2.5, 2000),
             _phase("raw-mcp", 1, 800, 1.2, 1400),
+            _phase("faststream-echo", 64, 2000, 30.0, 400),
         ],
     )  # fmt: skip
     report = to_json(run_)
@@ -389,8 +426,12 @@ def test_ratios_and_targets_divide_by_the_same_level_of_the_baseline() -> None:
     assert by[("toolbus-mcp", 1)]["ratios"]["p50_above_ms"] == 1.3
     met = {t.key: t.met for t in targets(run_)}
     # no toolbus-mcp at 64 was run: its throughput target is left out, not failed
+    assert by[("faststream-echo", 64)]["ratios"]["baseline"] == "aiomqtt-echo"
+    local_over_faststream = [t for t in targets(run_) if t.key == "local_throughput_faststream"]
+    assert [t.measured for t in local_over_faststream] == [1.425]  # 2850 / 2000
     assert met == {
         "local_throughput": True,
+        "local_throughput_faststream": True,
         "local_cpu_us": True,
         "mcp_sequential_p50_above_ms": False,
     }

@@ -16,7 +16,8 @@ from pathlib import Path
 
 TABLE_WIDTH = 140  # off a terminal (a file, a CI log): no row folded at 80 columns
 RESPONDER_NAMES = (
-    "aiomqtt-echo, toolbus-echo, toolbus-mcp, raw-mcp, toolbus-echo-tracing, toolbus-echo-info"
+    "aiomqtt-echo, faststream-echo, toolbus-echo, toolbus-mcp, raw-mcp, toolbus-echo-tracing, "
+    "toolbus-echo-info"
 )
 
 
@@ -72,6 +73,11 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
         "behaviour passes",
     )
     bench.add_argument("--json", type=Path, metavar="PATH", help="write every figure; - for stdout")
+    bench.add_argument(
+        "--latencies",
+        action="store_true",
+        help="with --json: every phase's latencies too (ms, in the order the replies came)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     names = args.only.split(",") if args.only else list(DEFAULT_RESPONDERS)
     names += ["toolbus-echo-tracing"] if args.tracing else []
     names += ["toolbus-echo-info"] if args.logging else []
+    names = without_faststream(names)
     options = BenchOptions(
         responders=tuple(dict.fromkeys(name.strip() for name in names)),
         in_flight=tuple(int(n) for n in args.in_flight.split(",")),
@@ -96,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         worker_settings=tuple(setting(text) for text in args.worker_setting),
         worker_tree=args.worker_tree.resolve() if args.worker_tree else None,
         guards=not args.no_guards,
+        latencies=args.latencies,
     )
     to_stdout = args.json is not None and str(args.json) == "-"
     try:
@@ -118,6 +126,21 @@ def run(args: argparse.Namespace) -> int:
             args.json.write_text(text + "\n")
     failed = any(phase.load.failures for phase in result.phases) or result.failed_guards
     return 1 if failed else 0
+
+
+def without_faststream(names: list[str]) -> list[str]:
+    """The responders to run, less `faststream-echo` (with a line saying so) when
+    FastStream is not installed: an optional baseline (`pip install 'toolbus[bench]'`)."""
+    from toolbus.cli.bench import faststream_echo
+
+    if "faststream-echo" not in [name.strip() for name in names] or faststream_echo.available():
+        return names
+    print(
+        "toolbus bench: faststream-echo skipped: FastStream is not installed "
+        "(pip install 'faststream[mqtt]', or toolbus[bench])",
+        file=sys.stderr,
+    )
+    return [name for name in names if name.strip() != "faststream-echo"]
 
 
 def setting(text: str) -> tuple[str, object]:

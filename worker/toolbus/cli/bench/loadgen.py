@@ -197,7 +197,9 @@ class ClosedLoop:
 
     def _send(self) -> None:
         self.sequence += 1
-        correlation = self.sequence.to_bytes(8, "big")
+        # Decimal digits, not the number's bytes: FastStream carries Correlation Data as
+        # text (decoded with errors="replace"), so a byte over 0x7f would not come back.
+        correlation = b"%d" % self.sequence
         self.props.CorrelationData = correlation
         self.sent_at[correlation] = time.perf_counter()
         self.client.publish(self.topic, self.payload, qos=1, properties=self.props)

@@ -62,7 +62,7 @@ class Responder:
     """What answers, what it is compared against, and how it runs."""
 
     name: str
-    kind: str  # "aiomqtt", "toolbus" or "raw"
+    kind: str  # "aiomqtt", "faststream", "toolbus" or "raw"
     tool: str
     baseline: str | None = None  # the responder its ratios divide by
     log_level: str = "WARNING"
@@ -87,6 +87,7 @@ RESPONDERS = {
     r.name: r
     for r in (
         Responder("aiomqtt-echo", "aiomqtt", "echo"),
+        Responder("faststream-echo", "faststream", "echo", baseline="aiomqtt-echo"),
         Responder("toolbus-echo", "toolbus", "echo", baseline="aiomqtt-echo"),
         Responder("toolbus-mcp", "toolbus", MCP_TOOL, baseline="raw-mcp"),
         Responder("raw-mcp", "raw", MCP_TOOL),
@@ -94,7 +95,7 @@ RESPONDERS = {
         Responder("toolbus-echo-info", "toolbus", "echo", "toolbus-echo", log_level="INFO"),
     )
 }
-DEFAULT_RESPONDERS = ("aiomqtt-echo", "toolbus-echo", "toolbus-mcp", "raw-mcp")
+DEFAULT_RESPONDERS = ("aiomqtt-echo", "faststream-echo", "toolbus-echo", "toolbus-mcp", "raw-mcp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +115,9 @@ class Phase:
     load: LoadFigures
     cpu_us: CpuPerCall
     split: tuple[int, ...] = ()  # each load generator's in-flight level; () read as one
+    # Every latency in the window, ms, in the order the replies came (load generators'
+    # one after another): the JSON's `latencies_ms` with `--latencies`.
+    latencies_ms: tuple[float, ...] = ()
 
     @property
     def generators(self) -> tuple[int, ...]:
@@ -198,7 +202,8 @@ def run_phase(
             )
             time.sleep(then)  # the measured window, when it has just opened
         drained_by = time.monotonic() + DRAIN_BOUND_S + EDGE_BOUND_S
-        load = merged([_figures(responder, proc, drained_by) for proc in procs])
+        parts = [_figures(responder, proc, drained_by) for proc in procs]
+        load = merged(parts)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -220,6 +225,7 @@ def run_phase(
             per_call(r1, r0, True), per_call(b1, b0, bool(broker)), per_call(g1, g0, bool(loadgens))
         ),
         shares,
+        tuple(ms for _, samples in parts for ms in samples),
     )
 
 

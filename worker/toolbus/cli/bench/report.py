@@ -2,7 +2,8 @@
 
 Every toolbus responder has a baseline measured in the same run (`Responder.baseline`):
 toolbus `echo` against the bare aiomqtt echo, the toolbus MCP call against the raw SDK
-session, tracing on and INFO logging against toolbus `echo` as shipped. Ratios are
+session, tracing on and INFO logging against toolbus `echo` as shipped; the FastStream
+echo against the bare aiomqtt echo too (toolbus `echo` / FastStream is a target). Ratios are
 toolbus / baseline at the same in-flight level; the targets read them at the highest
 level run (and the sequential p50 at 1 in flight).
 """
@@ -89,7 +90,16 @@ def targets(run: BenchRun) -> list[Target]:
             0.9,
             at_least=True,
         )
-    if (local := at.get(("toolbus-echo", top))) is not None:
+    faststream = at.get(("faststream-echo", top))
+    if (local := at.get(("toolbus-echo", top))) is not None and faststream is not None:
+        add(
+            "local_throughput_faststream",
+            f"local req/s at {top} in flight, x FastStream echo",
+            _divide(local.load.throughput_rps, faststream.load.throughput_rps),
+            1.3,
+            at_least=True,
+        )
+    if local is not None:
         add(
             "local_cpu_us",
             f"worker CPU per local call at {top}, us",
@@ -157,7 +167,8 @@ def render(run: BenchRun, console: Console) -> None:
         caption="in flight: requests outstanding in all, shared out between the load "
         "generators (KxN: K processes with N each; raw-mcp is always one); "
         "x: toolbus / its baseline at the same in-flight level (toolbus-echo / "
-        "aiomqtt-echo, toolbus-mcp / raw-mcp, tracing and INFO / toolbus-echo); "
+        "aiomqtt-echo, faststream-echo / aiomqtt-echo, toolbus-mcp / raw-mcp, tracing and "
+        "INFO / toolbus-echo); "
         "dp50: ms of p50 above the baseline's; CPU us per call from /proc (responder's "
         "process tree, broker, load generators summed)",
     )
@@ -210,6 +221,8 @@ def to_json(run: BenchRun) -> dict[str, Any]:
                 "ratios": None if r is None else asdict(r),
             }
         )
+        if options.latencies:
+            phases[-1]["latencies_ms"] = list(phase.latencies_ms)
     return {
         "parameters": {
             "responders": list(options.responders),

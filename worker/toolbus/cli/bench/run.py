@@ -19,11 +19,12 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from toolbus.cli.bench import aiomqtt_echo
+from toolbus.cli.bench import aiomqtt_echo, faststream_echo
 from toolbus.cli.bench.guard_run import run_guards
 from toolbus.cli.bench.guards import GuardResult
 from toolbus.cli.bench.mosquitto import Broker, private_broker
@@ -64,6 +65,7 @@ class BenchOptions:
     loadgens: int = 1
     worker_settings: tuple[tuple[str, object], ...] = ()  # into the workers' config
     guards: bool = True  # the guards step (guard_run.py); off only by `--no-guards`
+    latencies: bool = False  # every phase's latencies in the JSON (`--latencies`)
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.responders if name not in RESPONDERS]
@@ -160,8 +162,9 @@ def started(
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     if responder.kind == "raw":
         yield Measured(None, None), prefix
-    elif responder.kind == "aiomqtt":
-        with _aiomqtt_echo(broker.url, f"{prefix}/call/echo") as pid:
+    elif responder.kind in ("aiomqtt", "faststream"):
+        echo = aiomqtt_echo if responder.kind == "aiomqtt" else faststream_echo
+        with _echo(echo, broker.url, f"{prefix}/call/echo") as pid:
             yield Measured(pid, broker.pid), prefix
     else:
         serve = ServeOptions(
@@ -183,19 +186,20 @@ def started(
 
 
 @contextmanager
-def _aiomqtt_echo(broker_url: str, topic: str) -> Iterator[int]:
+def _echo(module: ModuleType, broker_url: str, topic: str) -> Iterator[int]:
+    """A bare echo responder (`aiomqtt_echo`, `faststream_echo`) until it says `ready`."""
     proc = subprocess.Popen(  # noqa: S603 -- our own interpreter and arguments
-        [*script(aiomqtt_echo), "--broker", broker_url, "--topic", topic],
+        [*script(module), "--broker", broker_url, "--topic", topic],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         bufsize=0,
     )
     try:
         for line in lines(proc, time.monotonic() + ECHO_START_BOUND_S):
-            if line == aiomqtt_echo.READY:
+            if line == module.READY:
                 break
         else:
-            raise BenchFailed(f"the aiomqtt echo responder exited with {proc.wait()}")
+            raise BenchFailed(f"the echo responder {module.__name__} exited with {proc.wait()}")
         yield proc.pid
     finally:
         stop(proc)
