@@ -92,6 +92,20 @@ def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str
     }
 
 
+class HashedOnce(Resource):
+    """A resource whose hash is computed once. The OTLP encoder groups each exported span
+    by its resource, and `Resource.__hash__` writes the attributes out as JSON every time:
+    about a tenth of the exporter thread's time, holding the GIL the event loop needs.
+    The resource never changes after start-up (its attributes are immutable)."""
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource.attributes, resource.schema_url)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 def configure_tracing(
     environ: Mapping[str, str] | None = None,
     *,
@@ -110,7 +124,9 @@ def configure_tracing(
     choice = exporter_choice(env, "TRACES")
     if choice is None or (choice == "none" and not record_for_callers):
         return None
-    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", service_name)})
+    resource = HashedOnce(
+        Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", service_name)})
+    )
     # The operator's sampler, which a caller's sampled flag cannot turn on (`sampling`).
     sampler = OperatorSampling(operator_sampler(env))
     provider = TracerProvider(resource=resource, sampler=sampler)
