@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -239,6 +240,12 @@ def _serve(args: argparse.Namespace) -> int:
         child_env=child_environment(),
         kept_secret=kept,
     )
+    if provider is not None:
+        # Spans wait in the exporter's queue long enough to reach the collector's oldest
+        # generation, whose every pass then walks the whole start-up heap (modules,
+        # schemas: some 100 000 objects, tens of ms a pass, on the loop). Frozen, the
+        # start-up heap is left out of those passes; it lives as long as the worker.
+        gc.freeze()
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -53,6 +53,7 @@ class ServeOptions:
     worker_tree: Path | None = None
     otlp_endpoint: str | None = None  # tracing on, exporting here
     settings: tuple[tuple[str, object], ...] = ()  # more of the config (`--worker-setting`)
+    tracing_env: tuple[tuple[str, str], ...] = ()  # more OTEL_* with tracing (`--tracing-env`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,7 @@ def environment(directory: Path, options: ServeOptions) -> dict[str, str]:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = options.otlp_endpoint
         env["OTEL_TRACES_EXPORTER"] = "otlp"
         env["OTEL_METRICS_EXPORTER"] = "none"  # tracing's cost alone
+        env.update(options.tracing_env)  # a sampler, the batch processor's settings
     return env
 
 
