@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 SCHEMAS_DIR = Path("schemas")
 ASYNCAPI_PATH = Path("docs/asyncapi.yaml")
+# The GIL switch interval of a worker that traces (the interpreter's default: 5 ms);
+# measured in bench/README.md, Tracing's cost.
+TRACED_SWITCH_INTERVAL_S = 0.0005
 
 
 class _Parser(argparse.ArgumentParser):
@@ -246,6 +249,10 @@ def _serve(args: argparse.Namespace) -> int:
         # schemas: some 100 000 objects, tens of ms a pass, on the loop). Frozen, the
         # start-up heap is left out of those passes; it lives as long as the worker.
         gc.freeze()
+        # The exporter's thread encodes a batch holding the GIL; the loop, back from each
+        # socket call, waits up to the switch interval for it (5 ms by default), and a
+        # call makes several such calls. A tenth of that bounds the wait.
+        sys.setswitchinterval(TRACED_SWITCH_INTERVAL_S)
 
     async def run() -> None:
         stop = asyncio.Event()
