@@ -8,6 +8,7 @@ which splits tracing's CPU per call between the loop and the exporter's thread, 
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from opentelemetry.sdk.resources import Resource
 
 from toolbus.cli.bench.command import otel_variable
 from toolbus.cli.bench.served import ServeOptions, environment
-from toolbus.observability.sdk import HashedOnce
+from toolbus.observability.sdk import TRACED_SWITCH_INTERVAL_S, HashedOnce, settle_for_tracing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,6 +35,18 @@ def test_the_resource_hashed_once_is_the_sdks_resource(monkeypatch: pytest.Monke
     # Hashed again without writing the attributes out (what the encoder paid per span).
     monkeypatch.setattr(resources, "dumps", lambda *a, **k: pytest.fail("hashed again"))
     assert hash(hashed) == expected
+
+
+def test_a_worker_that_traces_freezes_its_heap_and_switches_the_gil_sooner() -> None:
+    interval = sys.getswitchinterval()
+    try:
+        settle_for_tracing()
+        assert gc.get_freeze_count() > 0
+        assert sys.getswitchinterval() == pytest.approx(TRACED_SWITCH_INTERVAL_S)
+        assert interval > TRACED_SWITCH_INTERVAL_S  # the interpreter's 5 ms
+    finally:
+        gc.unfreeze()
+        sys.setswitchinterval(interval)
 
 
 def test_the_tracing_worker_gets_the_benchs_otel_variables(tmp_path: Path) -> None:

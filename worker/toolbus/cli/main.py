@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import os
 import signal
 import sys
@@ -39,9 +38,6 @@ if TYPE_CHECKING:
 
 SCHEMAS_DIR = Path("schemas")
 ASYNCAPI_PATH = Path("docs/asyncapi.yaml")
-# The GIL switch interval of a worker that traces (the interpreter's default: 5 ms);
-# measured in bench/README.md, Tracing's cost.
-TRACED_SWITCH_INTERVAL_S = 0.0005
 
 
 class _Parser(argparse.ArgumentParser):
@@ -230,7 +226,12 @@ def _serve(args: argparse.Namespace) -> int:
     from toolbus.backends.local import BUILTIN_TOOLS
     from toolbus.backends.local.functions import load_entry_points
     from toolbus.dedup.store import StoreUnreachable
-    from toolbus.observability.sdk import child_environment, configure_metrics, configure_tracing
+    from toolbus.observability.sdk import (
+        child_environment,
+        configure_metrics,
+        configure_tracing,
+        settle_for_tracing,
+    )
     from toolbus.transport import BrokerRefused
     from toolbus.worker.wiring import build_worker, serve_http
 
@@ -244,15 +245,7 @@ def _serve(args: argparse.Namespace) -> int:
         kept_secret=kept,
     )
     if provider is not None:
-        # Spans wait in the exporter's queue long enough to reach the collector's oldest
-        # generation, whose every pass then walks the whole start-up heap (modules,
-        # schemas: some 100 000 objects, tens of ms a pass, on the loop). Frozen, the
-        # start-up heap is left out of those passes; it lives as long as the worker.
-        gc.freeze()
-        # The exporter's thread encodes a batch holding the GIL; the loop, back from each
-        # socket call, waits up to the switch interval for it (5 ms by default), and a
-        # call makes several such calls. A tenth of that bounds the wait.
-        sys.setswitchinterval(TRACED_SWITCH_INTERVAL_S)
+        settle_for_tracing()  # once everything the worker needs is loaded
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -50,7 +50,6 @@ from toolbus.observability.metrics import Metrics
 from toolbus.observability.propagation import carrying_baggage, extract_context
 from toolbus.observability.sampling import call_context
 from toolbus.observability.spans import (
-    current_span,
     default_tracer,
     mark_failed,
     messaging_attributes,
@@ -220,8 +219,7 @@ class Pipeline:
             traced = self._trace_wanted(decoded)
             with (
                 carrying_baggage(context),
-                current_span(
-                    self._tracer,
+                self._tracer.start_as_current_span(
                     f"process {shown(message.topic)}",
                     # Marked as a call's: its caller's sampled flag records for the copy
                     # it asks for at most, never for the exporter (`sampling`).
