@@ -72,7 +72,7 @@ def current_span(
     """`tracer.start_as_current_span`, one context manager fewer: the span started now
     and made current by `trace.use_span`, which ends it and records an exception that
     escapes (as `start_as_current_span` does, which wraps the same `use_span` in a
-    generator of its own: a tenth of a span's cost on the loop)."""
+    generator of its own: ~2 µs of a span's ~30 on the loop)."""
     span = tracer.start_span(name, context=context, kind=kind, attributes=attributes)
     return trace.use_span(span, end_on_exit=True)
 
