@@ -134,12 +134,14 @@ async def _check_trace(
     """caller -> process -> execute_tool -> tools/call (ours) -> MCP send (the SDK's) ->
     tools/call (the server's), each link by trace id and parent span id."""
     # Phoenix stores what it accepted asynchronously: no event to wait on, so ask again
-    # (bounded) until the demo server's span, the last to arrive, is there.
+    # (bounded) until every span is there: the demo server's, and the worker's, which may
+    # come in more than one batch (the `process` span, ended last, in the last one).
+    ends = {f"process {prefix}/call/{tool}", f"send {reply_topic}"}
     async with asyncio.timeout(60):
         while True:
             found = await asyncio.to_thread(spans_of, phoenix, trace_id)
             calls = [s for s in found if s["name"] == f"tools/call {tool}"]
-            if len(calls) == 2:
+            if len(calls) == 2 and ends <= {s["name"] for s in found}:
                 break
             await asyncio.sleep(0.5)
 

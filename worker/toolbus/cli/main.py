@@ -226,7 +226,12 @@ def _serve(args: argparse.Namespace) -> int:
     from toolbus.backends.local import BUILTIN_TOOLS
     from toolbus.backends.local.functions import load_entry_points
     from toolbus.dedup.store import StoreUnreachable
-    from toolbus.observability.sdk import child_environment, configure_metrics, configure_tracing
+    from toolbus.observability.sdk import (
+        child_environment,
+        configure_metrics,
+        configure_tracing,
+        settle_for_tracing,
+    )
     from toolbus.transport import BrokerRefused
     from toolbus.worker.wiring import build_worker, serve_http
 
@@ -239,6 +244,8 @@ def _serve(args: argparse.Namespace) -> int:
         child_env=child_environment(),
         kept_secret=kept,
     )
+    if provider is not None:
+        settle_for_tracing()  # once everything the worker needs is loaded
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -10,9 +10,11 @@ no-op until this runs, so recording costs next to nothing by default.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import os
+import sys
 from collections.abc import Mapping
 
 from opentelemetry import metrics, trace
@@ -31,6 +33,10 @@ from toolbus.observability.export import COLLECTOR, LibraryFailuresWithoutText
 from toolbus.observability.sampling import OperatorSampling, operator_sampler
 
 log = logging.getLogger("toolbus.telemetry")
+
+# The GIL switch interval of a worker that traces (the interpreter's default: 5 ms);
+# measured in bench/README.md, "Tracing's cost".
+TRACED_SWITCH_INTERVAL_S = 0.0005
 
 # Tool calls take from about a millisecond (a local tool) to a minute (a slow device);
 # the SDK's default bounds (0 ... 10000) are for milliseconds and would put every call,
@@ -92,6 +98,20 @@ def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str
     }
 
 
+class HashedOnce(Resource):
+    """A resource whose hash is computed once. The OTLP encoder groups each exported span
+    by its resource, and `Resource.__hash__` writes the attributes out as JSON every time:
+    about a tenth of the exporter thread's time, holding the GIL the event loop needs.
+    The resource never changes after start-up (its attributes are immutable)."""
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource.attributes, resource.schema_url)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 def configure_tracing(
     environ: Mapping[str, str] | None = None,
     *,
@@ -110,7 +130,9 @@ def configure_tracing(
     choice = exporter_choice(env, "TRACES")
     if choice is None or (choice == "none" and not record_for_callers):
         return None
-    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", service_name)})
+    resource = HashedOnce(
+        Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", service_name)})
+    )
     # The operator's sampler, which a caller's sampled flag cannot turn on (`sampling`).
     sampler = OperatorSampling(operator_sampler(env))
     provider = TracerProvider(resource=resource, sampler=sampler)
@@ -121,6 +143,19 @@ def configure_tracing(
     trace.set_tracer_provider(provider)
     log.info("tracing: spans exported with %s", choice)
     return provider
+
+
+def settle_for_tracing() -> None:
+    """The interpreter set for a worker that traces, once its start-up is done.
+
+    Spans wait in the exporter's queue long enough to reach the collector's oldest
+    generation, whose every pass then walked the whole start-up heap (modules, schemas:
+    some 100 000 objects, tens of ms a pass, on the loop): frozen, the start-up heap is
+    left out of those passes (it lives as long as the worker anyway). The exporter's
+    thread encodes a batch holding the GIL; the loop, back from each socket call, waited
+    up to the switch interval (5 ms) for it, several times a call: a tenth of that."""
+    gc.freeze()
+    sys.setswitchinterval(TRACED_SWITCH_INTERVAL_S)
 
 
 def _span_exporter(choice: str, env: Mapping[str, str]) -> SpanExporter:

@@ -57,8 +57,24 @@ def child_span(
     if current.is_recording() or (
         root and current is trace.INVALID_SPAN and not records_nothing(tracer)
     ):
-        return tracer.start_as_current_span(name, kind=kind, attributes=attributes)
+        return current_span(tracer, name, attributes, kind=kind)
     return nullcontext(current)
+
+
+def current_span(
+    tracer: trace.Tracer,
+    name: str,
+    attributes: Mapping[str, Any] | None = None,
+    *,
+    kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+    context: Context | None = None,
+) -> AbstractContextManager[trace.Span]:
+    """`tracer.start_as_current_span`, one context manager fewer: the span started now
+    and made current by `trace.use_span`, which ends it and records an exception that
+    escapes (as `start_as_current_span` does, which wraps the same `use_span` in a
+    generator of its own: ~2 µs of a span's ~30 on the loop)."""
+    span = tracer.start_span(name, context=context, kind=kind, attributes=attributes)
+    return trace.use_span(span, end_on_exit=True)
 
 
 def open_child_span(

@@ -60,6 +60,14 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
         "or text); e.g. dispatch=store with dedup_store=redis://127.0.0.1:6379/0",
     )
     bench.add_argument(
+        "--tracing-env",
+        action="append",
+        default=[],
+        metavar="OTEL_NAME=VALUE",
+        help="an OTEL_* variable of the tracing worker, e.g. OTEL_TRACES_SAMPLER="
+        "parentbased_traceidratio with OTEL_TRACES_SAMPLER_ARG=0.1",
+    )
+    bench.add_argument(
         "--worker-tree",
         type=Path,
         metavar="DIR",
@@ -104,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         worker_tree=args.worker_tree.resolve() if args.worker_tree else None,
         guards=not args.no_guards,
         latencies=args.latencies,
+        tracing_env=tuple(otel_variable(text) for text in args.tracing_env),
     )
     to_stdout = args.json is not None and str(args.json) == "-"
     try:
@@ -141,6 +150,15 @@ def without_faststream(names: list[str]) -> list[str]:
         file=sys.stderr,
     )
     return [name for name in names if name.strip() != "faststream-echo"]
+
+
+def otel_variable(text: str) -> tuple[str, str]:
+    """`OTEL_NAME=VALUE` for the tracing worker's environment: OTEL_* alone (the bench
+    sets nothing else from outside; the config file is the worker's whole truth)."""
+    name, equals, value = text.partition("=")
+    if not equals or not name.strip().startswith("OTEL_"):
+        raise ValueError(f"--tracing-env takes OTEL_NAME=VALUE, not {text!r}")
+    return name.strip(), value
 
 
 def setting(text: str) -> tuple[str, object]:

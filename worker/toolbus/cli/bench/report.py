@@ -232,6 +232,8 @@ def to_json(run: BenchRun) -> dict[str, Any]:
             "processes": options.processes,
             "loadgens": options.loadgens,
             "worker_settings": {k: _no_login(v) for k, v in options.worker_settings},
+            # Never an exporter's headers: they carry a collector's token.
+            "tracing_env": {k: v for k, v in options.tracing_env if not k.endswith("_HEADERS")},
             "worker_tree": str(options.worker_tree) if options.worker_tree else None,
             "guards": options.guards,
         },

@@ -66,6 +66,7 @@ class BenchOptions:
     worker_settings: tuple[tuple[str, object], ...] = ()  # into the workers' config
     guards: bool = True  # the guards step (guard_run.py); off only by `--no-guards`
     latencies: bool = False  # every phase's latencies in the JSON (`--latencies`)
+    tracing_env: tuple[tuple[str, str], ...] = ()  # OTEL_* of the tracing worker (a sampler)
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.responders if name not in RESPONDERS]
@@ -173,6 +174,7 @@ def started(
             worker_tree=options.worker_tree,
             settings=options.worker_settings,
             otlp_endpoint=sink.endpoint if responder.tracing and sink is not None else None,
+            tracing_env=options.tracing_env if responder.tracing else (),
         )
         probes = [
             Probe(f"{prefix}/call/{tool}", json.dumps({"arguments": arguments}).encode())

@@ -56,6 +56,7 @@ class ServeOptions:
     python_path: tuple[str, ...] = ()  # more folders first on PYTHONPATH (a plugin's)
     env: tuple[tuple[str, str], ...] = ()  # more of the environment (the guards' OTEL_*)
     servers: tuple[tuple[str, dict[str, Any]], ...] = ()  # MCP servers beside the demo one
+    tracing_env: tuple[tuple[str, str], ...] = ()  # more OTEL_* with tracing (`--tracing-env`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,7 @@ def environment(directory: Path, options: ServeOptions) -> dict[str, str]:
         env["OTEL_TRACES_EXPORTER"] = "otlp"
         env["OTEL_METRICS_EXPORTER"] = "none"  # tracing's cost alone
     env.update(options.env)
+        env.update(options.tracing_env)  # a sampler, the batch processor's settings
     return env
 
 
