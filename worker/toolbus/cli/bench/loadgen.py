@@ -210,10 +210,13 @@ class ClosedLoop:
         correlation = self.sequence.to_bytes(8, "big")
         self.props.CorrelationData = correlation
         self.sent_at[correlation] = time.perf_counter()
-        payload = self.payload
-        if self.id_prefix:
-            payload = b"%s%d%s" % (self.id_prefix, self.sequence, self.after_id)
-        self.client.publish(self.topic, payload, qos=1, properties=self.props)
+        self.client.publish(self.topic, self.body(self.sequence), qos=1, properties=self.props)
+
+    def body(self, sequence: int) -> bytes:
+        """The request numbered `sequence`: the one payload, or with its own id (`--ids`)."""
+        if not self.id_prefix:
+            return self.payload
+        return b"%s%d%s" % (self.id_prefix, sequence, self.after_id)
 
     # -- the window, on a thread of its own -----------------------------------------
 
