@@ -49,7 +49,12 @@ def alternate(
         (Path(shadow) / "toolbus").symlink_to(package_of(tree.resolve()))  # imported first
         runs = [
             (before, {**os.environ, "PYTHONPATH": os.pathsep.join([shadow, str(ROOT)])}),
-            (after, {**os.environ, "PYTHONPATH": str(ROOT)}),
+            # This checkout's package first too: run from a second worktree, the venv's
+            # editable install would import the first one's instead.
+            (
+                after,
+                {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "worker"), str(ROOT)])},
+            ),
         ]
         for _ in range(repeat):
             for outputs, env in runs:

@@ -9,6 +9,10 @@ argument sets: `{"text": "hi"}` as the schema asks (the settled fast path), and
 call (`time.process_time`: a shared machine's other processes count less), the fastest
 of `--rounds` rounds of `--calls` calls, each call with an id under a fresh id.
 
+`--profile CASE` (e.g. "as asked, no id") runs that case once more under cProfile and
+prints the Python function calls a message costs and the top entries by own time: the
+in-process view beside bench/profile_stages.py's py-spy view of a worker under load.
+
 `--worker-tree DIR` measures DIR's `toolbus` package (e.g. `git archive` of an older commit)
 beside this checkout's, each in processes of its own, alternating `--repeat` times
 (default 3), and prints the median of each: a before/after pair from one run.
@@ -17,8 +21,10 @@ beside this checkout's, each in processes of its own, alternating `--repeat` tim
 from __future__ import annotations
 
 import asyncio
+import cProfile
 import json
 import logging
+import pstats
 import statistics
 import sys
 import time
@@ -107,11 +113,30 @@ def measure(rounds: int, calls: int) -> dict[str, float]:
     return figures
 
 
+def profile(case: str, calls: int, top: int = 25) -> None:
+    """`case` under cProfile: function calls per message, then the top entries."""
+    name, _, ident = case.partition(", ")
+    if name not in ARGUMENTS or ident not in ("with id", "no id"):
+        sys.exit(f"--profile: one of {', '.join(CASES)}")
+    logging.getLogger("toolbus").setLevel(logging.WARNING)
+    run = per_call_us(ARGUMENTS[name], with_id=ident == "with id", rounds=1, calls=calls)
+    profiler = cProfile.Profile()
+    profiler.runcall(asyncio.run, run)
+    stats = pstats.Stats(profiler)
+    total = getattr(stats, "total_calls", 0)  # set by pstats, not in its stubs
+    print(f"{case}: {total / calls:.0f} Python function calls a message (set-up included)")
+    stats.sort_stats("tottime").print_stats(top)
+
+
 def main() -> None:
     parser = paired_parser(__doc__, repeat=REPEAT)
+    parser.add_argument("--profile", metavar="CASE", help="this case under cProfile")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--calls", type=int, default=CALLS_PER_ROUND, help="per round")
     args = parser.parse_args()
+    if args.profile:
+        profile(args.profile, args.calls)
+        return
     if args.child:
         print(json.dumps(measure(args.rounds, args.calls)))
         return

@@ -333,3 +333,32 @@ async def test_log_lines_name_the_request_and_caller_never_a_reply_topic(
     assert any("'again'" in line and "anonymous" in line for line in lines), lines
     assert any("'kept'" in line and "anonymous" in line for line in lines), lines
     assert not any("alice-laptop" in line for line in lines), lines
+
+
+def test_the_memory_store_closes_a_run_without_suspending() -> None:
+    """`MemoryStore.in_process`: the answerer awaits its close unshielded (no task of its
+    own), which is sound only while a claim, a finish and a release never suspend: a
+    coroutine that suspended here would hand its caller's cancel a half-closed record."""
+    from toolbus.dedup import MemoryStore
+
+    store = MemoryStore("w1")
+    assert store.in_process is True
+
+    def at_once(step: object) -> object:
+        coroutine = step  # a coroutine object: run it to its end in one step, or fail
+        assert asyncio.iscoroutine(coroutine)
+        try:
+            coroutine.send(None)
+        except StopIteration as done:
+            return done.value
+        coroutine.close()
+        raise AssertionError("it suspended")
+
+    mine = fingerprint("light", {"on": True})
+    claimed = at_once(store.claim("k1", TTL_S, fingerprint=mine))
+    assert getattr(claimed, "kind", None) == "fresh"
+    at_once(store.finish("k1", stored_reply("x"), TTL_S, fingerprint=mine))
+    assert getattr(at_once(store.claim("k1", TTL_S, fingerprint=mine)), "kind", None) == "done"
+    at_once(store.claim("k2", TTL_S, fingerprint=mine))
+    at_once(store.release("k2", fingerprint=mine))
+    assert getattr(at_once(store.claim("k2", TTL_S, fingerprint=mine)), "kind", None) == "fresh"

@@ -87,11 +87,13 @@ async def paused(
         yield conn
 
 
-async def take(conn: MqttConnection, count: int) -> int:
-    """Take and ack `count` messages; the deepest the queue was meanwhile."""
+async def take(
+    conn: MqttConnection, count: int, messages: AsyncIterator[Inbound] | None = None, first: int = 0
+) -> int:
+    """Take and ack `count` messages (numbered from `first`); the deepest the queue was."""
     deepest = 0
-    messages = conn.messages()
-    for n in range(count):
+    messages = messages or conn.messages()
+    for n in range(first, first + count):
         message = await anext(messages)
         deepest = max(deepest, conn.queued())
         assert int(message.payload) == n  # in order, none lost
@@ -105,10 +107,16 @@ async def test_a_connection_stops_reading_while_hold_messages_wait(broker: Broke
     rest waits in the broker; taking messages reads again, and nothing is lost."""
     async with paused(broker, 200) as conn:
         assert conn.queued() == HOLD
+        messages = conn.messages()
         async with asyncio.timeout(30):
-            deepest = await take(conn, 200)
+            # Taken down to half: reading resumes, and the broker's rest fills it again.
+            deepest = await take(conn, HOLD // 2 + 1, messages)
+            assert not conn.read_paused.is_set()
+            await conn.read_paused.wait()
+            assert conn.read_pauses == 2 and conn.queued() == HOLD
+            taken = HOLD // 2 + 1
+            deepest = max(deepest, await take(conn, 200 - taken, messages, first=taken))
     assert deepest <= HOLD
-    assert conn.read_pauses > 1
 
 
 async def test_an_unsubscribe_is_acknowledged_while_messages_are_taken(broker: Broker) -> None:

@@ -86,6 +86,10 @@ class Answerer:
             )
         )
         self._stopping = False
+        # A store whose calls never wait (the in-process one, `in_process`) closes a run
+        # before anything can cut it short: `_closed` need not shield it in a task of
+        # its own (a task and a turn of the loop per call). One that does not say waits.
+        self._closes_at_once = once is not None and getattr(once.store, "in_process", False)
 
     def stopping(self) -> None:
         """From now on a call cancelled mid-way answers `unavailable` (the worker stops)."""
@@ -238,6 +242,9 @@ class Answerer:
         """`_close`, which a stop does not cut short: the tool has run, so its reply must
         still go out, and go out recorded. A stop meanwhile waits for the record, within
         `CLOSE_GRACE_S` (a store that hangs must not hold the stop), then answers."""
+        if self._closes_at_once:
+            await self._close(verdict, outcome, reply)  # it never suspends: nothing to cut
+            return
         closing = asyncio.ensure_future(self._close(verdict, outcome, reply))
         try:
             await asyncio.shield(closing)

@@ -45,6 +45,10 @@ class _Record:
 
 
 class MemoryStore:
+    # Every call but `wait` (and `supersede`, through `claim`) returns without suspending:
+    # nothing can cancel one halfway, so a caller need not shield it (calls/answer.py).
+    in_process = True
+
     def __init__(
         self, worker_id: str, max_records: int = 10_000, *, bounds: Bounds | None = None
     ) -> None:

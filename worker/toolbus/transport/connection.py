@@ -23,11 +23,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, cast
 
 import aiomqtt
 import paho.mqtt.client as paho
-from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from toolbus.transport.errors import SubscriptionRefused, TransportError
@@ -38,6 +37,7 @@ from toolbus.transport.inbound_limits import (
     connect_properties,
     delivery_id,
 )
+from toolbus.transport.inbox import Inbox
 from toolbus.transport.paho_log import PAHO_LOG
 from toolbus.transport.properties import packet_bytes, publish_properties
 from toolbus.transport.pubacks import Pubacks
@@ -131,6 +131,7 @@ class MqttConnection:
         keepalive_s: int = 60,
     ) -> None:
         tls = tls_context(broker)  # raises BrokerRefused for TLS files it cannot use
+        self._inbox: Inbox[aiomqtt.Message] = Inbox()  # aiomqtt's queue, read by `messages`
         connect = connect_properties(receive_maximum, session_expiry_s, max_packet_bytes)
         self._client = aiomqtt.Client(
             broker.host,
@@ -149,6 +150,7 @@ class MqttConnection:
             properties=connect,
             # Clean Start 0 only for a session meant to outlive the connection.
             clean_start=not session_expiry_s,
+            queue_type=cast("type[asyncio.Queue[aiomqtt.Message]]", lambda maxsize: self._inbox),
         )
         self._paho = paho_of(self._client)
         # paho's own bound (5 s) on the TCP connect, and again on TLS, in aiomqtt's thread:
@@ -306,12 +308,11 @@ class MqttConnection:
         return task.result()
 
     async def messages(self) -> AsyncIterator[Inbound]:
-        try:
-            async for message in self._client.messages:
-                self._reader.taken()
-                yield _inbound(message, self)
-        except aiomqtt.MqttError as exc:
-            raise TransportError(str(exc)) from exc
+        # From the inbox itself, not aiomqtt's iterator (a task per message: `inbox`).
+        while (message := await self._inbox.next()) is not None:
+            self._reader.taken()
+            yield _inbound(message, self)
+        raise TransportError("disconnected during message iteration")
 
     @property
     def connected(self) -> bool:
@@ -320,7 +321,7 @@ class MqttConnection:
 
     def queued(self) -> int:
         """Messages received but not yet taken (none of them acknowledged yet)."""
-        return len(self._client.messages)
+        return self._inbox.qsize()
 
     def ack(self, message: Inbound) -> bool:
         """Acknowledge a request now that it is answered. False when it came on another
@@ -361,12 +362,7 @@ class MqttConnection:
         return await self._acks.wait(info.mid, self._timeout_s if timeout_s is None else timeout_s)
 
     def _published(
-        self,
-        client: paho.Client,
-        userdata: object,
-        mid: int,
-        reason_code: ReasonCode,
-        properties: Properties,
+        self, client: paho.Client, userdata: object, mid: int, reason_code: ReasonCode, _: Any
     ) -> None:
         """paho's `on_publish`: the PUBACK of one of our publishes came."""
         self._acks.came(mid, reason_code.value if isinstance(reason_code, ReasonCode) else 0)
@@ -387,6 +383,7 @@ class MqttConnection:
         if not self._connect_failed:  # (its connect future may be cancelled by then)
             self._aiomqtt_disconnected(client, *args)
             self._gone.set()
+            self._inbox.close()
         self._acks.lost()
 
     async def lost(self, received: Callable[[Inbound], None] | None = None) -> None:

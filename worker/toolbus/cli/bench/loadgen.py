@@ -18,6 +18,10 @@ opens and closes all their windows together. `--samples` adds each latency in th
 window (`latencies_ms`) to the JSON line, so that the bench can merge the K runs'
 percentiles (`merged`) rather than average them.
 
+`--ids` gives each request an `id` of its own (unique across processes and runs), as
+`toolbus.Client` does: the worker then claims and records every call in its dedup store,
+which a request without one skips.
+
 A reply counts as a failure when it is not a JSON object with `ok: true` (`--no-check`
 accepts any reply); a request never answered counts too. Failures are counted over
 the whole run, warm-up and drain included; latencies and throughput only inside the
@@ -33,6 +37,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -139,8 +144,13 @@ class ClosedLoop:
         duration_s: float,
         check_ok: bool,
         window_on_stdin: bool = False,
+        ids: bool = False,
     ) -> None:
         self.topic, self.payload, self.reply_topic = topic, payload, reply_topic
+        # With ids: the body's bytes after its `{`, each request's id put before them.
+        self.id_prefix = f'{{"id":"lg-{uuid.uuid4().hex[:12]}-'.encode() if ids else b""
+        rest = payload.strip()[1:]
+        self.after_id = b'"' + rest if rest.strip() == b"}" else b'",' + rest
         self.in_flight, self.warmup_s, self.duration_s = in_flight, warmup_s, duration_s
         self.check_ok, self.window_on_stdin = check_ok, window_on_stdin
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5, client_id="")
@@ -202,7 +212,13 @@ class ClosedLoop:
         correlation = b"%d" % self.sequence
         self.props.CorrelationData = correlation
         self.sent_at[correlation] = time.perf_counter()
-        self.client.publish(self.topic, self.payload, qos=1, properties=self.props)
+        self.client.publish(self.topic, self.body(self.sequence), qos=1, properties=self.props)
+
+    def body(self, sequence: int) -> bytes:
+        """The request numbered `sequence`: the one payload, or with its own id (`--ids`)."""
+        if not self.id_prefix:
+            return self.payload
+        return b"%s%d%s" % (self.id_prefix, sequence, self.after_id)
 
     # -- the window, on a thread of its own -----------------------------------------
 
@@ -264,7 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         "--window-on-stdin", action="store_true", help="open, then close, at a line on stdin"
     )
     parser.add_argument("--samples", action="store_true", help="add latencies_ms to the JSON")
+    parser.add_argument("--ids", action="store_true", help="an id of its own in each request")
     args = parser.parse_args(argv)
+    if args.ids and not args.payload.lstrip().startswith("{"):
+        parser.error("--ids needs a JSON object as the payload")
     url = urlsplit(args.broker)
     loop = ClosedLoop(
         topic=args.topic,
@@ -275,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         duration_s=args.duration_s,
         check_ok=not args.no_check,
         window_on_stdin=args.window_on_stdin,
+        ids=args.ids,
     )
     result = loop.run(url.hostname or "127.0.0.1", url.port or 1883)
     say(result_line(result, loop.measured if args.samples else None))
