@@ -76,8 +76,8 @@ def environment(directory: Path, options: ServeOptions) -> dict[str, str]:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = options.otlp_endpoint
         env["OTEL_TRACES_EXPORTER"] = "otlp"
         env["OTEL_METRICS_EXPORTER"] = "none"  # tracing's cost alone
-    env.update(options.env)
         env.update(options.tracing_env)  # a sampler, the batch processor's settings
+    env.update(options.env)
     return env
 
 
