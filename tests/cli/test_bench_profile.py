@@ -73,3 +73,12 @@ def test_the_load_generator_gives_each_request_an_id_of_its_own() -> None:
     assert first["id"] != second["id"]
     other, _ = payloads(b"{}")  # another process: never the same ids
     assert set(other) == {"id"} and other["id"] != first["id"]
+
+
+def test_toolbus_bench_ids_reach_every_load_generator() -> None:
+    from toolbus.cli.bench.phases import RESPONDERS, loadgen_commands
+
+    echo = RESPONDERS["toolbus-echo"]
+    with_ids = loadgen_commands("mqtt://127.0.0.1:1", "p", echo, (2, 2), ids=True)
+    assert len(with_ids) == 2 and all("--ids" in command for command in with_ids)
+    assert not any("--ids" in c for c in loadgen_commands("mqtt://127.0.0.1:1", "p", echo, (4,)))

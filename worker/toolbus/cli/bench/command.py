@@ -82,6 +82,12 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     )
     bench.add_argument("--json", type=Path, metavar="PATH", help="write every figure; - for stdout")
     bench.add_argument(
+        "--ids",
+        action="store_true",
+        help="each request with an id of its own, as toolbus.Client sends: the worker claims "
+        "and records every call in its dedup store (without, it skips the store)",
+    )
+    bench.add_argument(
         "--latencies",
         action="store_true",
         help="with --json: every phase's latencies too (ms, in the order the replies came)",
@@ -112,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         worker_tree=args.worker_tree.resolve() if args.worker_tree else None,
         guards=not args.no_guards,
         latencies=args.latencies,
+        ids=args.ids,
         tracing_env=tuple(otel_variable(text) for text in args.tracing_env),
     )
     to_stdout = args.json is not None and str(args.json) == "-"

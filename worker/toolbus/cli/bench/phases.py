@@ -264,10 +264,16 @@ def _figures(
 
 
 def loadgen_commands(
-    broker_url: str, prefix: str, responder: Responder, shares: tuple[int, ...]
+    broker_url: str,
+    prefix: str,
+    responder: Responder,
+    shares: tuple[int, ...],
+    *,
+    ids: bool = False,
 ) -> list[list[str]]:
     """A command per load generator, each with its share of the requests in flight and
-    a reply topic of its own; the window is the bench's (`run_phase`)."""
+    a reply topic of its own; the window is the bench's (`run_phase`). `ids`: each
+    request with an id of its own (`--ids`), so a toolbus worker claims and records it."""
     paced = ["--window-on-stdin", "--samples"]
     if responder.kind == "raw":
         [in_flight] = shares
@@ -299,6 +305,7 @@ def loadgen_commands(
             "--in-flight",
             str(in_flight),
             *paced,
+            *(["--ids"] if ids else []),
         ]
         for number, in_flight in enumerate(shares, start=1)
     ]

@@ -158,6 +158,7 @@ def render(run: BenchRun, console: Console) -> None:
         (
             f", toolbus serve --processes {options.processes}" if options.processes > 1 else "",
             f", {options.loadgens} load generators" if options.loadgens > 1 else "",
+            ", each request with its own id" if options.ids else "",
         )
     )
     table = Table(
@@ -236,6 +237,7 @@ def to_json(run: BenchRun) -> dict[str, Any]:
             "tracing_env": {k: v for k, v in options.tracing_env if not k.endswith("_HEADERS")},
             "worker_tree": str(options.worker_tree) if options.worker_tree else None,
             "guards": options.guards,
+            "ids": options.ids,
         },
         "python": sys.version.split()[0],
         "platform": platform.platform(),

@@ -66,6 +66,7 @@ class BenchOptions:
     worker_settings: tuple[tuple[str, object], ...] = ()  # into the workers' config
     guards: bool = True  # the guards step (guard_run.py); off only by `--no-guards`
     latencies: bool = False  # every phase's latencies in the JSON (`--latencies`)
+    ids: bool = False  # each request with an id of its own (`--ids`): dedup measured
     tracing_env: tuple[tuple[str, str], ...] = ()  # OTEL_* of the tracing worker (a sampler)
 
     def __post_init__(self) -> None:
@@ -122,7 +123,9 @@ def run(options: BenchOptions, *, show_progress: bool = True) -> BenchRun:
                 for responder, n in itertools.product(group, options.in_flight):
                     progress.update(task, description=f"{responder.name}, {n} in flight")
                     shares = split(n, options.loadgens, responder)
-                    commands = loadgen_commands(broker.url, prefix, responder, shares)
+                    commands = loadgen_commands(
+                        broker.url, prefix, responder, shares, ids=options.ids
+                    )
                     phase = run_phase(responder.name, shares, commands, measured, window)
                     result.phases.append(phase)
                     progress.advance(task)
