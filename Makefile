@@ -206,6 +206,11 @@ bench-client: $(STAMP) mosquitto-binary
 bench-cold-start: $(STAMP) mosquitto-binary
 	$(BIN)/python bench/cold_start.py
 
+# py-spy on the worker under the bench's load, per stage (bench/profile_stages.py).
+bench-profile: $(STAMP) mosquitto-binary
+	$(BIN)/pip install --quiet py-spy
+	$(BIN)/python bench/profile_stages.py
+
 bench-nodelay: $(STAMP) mosquitto-clients
 	$(BIN)/python bench/tcp_nodelay.py
 
