@@ -18,7 +18,7 @@ BROKER_PORT ?= 1883
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: FORCE lock dist python-info python-check bench-tracing bench-logging bench-normalize bench-flood bench-flood-victim bench-mcp-output bench-client bench-cold-start bench-progress bench-call-context compose-check check-tree asyncapi-parser mcp-everything bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary ejabberd-binary promtool grafana-sdk chromium-binary
+.PHONY: FORCE lock dist python-info python-check bench-tracing bench-logging bench-normalize bench-flood bench-flood-victim bench-mcp-output bench-client bench-cold-start bench-progress bench-call-context bench-profile compose-check check-tree asyncapi-parser mcp-everything bench bench-nodelay run test test-quick lint format typecheck schemas check broker stop-broker clean mosquitto-binary mosquitto-clients redis-binary ejabberd-binary promtool grafana-sdk chromium-binary
 
 # An ordinary editable install: the source root worker/ holds the package toolbus/ (a src
 # layout), which mypy, pytest and editors read as the files they are. pip is not quiet on
