@@ -46,12 +46,14 @@ def run(*command: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_toolbus_bench_measures_every_phase(tmp_path: Path) -> None:
-    """Every responder at every level answered, with its CPU figures: the JSON is whole."""
+    """Every responder at every level answered, with its CPU figures: the JSON is whole.
+    (A window of 0.6 s: at 0.3 s a loaded machine's stall of an MCP call, p99 400 ms and
+    more, left a phase with no request completed in it.)"""
     figures = tmp_path / "bench.json"
     result = run(
         str(BIN / "toolbus"),
         "bench",
-        "--duration-s", "0.3",
+        "--duration-s", "0.6",
         "--warmup-s", "0.2",
         "--in-flight", "1,4",
         "--tracing",
