@@ -230,16 +230,17 @@ def record(args: argparse.Namespace, out: Path) -> None:
         str(warmup),
         "--duration-s",
         str(args.seconds + 3),
+        "--no-guards",  # not what is profiled (`toolbus bench` runs them first)
         *args.bench_arg,
     ]
     if args.worker_tree:
         cmd += ["--worker-tree", args.worker_tree]
     bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
-        pid = worker_pid(bench, 90.0)
         # The load generator starts once the worker answered its probes; its window opens
-        # after the warm-up.
+        # after the warm-up. The worker is found after it: the measured one by then.
         wait_for_loadgen(bench, 90.0)
+        pid = worker_pid(bench, 90.0)
         time.sleep(warmup + 0.5)
         subprocess.run(
             [
