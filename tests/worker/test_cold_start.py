@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import pytest
@@ -61,7 +61,7 @@ os._exit(0)  # no exit handlers: a configured exporter would flush to a collecto
 """
 
 
-def loaded(*servers: dict[str, object], **env: str) -> dict[str, bool]:
+def loaded(*servers: Mapping[str, object], **env: str) -> dict[str, bool]:
     """What a fresh interpreter has loaded after building a worker for each `servers`."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TOOLBUS_"))}
     done = subprocess.run(
@@ -120,7 +120,8 @@ async def test_local_calls_are_answered_while_the_mcp_sdk_loads(
         Client(broker.url, prefix=settings.topic_prefix, timeout_s=BOUND_S) as client,
     ):
         started = time.perf_counter()
-        assert json.loads((await client.call("echo", {"text": "hi"})).result.text)["text"] == "hi"
+        echoed = (await client.call("echo", {"text": "hi"})).result
+        assert echoed is not None and json.loads(echoed.text)["text"] == "hi"
         took_s = time.perf_counter() - started
         with pytest.raises(Unavailable) as early:
             await client.call("list_devices", timeout_s=0.5)
@@ -138,7 +139,8 @@ async def test_local_calls_are_answered_while_the_mcp_sdk_loads(
         async with asyncio.timeout(BOUND_S):
             await worker.mcp.wait_settled()
         assert worker.mcp.states() == {"demo": "ready"}
-        assert (await client.call("list_devices")).result.structured is not None
+        listed = (await client.call("list_devices")).result
+        assert listed is not None and listed.structured is not None
     print(f"echo answered in {took_s * 1000:.0f} ms while the SDK was held")
 
 

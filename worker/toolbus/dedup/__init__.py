@@ -378,9 +378,8 @@ def open_store(
     bounds = bounds or Bounds()
     if url == "memory":
         return MemoryStore(worker_id, bounds=bounds)
-    # Only with a Redis store (`kept` retries with tenacity, a tenth of a second to import).
-    from toolbus.dedup.kept import KeptReplies  # noqa: PLC0415 -- see above
-    from toolbus.dedup.redis import RedisStore  # noqa: PLC0415 -- see above
+    from toolbus.dedup.kept import KeptReplies  # noqa: PLC0415 -- Redis only (tenacity: 0.1 s)
+    from toolbus.dedup.redis import RedisStore  # noqa: PLC0415 -- only with a Redis store
 
     return KeptReplies(
         RedisStore(

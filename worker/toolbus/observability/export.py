@@ -66,11 +66,9 @@ def otlp_json(spans: list[ReadableSpan]) -> bytes:
     # Imported on the first call that asks for its spans: the OTLP encoder and protobuf
     # are a tenth of a second of every start otherwise.
     from google.protobuf.json_format import MessageToDict  # noqa: PLC0415 -- see above
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import (  # noqa: PLC0415
-        encode_spans,
-    )
+    from opentelemetry.exporter.otlp.proto.common import trace_encoder  # noqa: PLC0415 -- see above
 
-    document = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+    document = MessageToDict(trace_encoder.encode_spans(spans), use_integers_for_enums=True)
     for resource_spans in document.get("resourceSpans", []):
         _service_only(resource_spans)
         for scope_spans in resource_spans.get("scopeSpans", []):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Self
 
 from opentelemetry import trace
 
+from toolbus.backends.mcp.deadlines import CLOSE_DEADLINE_S
 from toolbus.config import McpPolicy, McpServerConfig, ToolSettings
 from toolbus.tools.registry import Registry
 
@@ -31,8 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("toolbus.mcp")
 
 SERVER_MODULE = "toolbus.backends.mcp.server"  # imports the mcp SDK
-# Here, not in `retry` (which imports tenacity): a worker without MCP servers needs only this.
-CLOSE_DEADLINE_S = 5.0  # the longest a stdio server's `stop` takes, and then some
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,9 +30,9 @@ from opentelemetry import trace
 from tenacity import RetryCallState
 
 from toolbus.backends.mcp.asking import Asking
-from toolbus.backends.mcp.backend import CLOSE_DEADLINE_S
 from toolbus.backends.mcp.call import CallPlan, send
 from toolbus.backends.mcp.convert import bad_line, checked_result, describe
+from toolbus.backends.mcp.deadlines import CLOSE_DEADLINE_S
 from toolbus.backends.mcp.era import listen_for_tool_changes, negotiate
 from toolbus.backends.mcp.hints import startup_hint
 from toolbus.backends.mcp.http import open_http

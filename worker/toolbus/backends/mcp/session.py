@@ -25,8 +25,8 @@ from mcp_types import PaginatedRequestParams
 from mcp_types import Tool as ListedTool
 
 from toolbus.backends.mcp.asking import Asking
-from toolbus.backends.mcp.backend import CLOSE_DEADLINE_S
 from toolbus.backends.mcp.convert import describe
+from toolbus.backends.mcp.deadlines import CLOSE_DEADLINE_S
 
 log = logging.getLogger("toolbus.mcp")
 
