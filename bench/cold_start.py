@@ -5,7 +5,8 @@ mosquitto (TCP_NODELAY, as shipped); for each run a new `toolbus serve` process,
 MCP server and with the demo MCP server (started in the background, as ever), while a
 caller already subscribed to its reply topic publishes an `echo` call every 10 ms (QoS 0:
 those before the worker subscribes are dropped) until the first answer. Printed: each
-case's runs and median, then what the imports alone take in a fresh interpreter (the
+case's runs and median (and the worker's CPU time by its first answer, which a busy
+machine disturbs less), then what the imports alone take in a fresh interpreter (the
 entry point, the worker's wiring, the mcp SDK, the OTLP exporter), so that the start-up
 can be read against them. `--worker-tree DIR` runs DIR's `toolbus` (before/after pairs).
 `--importtime N`: one more local-only start under `-X importtime`, and the N packages
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -54,10 +56,21 @@ def environment(worker_tree: Path | None) -> dict[str, str]:
     return env
 
 
+def cpu_s(pid: int) -> float:
+    """The process's CPU time so far, user and system, all its threads (Linux's /proc);
+    NaN elsewhere. Less at the mercy of a busy machine than the wall clock."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def first_answer(
     broker_url: str, config: Path, env: dict[str, str], prefix: str, stderr: int | IO[str]
-) -> float:
-    """Seconds from the spawn to the first `ok` reply to an `echo` call."""
+) -> tuple[float, float]:
+    """Seconds from the spawn to the first `ok` reply to an `echo` call, and the CPU
+    seconds the worker had spent by then."""
     reply = f"{prefix}/reply/cold"
     async with MqttConnection(BrokerUrl.from_url(broker_url)) as caller:
         await caller.subscribe([reply])
@@ -83,7 +96,7 @@ async def first_answer(
             async with asyncio.timeout(ANSWER_BOUND_S):
                 async for answer in answers:
                     if json.loads(answer.payload).get("ok") is True:
-                        return time.perf_counter() - started
+                        return time.perf_counter() - started, cpu_s(serve.pid)
             raise RuntimeError("the reply subscription ended")
         finally:
             calling.cancel()
@@ -153,9 +166,12 @@ def main() -> int:
                 config.write_text(json.dumps({**settings, "mcpServers": servers}))
                 quiet = asyncio.subprocess.DEVNULL
                 took.append(asyncio.run(first_answer(broker.url, config, env, prefix, quiet)))
-            runs = ", ".join(f"{t:.2f}" for t in took)
-            median = statistics.median(took)
+            runs = ", ".join(f"{t:.2f}" for t, _ in took)
+            median = statistics.median(t for t, _ in took)
             print(f"start to first answered echo, {case}: median {median:.2f} s ({runs})")
+            cpu = ", ".join(f"{c:.2f}" for _, c in took)
+            median = statistics.median(c for _, c in took)
+            print(f"  the worker's CPU by then, {case}: median {median:.2f} s ({cpu})")
         if args.importtime:
             profile = asyncio.run(profiled_start(broker.url, Path(tmp), env, args.importtime))
             print("\n".join(profile))
