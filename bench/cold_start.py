@@ -125,8 +125,12 @@ def import_profile(lines: list[str], top: int) -> list[str]:
         package = name.split(".")[0]
         own[package if package != "toolbus" else ".".join(name.split(".")[:2])] += int(self_us)
     shown = [f"  {name}: {us / 1000:.0f} ms" for name, us in own.most_common(top)]
-    total_ms = sum(own.values()) / 1000
-    return [f"imports of one start (to its first answer, and its stop): {total_ms:.0f} ms", *shown]
+    total_ms, modules = (
+        sum(own.values()) / 1000,
+        sum(1 for line in lines if line.startswith("import time:") and "self [us]" not in line),
+    )
+    start = "imports of one start (to its first answer, and its stop)"
+    return [f"{start}: {modules} modules, {total_ms:.0f} ms", *shown]
 
 
 async def profiled_start(broker_url: str, tmp: Path, env: dict[str, str], top: int) -> list[str]:
