@@ -320,11 +320,13 @@ def test_client_latency_bench_runs() -> None:
 
 
 def test_cold_start_bench_runs() -> None:
-    result = run(sys.executable, "bench/cold_start.py", "--runs", "1")
+    result = run(sys.executable, "bench/cold_start.py", "--runs", "1", "--importtime", "3")
     assert result.returncode == 0, result.stderr[-2000:]
     for case in ("local tools only", "with an MCP server"):
         assert f"start to first answered echo, {case}: median " in result.stdout
+        assert f"the worker's CPU by then, {case}: median " in result.stdout
     assert "import mcp: " in result.stdout
+    assert "imports of one start (to its first answer, and its stop): " in result.stdout
 
 
 def test_tcp_nodelay_bench_runs() -> None:

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from toolbus.cli import values as cli_values
-from toolbus.cli.ask import _client, _json, _talk, one_line
 from toolbus.cli.settings import _settings
 from toolbus.wire.contracts import CallsReply, ErrorCode, Reply
 from toolbus.wire.untrusted import printable
@@ -79,6 +78,10 @@ def gated(reply: Reply | CallsReply) -> Reply | None:
 
 def approve(args: argparse.Namespace) -> int:
     """Shown, asked, sent on yes: see the module's docstring."""
+    # Imported here: every command's parser reads this module (`add_arguments`), and
+    # `ask` brings the client and rich's console, which `toolbus serve` never uses.
+    from toolbus.cli.ask import _client, _talk  # noqa: PLC0415 -- see above
+
     if (args.tool is None) == (args.reply is None):
         print("toolbus: approve needs a TOOL to call, or --reply FILE", file=sys.stderr)
         return EXIT_USAGE
@@ -174,6 +177,8 @@ def _agreed(asked: Reply, yes: bool) -> bool:
 
 def _printed(reply: Reply | CallsReply, whole: bool) -> int:
     """As `toolbus call` prints it; the exit code by its outcome."""
+    from toolbus.cli.ask import _json, one_line  # noqa: PLC0415 -- as in `approve`
+
     if isinstance(reply, Reply) and not reply.ok and not whole and sys.stdout.isatty():
         print(f"toolbus: {printable(one_line(reply, '--json-reply'))}", file=sys.stderr)
         return EXIT_ERROR

@@ -94,11 +94,12 @@ async def _discover(backend: McpBackend, settings: Settings) -> dict[str, str]:
                 await backend.wait_settled()
         except TimeoutError:
             pass  # those still connecting are told as such below
+        starting = backend.unsettled()
         return {
-            name: server.last_error or "no reason given"
-            if server.settled
-            else f"still starting after {budget_s:g} s"
-            for name, server in backend.servers.items()
+            name: f"still starting after {budget_s:g} s"
+            if name in starting
+            else server.last_error or "no reason given"
+            for name, server in backend.summaries().items()
             if server.state != "ready"
         }
 

@@ -53,7 +53,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from toolbus.dedup.kept import KeptReplies
 from toolbus.dedup.ledger import Bounds
 from toolbus.dedup.memory import MemoryStore
 from toolbus.dedup.store import KEY_SEP, Claim, DedupStore, Started, described, fingerprint
@@ -379,6 +378,7 @@ def open_store(
     bounds = bounds or Bounds()
     if url == "memory":
         return MemoryStore(worker_id, bounds=bounds)
+    from toolbus.dedup.kept import KeptReplies  # noqa: PLC0415 -- Redis only (tenacity: 0.1 s)
     from toolbus.dedup.redis import RedisStore  # noqa: PLC0415 -- only with a Redis store
 
     return KeptReplies(

@@ -13,9 +13,7 @@ import base64
 import json
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
 from opentelemetry.context import Context
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.trace import Status
 
@@ -65,7 +63,12 @@ def otlp_json(spans: list[ReadableSpan]) -> bytes:
     """Spans as OTLP/JSON (an `ExportTraceServiceRequest`): hex ids, integer enums; as a
     caller may see them (`_failures_without_text`), from a resource that names the
     service alone (`_service_only`)."""
-    document = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+    # Imported on the first call that asks for its spans: the OTLP encoder and protobuf
+    # are a tenth of a second of every start otherwise.
+    from google.protobuf.json_format import MessageToDict  # noqa: PLC0415 -- see above
+    from opentelemetry.exporter.otlp.proto.common import trace_encoder  # noqa: PLC0415 -- see above
+
+    document = MessageToDict(trace_encoder.encode_spans(spans), use_integers_for_enums=True)
     for resource_spans in document.get("resourceSpans", []):
         _service_only(resource_spans)
         for scope_spans in resource_spans.get("scopeSpans", []):

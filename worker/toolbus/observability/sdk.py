@@ -16,21 +16,20 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    ConsoleMetricExporter,
-    MetricReader,
-    PeriodicExportingMetricReader,
-)
-from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
 from toolbus.observability.export import COLLECTOR, LibraryFailuresWithoutText
 from toolbus.observability.sampling import OperatorSampling, operator_sampler
+
+if TYPE_CHECKING:  # the metrics SDK is imported where a meter provider is made
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.metrics.view import View
 
 log = logging.getLogger("toolbus.telemetry")
 
@@ -48,6 +47,11 @@ CALL_DURATION_BUCKETS_S = (
 
 def metric_views() -> list[View]:
     """How the worker's instruments aggregate, for every reader (OTLP, Prometheus)."""
+    from opentelemetry.sdk.metrics.view import (
+        ExplicitBucketHistogramAggregation,
+        View,
+    )
+
     return [
         View(
             instrument_name="toolbus.call.duration",
@@ -188,8 +192,16 @@ def configure_metrics(
     (an `http_port` is set) also a reader that the HTTP listener's /metrics renders."""
     env = os.environ if environ is None else environ
     choice = exporter_choice(env, "METRICS")
-    if choice is None:
+    if choice is None or (choice == "none" and not prometheus):
         return None
+    # Imported here: a worker that exports no metrics (the default) starts without the
+    # metrics SDK (a twentieth of a second).
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        ConsoleMetricExporter,
+        PeriodicExportingMetricReader,
+    )
+
     readers: list[MetricReader] = []
     if choice == "otlp":
         # Imported here, as for traces: only a worker that exports pays for loading it.

@@ -197,7 +197,7 @@ def readiness(worker: Worker) -> dict[str, Any]:
         "broker": {"address": f"{broker.host}:{broker.port}", "state": state},
         "servers": {
             name: {"state": server.state, "last_error": server.last_error}
-            for name, server in worker.mcp.servers.items()
+            for name, server in worker.mcp.summaries().items()
         },
     }
 

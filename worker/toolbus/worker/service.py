@@ -168,8 +168,8 @@ class Worker:
             self.worker_id,
             self.broker,
             len(self.registry),
-            ", ".join(self.mcp.servers) or "none",
-            extra={"worker_id": self.worker_id, "mcp_servers": list(self.mcp.servers)},
+            ", ".join(self.mcp.names) or "none",
+            extra={"worker_id": self.worker_id, "mcp_servers": self.mcp.names},
         )
         async with self.mcp, self.pipeline, self.dispatch or nullcontext():
             report = asyncio.create_task(

@@ -52,9 +52,9 @@ def snapshot(worker: Worker, started: float) -> dict[str, Any]:
                 "name": name,
                 "state": server.state,
                 "last_error": server.last_error,
-                "tools": len(server.tool_names),
+                "tools": server.tools,
             }
-            for name, server in sorted(worker.mcp.servers.items())
+            for name, server in sorted(worker.mcp.summaries().items())
         ],
         "profiles": profiles(worker),
         "recent": recent.snapshot() if recent is not None else None,
@@ -73,7 +73,7 @@ def fleet(worker: Worker) -> list[dict[str, Any]]:
         "version": __version__,
         "in_flight": worker.in_flight.count,
         "handled": worker.in_flight.handled,
-        "servers": {name: server.state for name, server in worker.mcp.servers.items()},
+        "servers": worker.mcp.states(),
         "heard_s_ago": 0.0,
         "self": True,
     }

@@ -42,7 +42,8 @@ log = logging.getLogger("toolbus.supervisor")
 FIRST_RESTART_DELAY_S = 0.5
 MAX_RESTART_DELAY_S = 30.0
 STEADY_AFTER_S = 60.0  # a child that ran this long failed afresh: its backoff starts over
-# `McpBackend.close_bound_s`, not imported (it imports the mcp SDK); a test keeps them equal.
+# `McpBackend.close_bound_s`, not imported (the supervisor loads no backend); a test keeps
+# them equal.
 MCP_CLOSE_BOUND_S = 15.0
 STOP_MARGIN_S = 5.0  # a child's exit after its drain: flushing, interpreter shutdown
 KILL_BOUND_S = 5.0  # SIGKILL is not refused; this bounds the wait for the kernel

@@ -141,8 +141,9 @@ def build_worker(
             the entry point (`client_ids.kept_secret`); it keys the client ids when
             `client_id_secret` is unset.
     """
-    # Imported here: the mcp SDK takes a second to import, and the registry, executor and
-    # pipeline (`toolbus mappings`, the in-process tests) are built without it.
+    # Imported here: the registry, executor and pipeline (`toolbus mappings`, the
+    # in-process tests) are built without the worker's parts. (The mcp SDK, a second to
+    # import, is not among them: the backend imports it in a thread once entered.)
     from toolbus.backends.mcp import McpBackend  # noqa: PLC0415 -- see the comment above
     from toolbus.transport import max_packet_bytes  # noqa: PLC0415 -- as above
     from toolbus.transport.nodes import Nodes  # noqa: PLC0415 -- as above

@@ -37,8 +37,6 @@ from toolbus.backends.mcp.hints import SEED_HINT
 from toolbus.config import McpPolicy
 from toolbus.tools.registry import Registry
 
-CLOSE_DEADLINE_S = 5.0  # the longest a stdio server's `stop` takes, and then some
-
 log = logging.getLogger("toolbus.mcp")
 
 

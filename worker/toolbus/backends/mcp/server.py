@@ -32,6 +32,7 @@ from tenacity import RetryCallState
 from toolbus.backends.mcp.asking import Asking
 from toolbus.backends.mcp.call import CallPlan, send
 from toolbus.backends.mcp.convert import bad_line, checked_result, describe
+from toolbus.backends.mcp.deadlines import CLOSE_DEADLINE_S
 from toolbus.backends.mcp.era import listen_for_tool_changes, negotiate
 from toolbus.backends.mcp.hints import startup_hint
 from toolbus.backends.mcp.http import open_http
@@ -39,7 +40,6 @@ from toolbus.backends.mcp.keeping import keep
 from toolbus.backends.mcp.listing import ToolListing
 from toolbus.backends.mcp.output_schema import schema_violation
 from toolbus.backends.mcp.retry import (
-    CLOSE_DEADLINE_S,
     Stopping,
     connect_attempts,
     log_connected,

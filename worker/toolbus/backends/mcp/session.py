@@ -26,7 +26,7 @@ from mcp_types import Tool as ListedTool
 
 from toolbus.backends.mcp.asking import Asking
 from toolbus.backends.mcp.convert import describe
-from toolbus.backends.mcp.retry import CLOSE_DEADLINE_S
+from toolbus.backends.mcp.deadlines import CLOSE_DEADLINE_S
 
 log = logging.getLogger("toolbus.mcp")
 
