@@ -154,3 +154,29 @@ async def test_a_worker_stopped_while_the_mcp_sdk_loads_stops_at_once(
             assert worker.mcp.unsettled() == ["demo"]
     assert worker.mcp.servers == {}
     assert not held_sdk.is_set()  # the stop did not wait for the import
+
+
+async def test_an_mcp_sdk_that_does_not_load_leaves_its_servers_down_saying_why(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broken install: the worker serves its local tools on, and every server is `down`
+    with the import's error wherever it is shown, settled (nothing waits for it)."""
+
+    def broken() -> type[McpServer]:
+        raise ImportError("No module named 'mcp.client' (a broken install)")
+
+    monkeypatch.setattr(backend, "load_servers", broken)
+    settings = make_settings(broker, mcpServers={"demo": DEMO})
+    async with (
+        running_worker(settings, wait_mcp=False) as worker,
+        Client(broker.url, prefix=settings.topic_prefix, timeout_s=BOUND_S) as client,
+    ):
+        async with asyncio.timeout(BOUND_S):
+            await worker.mcp.wait_settled()
+        assert worker.mcp.unsettled() == [] and worker.mcp.states() == {"demo": "down"}
+        [(name, summary)] = worker.mcp.summaries().items()
+        assert name == "demo" and summary.state == "down" and summary.tools == 0
+        assert summary.last_error is not None and "a broken install" in summary.last_error
+        assert readiness(worker)["servers"]["demo"]["state"] == "down"
+        echoed = (await client.call("echo", {"text": "on"})).result
+        assert echoed is not None and json.loads(echoed.text)["text"] == "on"

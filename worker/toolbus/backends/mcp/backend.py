@@ -101,6 +101,7 @@ class McpBackend:
         if not self.configs:
             self._made_event.set()  # nothing to make: settled from the start
         self._starting: asyncio.Task[None] | None = None
+        self._unloadable: str | None = None  # why the SDK did not load (a broken install)
         self._tasks: list[asyncio.Task[None]] = []
 
     def _state_changed(self, server: McpServer) -> None:
@@ -120,7 +121,13 @@ class McpBackend:
 
     async def _start(self) -> None:
         """Import the SDK off the event loop, then make each server and start its task."""
-        server_class = await asyncio.to_thread(load_servers)
+        try:
+            server_class = await asyncio.to_thread(load_servers)
+        except Exception as exc:  # a broken install: each server down, saying why
+            self._unloadable = f"the mcp SDK could not be loaded: {exc}"
+            log.exception("MCP servers not started: %s", self._unloadable)
+            self._made_event.set()  # settled: nothing will be made
+            return
         self.servers = {
             name: self._make(server_class, rank, name) for rank, name in enumerate(self.configs)
         }
@@ -136,17 +143,23 @@ class McpBackend:
     def unsettled(self) -> list[str]:
         if not self._made_event.is_set():
             return self.names  # not made yet: all still starting
+        if self._unloadable is not None:
+            return []  # down for good: none will start
         return [name for name, server in self.servers.items() if not server.settled]
 
     def states(self) -> dict[str, str]:
         if not self._made_event.is_set():
             return dict.fromkeys(self.configs, "connecting")
+        if self._unloadable is not None:
+            return dict.fromkeys(self.configs, "down")
         return {name: server.state for name, server in self.servers.items()}
 
     def summaries(self) -> dict[str, Summary]:
         """Each enabled server's state, last error and tool count, made or not."""
         if not self._made_event.is_set():
             return dict.fromkeys(self.configs, Summary("connecting", None, 0))
+        if self._unloadable is not None:
+            return dict.fromkeys(self.configs, Summary("down", self._unloadable, 0))
         return {
             name: Summary(server.state, server.last_error, len(server.tool_names))
             for name, server in self.servers.items()
@@ -179,7 +192,7 @@ class McpBackend:
 
 
 def _report_failed_start(task: asyncio.Task[None]) -> None:
-    """The SDK failed to import (a broken install): said, and the servers stay
-    `connecting`, their tools unknown; the local tools are served on."""
+    """The servers' start failed otherwise than the SDK's import (`_start` says that
+    one, each server `down` with why): said; the local tools are served on."""
     if not task.cancelled() and (error := task.exception()) is not None:
         log.error("MCP servers not started: %s", error, exc_info=error)
