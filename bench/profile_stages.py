@@ -7,7 +7,7 @@ generator and `toolbus serve`, as the bench always runs them), waits for the
 measured window, records the worker process with `py-spy record -f raw` (200 Hz, no
 idle frames) and prints the samples split into the stages of a call. `--raw FILE`
 reads a recording made before (or keeps this one's with `--keep FILE`), so the split
-can be re-read without a run. `--bench-arg --tracing` (and `--only
+can be re-read without a run. `--bench-arg=--tracing` (and `--only
 toolbus-echo-tracing` as the responder) profiles a traced worker.
 
 A sample belongs to the stage of its innermost frame that names one (STAGES, in

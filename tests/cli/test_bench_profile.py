@@ -98,3 +98,19 @@ def test_loop_turns_bench_counts_a_real_worker() -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "loop turns" in result.stdout and "task InFlight._run" in result.stdout, result.stdout
+
+
+def test_mcp_call_bench_compares_the_executor_with_the_raw_session() -> None:
+    import subprocess
+    import sys
+
+    script = SCRIPT.parent / "mcp_call.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--calls", "3", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "raw SDK session" in result.stdout and "toolbus / raw" in result.stdout, result.stdout
