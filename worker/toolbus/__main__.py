@@ -2,6 +2,6 @@
 
 import sys
 
-from toolbus.cli.main import main
+from toolbus.cli.entry import main
 
 sys.exit(main())

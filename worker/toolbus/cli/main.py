@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -162,6 +163,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command != "serve":
+        gc.enable()  # off while the program started (`cli.entry`); `serve` turns it on
     handlers = {
         "serve": _serve,
         "call": _call,
@@ -215,6 +218,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     setup_logging(settings.log_level, settings.log_format)
     if settings.processes > 1:  # children, supervised; with 1, nothing between
+        gc.enable()
         from toolbus.worker.supervisor import supervise
 
         given = {"--config": args.config, "--mcp-config": args.mcp_config, "--broker": args.broker}
@@ -244,6 +248,10 @@ def _serve(args: argparse.Namespace) -> int:
         child_env=child_environment(),
         kept_secret=kept,
     )
+    # The start-up heap (modules, models, the worker) lives as long as the process: left
+    # out of every collection from here (`cli.entry` kept the collector off until now).
+    gc.freeze()
+    gc.enable()
     if provider is not None:
         settle_for_tracing()  # once everything the worker needs is loaded
 
