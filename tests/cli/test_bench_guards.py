@@ -64,6 +64,7 @@ def test_every_guard_holds_on_the_real_worker(real: Seen) -> None:
     assert [r.name for r in results] == list(GUARDS)
     assert all(r.ok for r in results), [r.line() for r in results]
     assert real.executions == real.running_executions == 1
+    assert real.cancel_stopped and real.mcp_cancel_stopped  # each cancel reached its tool
     # Only the traced calls recorded: the rest took the unrecorded path the bench measures.
     assert {s.trace_id for s in real.spans} == set(real.trace_ids.values())
     assert real.repeat.get("replayed") is real.running_repeat.get("replayed") is True
@@ -134,8 +135,14 @@ def test_a_lost_or_reordered_update_fails(real: Seen, name: str, field: str) -> 
     assert set(failures(seen)) == {name}
 
 
-@pytest.mark.parametrize(("name", "field"), [(CANCEL, "cancelled"), (MCP_CANCEL, "mcp_cancelled")])
-def test_a_cancel_not_honoured_fails(real: Seen, name: str, field: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "field", "stopped"),
+    [(CANCEL, "cancelled", "cancel_stopped"), (MCP_CANCEL, "mcp_cancelled", "mcp_cancel_stopped")],
+)
+def test_a_cancel_not_honoured_fails(real: Seen, name: str, field: str, stopped: str) -> None:
+    seen = doctored(real)
+    setattr(seen, stopped, False)  # answered `cancelled`, but the tool ran on
+    assert set(failures(seen)) == {name}
     seen = doctored(real)
     messages = getattr(seen, field)
     messages[-1] = {**messages[-1], "ok": True, "error": None}  # ran to its end

@@ -27,6 +27,18 @@ class Inbox(Generic[T]):
         self._items: deque[T] = deque()
         self._waiters: list[asyncio.Future[None]] = []  # one a reader: a cancel is its own
         self._closed = False
+        self.cause: BaseException | None = None  # why it ended, when `ends_with` said
+
+    def ends_with(self, ended: asyncio.Future[None]) -> None:
+        """Closed once `ended` is done too (aiomqtt's own end of its stream: a socket
+        callback that failed, which paho's on_disconnect never hears), its error kept
+        as `cause` (retrieved, so asyncio never logs it as unretrieved)."""
+        ended.add_done_callback(self._ended)
+
+    def _ended(self, ended: asyncio.Future[None]) -> None:
+        if not ended.cancelled():
+            self.cause = ended.exception()
+        self.close()
 
     def put_nowait(self, item: T) -> None:
         """aiomqtt's `on_message`: in the event loop's thread (paho runs in the loop)."""

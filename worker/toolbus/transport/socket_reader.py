@@ -172,6 +172,16 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
+def ended_of(client: aiomqtt.Client) -> asyncio.Future[None]:
+    """The future aiomqtt ends its message stream with (`Client._disconnected`): also
+    set when its socket callbacks fail, which paho's on_disconnect never hears. aiomqtt
+    replaces it while connecting: read it once connected."""
+    ended = client._disconnected
+    if not isinstance(ended, asyncio.Future):  # aiomqtt changed underneath: never guess
+        raise TypeError(f"aiomqtt.Client._disconnected is {type(ended).__name__}, not a Future")
+    return ended
+
+
 def paho_of(client: aiomqtt.Client) -> paho.Client:
     """aiomqtt's paho client: the one reach past aiomqtt's API (manual acks, issue #345)."""
     inner = client._client  # no public way to ack manually in aiomqtt 2.x

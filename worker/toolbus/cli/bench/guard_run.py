@@ -69,6 +69,7 @@ HOLD_S = 20.0  # far past the wait: a call that ends by itself was not cancelled
 REPEAT_HOLD_S = 0.5  # the first run of the id held while its repeat comes
 REPLY_BOUND_S = 10.0
 SPANS_BOUND_S = 10.0
+STOPPED_POLL_S = 0.02
 GUARD_SETTINGS: tuple[tuple[str, object], ...] = (
     ("log_level", "INFO"),
     ("log_format", "json"),
@@ -91,6 +92,9 @@ class Seen:
     cancelled: list[dict[str, Any]] = field(default_factory=list)
     mcp_steps: list[dict[str, Any]] = field(default_factory=list)
     mcp_cancelled: list[dict[str, Any]] = field(default_factory=list)
+    # The held tools saw their cancel while the worker ran (not only a `cancelled` reply).
+    cancel_stopped: bool = False
+    mcp_cancel_stopped: bool = False
     repeat_id: str = ""  # the id (and key) sent twice
     first: dict[str, Any] = field(default_factory=dict)
     repeat: dict[str, Any] = field(default_factory=dict)
@@ -132,7 +136,10 @@ def observe(scratch: Path, broker_url: str, serve: ServeOptions) -> Seen:
             settings=(*serve.settings, *GUARD_SETTINGS),
             python_path=(str(folder),),
             servers=(
-                (GUARD_SERVER, {"command": sys.executable, "args": ["-P", str(SERVER_PATH)]}),
+                (
+                    GUARD_SERVER,
+                    {"command": sys.executable, "args": ["-P", str(SERVER_PATH), str(executions)]},
+                ),
             ),
             env=(
                 ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
@@ -146,7 +153,7 @@ def observe(scratch: Path, broker_url: str, serve: ServeOptions) -> Seen:
         ]
         seen = Seen(prefix)
         with served_worker(scratch, broker_url, prefix, options, probes):
-            asyncio.run(_calls(broker_url, seen, sink))
+            asyncio.run(_calls(broker_url, seen, sink, executions))
     seen.executions = guard_tools.executions(executions, seen.repeat_id)
     seen.running_executions = guard_tools.executions(executions, seen.running_id)
     seen.log = log_path(scratch, prefix).read_text(errors="replace")
@@ -177,11 +184,15 @@ def judge(seen: Seen, *, dedup_counted: bool = True) -> list[GuardResult]:
             check_progress(seen.mcp_steps, STEPS),
             f"an MCP server's updates 1..{STEPS}, then ok",
         ),
-        result(CANCEL, check_cancel(seen.cancelled), "cancelled while running: `cancelled`"),
+        result(
+            CANCEL,
+            check_cancel(seen.cancelled, stopped=seen.cancel_stopped),
+            "cancelled while running: `cancelled`, the tool stopped",
+        ),
         result(
             MCP_CANCEL,
-            check_cancel(seen.mcp_cancelled),
-            "an MCP call cancelled while running: `cancelled`",
+            check_cancel(seen.mcp_cancelled, stopped=seen.mcp_cancel_stopped),
+            "an MCP call cancelled while running: `cancelled`, the server's tool stopped",
         ),
     ]
     if not dedup_counted:
@@ -208,14 +219,14 @@ def _traced(seen: Seen) -> str | None:
     return "; ".join(failed) or None
 
 
-async def _calls(broker_url: str, seen: Seen, sink: SpanSink) -> None:
+async def _calls(broker_url: str, seen: Seen, sink: SpanSink, executions: Path) -> None:
     reply_topic = f"{seen.prefix}/reply/guards-{uuid.uuid4().hex[:8]}"
     async with MqttConnection(BrokerUrl.from_url(broker_url)) as conn:
         await conn.subscribe([reply_topic])
         caller = _Caller(conn, seen.prefix, reply_topic)
         reader = asyncio.create_task(caller.read(conn.messages()), name="guard-replies")
         try:
-            await _guard_calls(caller, seen)
+            await _guard_calls(caller, seen, executions)
         finally:
             reader.cancel()
         seen.ran = caller.ran  # each id once: a repeat runs nothing, and may have no line
@@ -229,7 +240,7 @@ async def _calls(broker_url: str, seen: Seen, sink: SpanSink) -> None:
         )
 
 
-async def _guard_calls(caller: _Caller, seen: Seen) -> None:
+async def _guard_calls(caller: _Caller, seen: Seen, executions: Path) -> None:
     for path, arguments in (("settled", RAW_MCP_ARGUMENTS), ("full", MCP_ARGUMENTS)):
         trace_id = seen.trace_ids[path] = sampled_trace_id()
         traceparent = f"00-{trace_id}-{secrets.randbits(64) | 1:016x}-01"
@@ -238,18 +249,34 @@ async def _guard_calls(caller: _Caller, seen: Seen) -> None:
     seen.settled = _final(await caller.call(MCP_TOOL, RAW_MCP_ARGUMENTS))
     seen.full = _final(await caller.call(MCP_TOOL, MCP_ARGUMENTS))
     seen.steps = await caller.call(guard_tools.STEPS_TOOL, {"n": STEPS}, progress=True)
-    hold: dict[str, object] = {"hold_s": HOLD_S}
+    hold: dict[str, object] = {"hold_s": HOLD_S, "key": f"local-{uuid.uuid4().hex}"}
     seen.cancelled = await caller.call(guard_tools.HOLD_TOOL, hold, progress=True, cancel=True)
+    seen.cancel_stopped = await _stopped(executions, str(hold["key"]))
     steps: dict[str, object] = {"n": STEPS}
     seen.mcp_steps = await caller.call(guard_tools.MCP_STEPS_TOOL, steps, progress=True)
+    hold = {"hold_s": HOLD_S, "key": f"mcp-{uuid.uuid4().hex}"}
     seen.mcp_cancelled = await caller.call(
         guard_tools.MCP_HOLD_TOOL, hold, progress=True, cancel=True
     )
+    seen.mcp_cancel_stopped = await _stopped(executions, str(hold["key"]))
     ident = seen.repeat_id = f"guard-repeat-{uuid.uuid4().hex}"
     seen.first = _final(await caller.call(guard_tools.COUNT_TOOL, {"key": ident}, ident=ident))
     again = await caller.call(guard_tools.COUNT_TOOL, {"key": ident}, ident=ident, repeat=True)
     seen.repeat = _final(again)
     await _repeat_while_running(caller, seen)
+
+
+async def _stopped(executions: Path, key: str) -> bool:
+    """Whether the held tool wrote that its cancel reached it, looked for while the
+    worker runs (a worker that stops cancels what still holds: that must not count),
+    within `REPLY_BOUND_S`. The line may come after the `cancelled` reply (an MCP
+    server hears its `notifications/cancelled` after the worker answers)."""
+    deadline = asyncio.get_running_loop().time() + REPLY_BOUND_S
+    while not guard_tools.stopped(executions, key):
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(STOPPED_POLL_S)  # a file another process writes: no event
+    return True
 
 
 async def _repeat_while_running(caller: _Caller, seen: Seen) -> None:

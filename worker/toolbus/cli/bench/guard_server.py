@@ -6,7 +6,8 @@ guarded on the MCP path too: `notifications/progress` relayed to the caller, and
 caller's cancel reaching the server as `notifications/cancelled`.
 
 - `bench_guard_mcp_steps(n)`: reports progress 1..n (`ctx.report_progress`), then answers.
-- `bench_guard_mcp_hold(hold_s)`: reports progress 1 once running, then waits.
+- `bench_guard_mcp_hold(hold_s, key)`: reports progress 1 once running, then waits;
+  cancelled, it writes `stopped {key}` to the file its command line names.
 """
 
 from __future__ import annotations
@@ -32,10 +33,17 @@ async def steps(n: int, ctx: Context) -> dict[str, int]:
 
 
 @server.tool(name=HOLD_TOOL)
-async def hold(hold_s: float, ctx: Context) -> dict[str, float]:
-    """Reports that it runs, then holds for `hold_s` (a caller cancels it before)."""
+async def hold(hold_s: float, ctx: Context, key: str = "") -> dict[str, float]:
+    """Reports that it runs, then holds for `hold_s` (a caller cancels it before); a
+    `notifications/cancelled` that reaches it writes `stopped {key}` to the file named
+    on the command line (guard_tools.stopped)."""
     await ctx.report_progress(1, None, "running")
-    await asyncio.sleep(hold_s)
+    try:
+        await asyncio.sleep(hold_s)
+    except asyncio.CancelledError:
+        with open(sys.argv[1], "a") as f:  # noqa: ASYNC230 -- one line, then gone
+            f.write(f"stopped {key}\n")
+        raise
     return {"held_s": hold_s}
 
 

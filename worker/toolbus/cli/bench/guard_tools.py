@@ -9,8 +9,10 @@ installed for good). They import `toolbus` from the worker under test, so with
   run, so a repeat that ran again is counted, not guessed; with `hold_s` it reports
   progress 1 once running, then waits, so a repeat can be sent while it runs.
 - `bench_guard_steps(n)`: reports progress 1..n (`toolbus.progress`), then answers.
-- `bench_guard_hold(hold_s)`: reports progress 1 once running, then waits: the caller
-  cancels it on that update, so no sleep decides when it is running.
+- `bench_guard_hold(hold_s, key)`: reports progress 1 once running, then waits: the caller
+  cancels it on that update, so no sleep decides when it is running; cancelled, it
+  writes `stopped {key}` (`stopped`): a `cancelled` reply alone does not show the tool
+  stopped.
 """
 
 from __future__ import annotations
@@ -56,10 +58,16 @@ async def {steps}(n: int) -> dict[str, int]:
 
 
 @tool
-async def {hold}(hold_s: float) -> dict[str, float]:
-    """Reports that it runs, then holds for `hold_s` (a caller cancels it before)."""
+async def {hold}(hold_s: float, key: str = "") -> dict[str, float]:
+    """Reports that it runs, then holds for `hold_s` (a caller cancels it before); a
+    line `stopped {{key}}` says the cancel reached it (the bench waits for that line)."""
     progress(1, None, "running")
-    await asyncio.sleep(hold_s)
+    try:
+        await asyncio.sleep(hold_s)
+    except asyncio.CancelledError:
+        with open(EXECUTIONS, "a") as f:
+            f.write("stopped " + key + "\\n")
+        raise
     return {{"held_s": hold_s}}
 '''
 
@@ -80,6 +88,11 @@ def install(directory: Path) -> tuple[Path, Path]:
     points = "".join(f"{name} = {MODULE}:{name}\n" for name in (COUNT_TOOL, STEPS_TOOL, HOLD_TOOL))
     (dist / "entry_points.txt").write_text(f"[toolbus.tools]\n{points}")
     return folder, executions
+
+
+def stopped(path: Path, key: str) -> bool:
+    """Did the holding tool (ours, or guard_server.py's) see its cancel for `key`?"""
+    return path.exists() and f"stopped {key}" in path.read_text().splitlines()
 
 
 def executions(path: Path, key: str) -> int:

@@ -151,8 +151,9 @@ def check_progress(messages: Sequence[Mapping[str, Any]], steps: int) -> str | N
     return None
 
 
-def check_cancel(messages: Sequence[Mapping[str, Any]]) -> str | None:
-    """A call cancelled while it ran (its first update seen) ends as `cancelled`."""
+def check_cancel(messages: Sequence[Mapping[str, Any]], *, stopped: bool) -> str | None:
+    """A call cancelled while it ran (its first update seen) ends as `cancelled`, and
+    its tool stopped (`stopped`: the tool saw the cancel), not only its reply."""
     if not messages or "ok" not in messages[-1]:
         return "no final reply"
     reply = messages[-1]
@@ -160,6 +161,8 @@ def check_cancel(messages: Sequence[Mapping[str, Any]]) -> str | None:
         return f"ended {outcome(reply)}, not cancelled"
     if not any(m.get("type") == "progress" for m in messages[:-1]):
         return "it was never seen running"
+    if not stopped:
+        return "answered `cancelled`, but the cancel never reached the tool: it runs on"
     return None
 
 
