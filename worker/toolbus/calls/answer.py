@@ -25,6 +25,7 @@ from toolbus.calls.replies import internal_reply, replayed, reply_for_call
 from toolbus.calls.rounds import Rounds
 from toolbus.calls.running import ProgressSink, RunningCall, RunningCalls, StatusSink
 from toolbus.dedup import RUN_UNCLAIMED, Once, Verdict, fingerprint
+from toolbus.dedup.memory import closes_at_once
 from toolbus.dedup.tokens import TokenStore
 from toolbus.observability.metrics import Metrics
 from toolbus.observability.spans import mark_failed
@@ -86,10 +87,10 @@ class Answerer:
             )
         )
         self._stopping = False
-        # A store whose calls never wait (the in-process one, `in_process`) closes a run
-        # before anything can cut it short: `_closed` need not shield it in a task of
-        # its own (a task and a turn of the loop per call). One that does not say waits.
-        self._closes_at_once = once is not None and getattr(once.store, "in_process", False)
+        # A store whose close never waits (`closes_at_once`: the in-process one) closes a
+        # run before anything can cut it short: `_closed` need not shield it in a task of
+        # its own (a task and a turn of the loop per call).
+        self._closes_at_once = once is not None and closes_at_once(once.store)
 
     def stopping(self) -> None:
         """From now on a call cancelled mid-way answers `unavailable` (the worker stops)."""

@@ -44,11 +44,19 @@ class _Record:
             self.closed.set()
 
 
-class MemoryStore:
-    # Every call but `wait` (and `supersede`, through `claim`) returns without suspending:
-    # nothing can cancel one halfway, so a caller need not shield it (calls/answer.py).
-    in_process = True
+def closes_at_once(store: object) -> bool:
+    """True when closing a run in `store` never suspends (`finish` and `release` of
+    `MemoryStore` itself, not of a subclass that may wait): nothing can cancel such a
+    close halfway, so a caller need not shield it in a task (calls/answer.py)."""
+    kind = type(store)
+    return (
+        issubclass(kind, MemoryStore)
+        and kind.finish is MemoryStore.finish
+        and kind.release is MemoryStore.release
+    )
 
+
+class MemoryStore:
     def __init__(
         self, worker_id: str, max_records: int = 10_000, *, bounds: Bounds | None = None
     ) -> None:

@@ -6,7 +6,10 @@ the disconnect in `asyncio.wait`: a task, two futures and a turn of the loop mor
 request, the largest piece of the "inbound queue" stage in bench/README.md's profile.
 `Inbox` is the queue aiomqtt fills (`put_nowait`, `qsize`, `get`: what it calls), and
 `MqttConnection.messages` reads it with `next`, which waits on one future and ends
-when the connection is gone (`close`), after what arrived before is taken.
+as soon as the connection is gone (`close`), as aiomqtt's iterator did: what is still
+queued then was never acknowledged, so the broker delivers it again to whoever holds
+the session next. Run here as well, a call without an id could run twice (a worker
+whose session another process took over).
 """
 
 from __future__ import annotations
@@ -52,17 +55,17 @@ class Inbox(Generic[T]):
         return not self._items
 
     def close(self) -> None:
-        """The connection is gone: `next` returns None once the messages left are taken."""
+        """The connection is gone: `next` returns None from now on, whatever is queued."""
         self._closed = True
         self._wake()
 
     async def next(self) -> T | None:
-        """The next message; None once closed and empty."""
+        """The next message; None once closed (what is left is the broker's to resend)."""
         while not self._items:
             if self._closed:
                 return None
             await self._wait()
-        return self._items.popleft()
+        return None if self._closed else self._items.popleft()
 
     async def get(self) -> T:
         """aiomqtt's own iterator's read (the connections that read through it): waits
