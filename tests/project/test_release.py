@@ -173,8 +173,8 @@ def test_the_wheel_holds_the_package_and_its_command(dist: Path) -> None:
         info = f"toolbus-{VERSION}.dist-info"
         entry_points = wheel.read(f"{info}/entry_points.txt").decode()
         metadata = wheel.read(f"{info}/METADATA").decode()
-    assert {"toolbus/py.typed", "toolbus/__init__.py", "toolbus/cli/main.py"} <= names
-    assert "toolbus = toolbus.cli.main:main" in entry_points
+    assert {"toolbus/py.typed", "toolbus/__init__.py", "toolbus/cli/entry.py"} <= names
+    assert "toolbus = toolbus.cli.entry:main" in entry_points
     assert f"Version: {VERSION}" in metadata
     # The licence the metadata declares travels with the code, its text included.
     assert "License-Expression: Apache-2.0" in metadata
