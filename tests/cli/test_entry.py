@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import toolbus.cli.entry  # noqa: F401  (imported: nothing may change for the importer)
+import toolbus.cli.entry  # noqa: F401 -- imported: nothing may change for the importer
 from toolbus.cli.main import main
 
 ENTERED = """

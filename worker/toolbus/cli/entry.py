@@ -17,6 +17,6 @@ import gc
 
 def main() -> int:
     gc.disable()
-    from toolbus.cli.main import main as command_line  # noqa: PLC0415 (after: the point)
+    from toolbus.cli.main import main as command_line  # noqa: PLC0415 -- after gc.disable(): the point
 
     return command_line()
