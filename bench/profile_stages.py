@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -251,7 +253,11 @@ def record(args: argparse.Namespace, out: Path) -> None:
     ]
     if args.worker_tree:
         cmd += ["--worker-tree", args.worker_tree]
-    bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    # A session of its own: on any failure here, its worker, load generator and broker
+    # go with it (killing the bench alone left them running).
+    bench = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         # The load generator starts once the worker answered its probes; its window opens
         # after the warm-up. The worker is found after it: the measured one by then.
@@ -279,8 +285,9 @@ def record(args: argparse.Namespace, out: Path) -> None:
         table, _ = bench.communicate(timeout=120)
         print(table.decode(errors="replace").split("\n\n")[0])
     finally:
-        if bench.poll() is None:
-            bench.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bench.pid, signal.SIGKILL)  # whatever of the run is left
+        bench.wait(timeout=30)
 
 
 def main() -> None:
