@@ -19,10 +19,10 @@ leave the outcome unknown (`NoReply`, with the held answer).
 
 The connection is kept and re-made when the broker goes away (a cluster's next node),
 so requests made across a broker restart are sent again once it is back; after another
-connection took the
-client id over (v5 0x8E) only after a doubling delay, or never (`fail_when_taken_over`:
-`SessionTakenOver`). A request the broker refuses (its PUBACK's reason code, an ACL's
-"not authorized") fails at once with `RequestRefused`. `toolbus.Client` builds on this.
+connection took the client id over only after a doubling delay, or never
+(`fail_when_taken_over`: `SessionTakenOver`; `takeover`). A request the broker refuses
+(its PUBACK's reason code, an ACL's "not authorized") fails at once with
+`RequestRefused`. `toolbus.Client` builds on this.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import Self, TypeVar
 
 from toolbus.client.answers import OnProgress, Pending, Said, final
 from toolbus.client.refusals import refused
+from toolbus.client.takeover import Dropped, Takeovers
 from toolbus.transport import (
     MqttConnection,
     SessionTakenOver,
@@ -56,12 +57,8 @@ __all__ = ["NO_RETRY", "Pending", "Requester", "Retry", "Said", "final"]
 log = logging.getLogger("toolbus.client")
 
 RECONNECT_DELAYS_S = (0.05, 0.1, 0.2, 0.5, 1.0)  # then 1 s apart: a broker restarting
-# After another connection took our client id over (0x8E): connecting again at once takes
-# it back, and the other does the same, a loop of thousands a second. Doubling, bounded.
-TAKEN_OVER_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 15.0)
-# A connection lost sooner than this after it was made counts toward that backoff: a
-# taken-over one that mosquitto before 2.0.15 closes without saying why.
-SHORT_LIVED_S = 2.0
+# The first connect gives up after this many in a row lost as they were made (`Dropped`).
+FIRST_CONNECT_DROPS = 3
 
 T = TypeVar("T")
 
@@ -115,9 +112,9 @@ class Requester:
         fail_when_taken_over: bool = False,
         keepalive_s: int = 60,
     ) -> None:
-        self._nodes, self._fail_when_taken_over = Nodes(broker), fail_when_taken_over
+        self._nodes = Nodes(broker)
+        self._takeovers = Takeovers(client_id, fail=fail_when_taken_over)
         self._failed: SessionTakenOver | None = None  # no request can be sent now
-        self.short_lived = 0  # connections in a row lost soon after made (or taken over)
         self._watch, self._heard = watch, heard
         self._on_resend, self._retry = on_resend, retry
         self.client_id, self.reply_topic = client_id, reply_topic
@@ -133,13 +130,18 @@ class Requester:
     async def __aenter__(self) -> Self:
         """Connected and subscribed; raises `TransportError` when the broker cannot be
         reached now (later losses are re-connected); `RequestRefused` when it refuses
-        the reply topic's subscription (an ACL: no answer could come)."""
-        try:
-            first = await self._nodes.first(self._connect)
-        except SubscriptionRefused as exc:  # the reply topic's (presence's is caught)
-            code = exc.refused[0][1] if exc.refused else 0x80
-            what = "the subscription to the reply topic"
-            raise refused("SUBACK", code, what, self.reply_topic) from None
+        the reply topic's subscription (an ACL: no answer could come); `SessionTakenOver`
+        when another connection keeps taking the client id over as it connects."""
+        while True:
+            try:
+                first = await self._nodes.first(self._connect)
+                break
+            except SubscriptionRefused as exc:  # the reply topic's (presence's is caught)
+                code = exc.refused[0][1] if exc.refused else 0x80
+                what = "the subscription to the reply topic"
+                raise refused("SUBACK", code, what, self.reply_topic) from None
+            except Dropped as dropped:  # taken over as it was made: as any short-lived one
+                await self._again_after(dropped, fail_at=FIRST_CONNECT_DROPS)
         self._reader = asyncio.create_task(self._read(first), name=f"client-{self.client_id}")
         return self
 
@@ -305,10 +307,15 @@ class Requester:
             if self._watch is not None:
                 await self._watch(connection)
         except BaseException as exc:
+            lost = connection.taken_over or not connection.connected  # not a stall
             with contextlib.suppress(TransportError):
                 await connection.__aexit__(None, None, None)
-            if isinstance(exc, TransportError) and connection.taken_over:
-                raise SessionTakenOver(self.client_id) from exc
+            if (
+                lost
+                and isinstance(exc, TransportError)
+                and not isinstance(exc, SubscriptionRefused)
+            ):
+                raise Dropped(exc, taken_over=connection.taken_over) from exc
             raise
         self.connects += 1
         self.connection = connection
@@ -338,42 +345,28 @@ class Requester:
             self._lost(connection)
             with contextlib.suppress(TransportError):
                 await connection.__aexit__(None, None, None)
-            if not await self._after_loss(connection.taken_over, loop.time() - made):
+            if await self._after_loss(connection.taken_over, loop.time() - made) is not None:
                 return
             try:
                 connection = await self._reconnect()
             except SessionTakenOver:
                 return  # taken over again while connecting: the requests fail with it
 
-    async def _after_loss(self, taken_over: bool, lived_s: float) -> bool:
-        """After a lost connection: False when the requests fail now, else True once it
-        is time to connect again. Taken over (0x8E), or lost within `SHORT_LIVED_S` of
-        being made (mosquitto before 2.0.15 closes a taken-over connection without a
-        word): a doubling delay first, never a tight loop of two clients with one id
-        taking it from each other. `fail_when_taken_over`: fail at once on a 0x8E, on
-        the second short-lived connection in a row without one."""
-        if not taken_over and lived_s >= SHORT_LIVED_S:
-            self.short_lived = 0
-            return True  # a broker restart, say: connect again at once
-        self.short_lived += 1
-        if self._fail_when_taken_over and (taken_over or self.short_lived >= 2):
-            self._failed = SessionTakenOver(
-                self.client_id, certain=taken_over, times=self.short_lived
-            )
+    async def _after_loss(
+        self, taken_over: bool, lived_s: float, *, fail_at: int | None = None
+    ) -> SessionTakenOver | None:
+        """After a lost connection: the error when the requests fail now, else None once
+        it is time to connect again: at once after a broker restart, after a doubling
+        delay when taken over (`takeover`)."""
+        delay_s = self._takeovers.after_loss(taken_over, lived_s, fail_at=fail_at)
+        if isinstance(delay_s, SessionTakenOver):
+            self._failed = delay_s
             self._connected.set()  # wakes every request waiting to send: each sees it
             for pending in self._pending.values():
                 pending.arrived.set()  # and every one waiting for an answer
-            return False
-        delay_s = TAKEN_OVER_DELAYS_S[min(self.short_lived, len(TAKEN_OVER_DELAYS_S)) - 1]
-        if taken_over:
-            log.warning(
-                "another connection took client id %s over: connecting again in %g s (two "
-                "clients with one client id take it from each other)",
-                self.client_id,
-                delay_s,
-            )
+            return delay_s
         await asyncio.sleep(delay_s)
-        return True
+        return None
 
     async def _reconnect(self) -> MqttConnection:
         """Until the broker is back (bounded by the owner: closing the requester ends it)."""
@@ -381,14 +374,18 @@ class Requester:
         while True:
             try:
                 return await self._connect()
-            except SessionTakenOver:
-                if not await self._after_loss(True, 0.0):
-                    raise
+            except Dropped as dropped:
+                await self._again_after(dropped)
             except TransportError:
                 self._nodes.advance()  # this node does not answer: the next, after a pause
                 delay_s = RECONNECT_DELAYS_S[min(attempt, len(RECONNECT_DELAYS_S) - 1)]
                 attempt += 1
                 await asyncio.sleep(delay_s)  # a broker restarting: back off, then retry
+
+    async def _again_after(self, dropped: Dropped, *, fail_at: int | None = None) -> None:
+        """After a connection lost as it was made: the delay, or `SessionTakenOver`."""
+        if (failed := await self._after_loss(dropped.taken_over, 0.0, fail_at=fail_at)) is not None:
+            raise failed from dropped
 
     def _deliver(self, correlation: bytes | None, payload: bytes) -> None:
         pending = self._pending.get(correlation or b"")
