@@ -18,11 +18,14 @@ import pytest
 
 from tests.support.harness import Broker
 from toolbus.client.client import Client
+from toolbus.client.presence import Presence
 from toolbus.client.requester import FIRST_CONNECT_DROPS, NO_RETRY, Requester
 from toolbus.client.takeover import TAKEN_OVER_DELAYS_S
-from toolbus.transport import MqttConnection, SessionTakenOver, TransportError
+from toolbus.transport import MqttConnection, SessionTakenOver, SubscriptionRefused, TransportError
 from toolbus.wire.broker import BrokerUrl
+from toolbus.wire.errors import NoWorker
 from toolbus.wire.messages import Outbound
+from toolbus.wire.topics import Topics
 
 WATCHED_S = 2.5
 # 1 s, then 2 s, apart at most: 2 or 3 connects each in 2.5 s; before, hundreds.
@@ -120,6 +123,8 @@ async def test_a_connection_taken_over_as_it_is_made_is_made_again(broker: Broke
             await responder
     finally:
         responder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await responder
         await thief.close()
     assert answer == b"hello"
     assert len(thief.made) == 1 and requester.connects == 1
@@ -176,3 +181,39 @@ async def test_a_first_connect_taken_over_every_time_gives_up(broker: Broker) ->
     assert len(thief.made) == FIRST_CONNECT_DROPS
     assert took_s >= sum(TAKEN_OVER_DELAYS_S[: FIRST_CONNECT_DROPS - 1]), took_s
     assert told.value.client_id == shared
+
+
+class _Subscribing:
+    """A connection as far as `Presence.subscribe` sees it; `error`: what its subscribe
+    raises. After a DISCONNECT 0x8E paho still reads as `connected` (only a silent close
+    marks it lost)."""
+
+    connected = True
+
+    def __init__(self, error: TransportError | None = None) -> None:
+        self.error = error
+
+    async def subscribe(self, filters: list[str], qos: int = 1) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+async def test_presence_raises_a_lost_subscription_and_keeps_only_a_refusal() -> None:
+    """The worker-status watch: a subscription lost to a takeover (or a SUBACK that never
+    came) is raised, so the requester connects again, and the next connection's statuses
+    are read; before, it was taken for an ACL's refusal and `require_worker` was off for
+    the client's life. An ACL's refusal still means the statuses cannot tell."""
+    presence = Presence(Topics("toolbus", "", ("toolbus/reply/",)))
+    lost = _Subscribing(TransportError("connection lost while subscribing"))
+    with pytest.raises(TransportError):
+        await presence.subscribe(lost)  # type: ignore[arg-type]
+    await presence.subscribe(_Subscribing())  # type: ignore[arg-type]  # the next connection
+    async with asyncio.timeout(5):
+        with pytest.raises(NoWorker):
+            await presence.check()  # read, not given up on: no status says a worker is up
+
+    refused = Presence(Topics("toolbus", "", ("toolbus/reply/",)))
+    acl = SubscriptionRefused("refused", [("toolbus/status/workers/+", 0x87)])
+    await refused.subscribe(_Subscribing(acl))  # type: ignore[arg-type]
+    async with asyncio.timeout(5):
+        await refused.check()  # cannot tell: the request goes out

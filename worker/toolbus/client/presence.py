@@ -33,7 +33,7 @@ import uuid
 from datetime import UTC, datetime
 
 from toolbus.client.pool import QUIET_MAX_S, QUIET_S, Pool
-from toolbus.transport import MqttConnection, TransportError
+from toolbus.transport import MqttConnection, SubscriptionRefused
 from toolbus.wire.errors import NoWorker
 from toolbus.wire.messages import Inbound
 from toolbus.wire.topics import Topics
@@ -66,10 +66,10 @@ class Presence:
             await conn.subscribe(self.filters, qos=0)
             barrier = f"{self._topics.prefix}/status/.barrier/{uuid.uuid4().hex}"
             await conn.subscribe([barrier], qos=0)
-        except TransportError:
-            if not conn.connected:
-                raise  # lost: the requester connects again
+        except SubscriptionRefused:
             self._refused = True  # refused by an ACL: the statuses cannot say
+        # Any other `TransportError` (lost, taken over, no SUBACK in time) is raised: the
+        # requester connects again (a taken-over connection still reads as connected).
         self._subscribed_at = asyncio.get_running_loop().time()
         self._changed.set()
 

@@ -375,6 +375,7 @@ class Requester:
             try:
                 return await self._connect()
             except Dropped as dropped:
+                self._nodes.advance()  # lost as a connection is: the next node, if any
                 await self._again_after(dropped)
             except TransportError:
                 self._nodes.advance()  # this node does not answer: the next, after a pause
