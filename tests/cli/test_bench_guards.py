@@ -180,13 +180,15 @@ def test_the_sink_decodes_what_an_exporter_posts(tmp_path: Path) -> None:
     span.name, span.trace_id, span.span_id, span.kind = "s", b"\x01" * 16, b"\x02" * 8, CLIENT
     body = request.SerializeToString()
     assert [(s.name, s.service, s.kind) for s in decode(body)] == [("s", "svc", 3)]
-    with span_sink() as sink:
-        for payload in (body, b"\xff not protobuf"):
-            post = urllib.request.Request(f"{sink.endpoint}/v1/traces", payload, method="POST")
-            with urllib.request.urlopen(post, timeout=10) as answer:
-                assert answer.status == 200
-        assert [s.trace_id for s in sink.spans()] == ["01" * 16]
-        assert sink.undecodable == 1
+    for keep in (True, False):  # the guards' sink; a measured run's, which only counts
+        with span_sink(keep=keep) as sink:
+            for payload in (body, b"\xff not protobuf"):
+                post = urllib.request.Request(f"{sink.endpoint}/v1/traces", payload, method="POST")
+                with urllib.request.urlopen(post, timeout=10) as answer:
+                    assert answer.status == 200
+            assert sink.traces_received == 2
+            assert [s.trace_id for s in sink.spans()] == (["01" * 16] if keep else [])
+            assert sink.undecodable == (1 if keep else 0)
 
 
 def test_the_sampled_trace_id_is_sampled_by_the_guards_ratio() -> None:

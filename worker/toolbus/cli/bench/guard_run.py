@@ -128,7 +128,7 @@ def observe(scratch: Path, broker_url: str, serve: ServeOptions) -> Seen:
     spans the sink received, the executions counted and the worker's whole log."""
     prefix = f"guard{uuid.uuid4().hex[:8]}"
     folder, executions = guard_tools.install(scratch)
-    with span_sink() as sink:
+    with span_sink(keep=True) as sink:
         options = replace(
             serve,
             log_level="INFO",

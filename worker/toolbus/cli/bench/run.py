@@ -28,7 +28,6 @@ from toolbus.cli.bench import aiomqtt_echo, faststream_echo
 from toolbus.cli.bench.guard_run import run_guards
 from toolbus.cli.bench.guards import GuardResult
 from toolbus.cli.bench.mosquitto import Broker, private_broker
-from toolbus.cli.bench.otlp_sink import OtlpSink, otlp_sink
 from toolbus.cli.bench.phases import (
     MCP_TOOL,
     RESPONDERS,
@@ -42,6 +41,7 @@ from toolbus.cli.bench.phases import (
     split,
 )
 from toolbus.cli.bench.served import Probe, ServeOptions, served_worker, stop
+from toolbus.cli.bench.span_sink import SpanSink, span_sink
 
 ECHO_START_BOUND_S = 30.0
 
@@ -101,7 +101,7 @@ def run(options: BenchOptions, *, show_progress: bool = True) -> BenchRun:
     with ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="toolbus-bench-")))
         broker = stack.enter_context(private_broker())
-        sink = stack.enter_context(otlp_sink()) if any(r.tracing for r in responders) else None
+        sink = stack.enter_context(span_sink()) if any(r.tracing for r in responders) else None
         progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -159,7 +159,7 @@ def started(
     broker: Broker,
     scratch: Path,
     options: BenchOptions,
-    sink: OtlpSink | None,
+    sink: SpanSink | None,
 ) -> Iterator[tuple[Measured, str]]:
     """The responder running (the raw baseline starts with each load generator), with
     whose CPU to read and the topic prefix it serves."""

@@ -1,10 +1,11 @@
-"""A local OTLP/HTTP receiver that decodes and keeps the spans: the traced guard's far end.
+"""A local OTLP/HTTP receiver in a thread of the bench's process: tracing's far end.
 
-Unlike `otlp_sink` (which drops what it gets, so that measuring tracing costs the bench
-nothing), this one decodes each `ExportTraceServiceRequest` (opentelemetry-proto, which
-comes with the OTLP exporter) into `Span`s with their service's name, for the guard that
-needs the worker's `tools/call` CLIENT span and the MCP server's own span in one trace.
-It runs only for the guards step, in a thread of the bench's process.
+It answers 200 to every POST and counts the span exports (`traces_received`), so a
+measured run with tracing on fails loudly when no span arrived. By default it drops what
+it gets, so that measuring tracing costs the bench nothing. With `keep` (the guards
+step) it decodes each `ExportTraceServiceRequest` (opentelemetry-proto, which comes with
+the OTLP exporter) into `Span`s with their service's name, for the guard that needs the
+worker's `tools/call` CLIENT span and the MCP server's own span in one trace.
 """
 
 from __future__ import annotations
@@ -67,8 +68,10 @@ def decode(body: bytes) -> list[Span]:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
+        self.keep = keep
+        self.traces_received = 0  # exports to TRACES_PATH, kept or not
         self.spans: list[Span] = []
         self.undecodable = 0  # bodies that were not OTLP protobuf
         self.arrived = threading.Condition()
@@ -80,27 +83,34 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         if self.path == TRACES_PATH:
+            self._received(body)
+        self.send_response(200)  # an empty ExportTraceServiceResponse: all accepted
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _received(self, body: bytes) -> None:
+        received: list[Span] = []
+        server = self.server
+        if server.keep:
             try:
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
                 received = decode(body)
             except (OSError, DecodeError):  # not gzip after all, or not OTLP protobuf
-                received = []
-                self.server.undecodable += 1
-            with self.server.arrived:
-                self.server.spans += received
-                self.server.arrived.notify_all()
-        self.send_response(200)  # an empty ExportTraceServiceResponse: all accepted
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
+                with server.arrived:
+                    server.undecodable += 1
+        with server.arrived:  # handlers run in threads of their own
+            server.traces_received += 1
+            server.spans += received
+            server.arrived.notify_all()
 
     def log_message(self, *args: Any) -> None:
         return None
 
 
 class SpanSink:
-    """Where the guard worker exports: `endpoint` is its OTEL_EXPORTER_OTLP_ENDPOINT."""
+    """Where a worker exports: `endpoint` is its OTEL_EXPORTER_OTLP_ENDPOINT."""
 
     def __init__(self, server: _Server) -> None:
         self._server = server
@@ -109,6 +119,10 @@ class SpanSink:
     def endpoint(self) -> str:
         host, port = self._server.server_address[:2]
         return f"http://{host!s}:{port}"
+
+    @property
+    def traces_received(self) -> int:
+        return self._server.traces_received
 
     @property
     def undecodable(self) -> int:
@@ -127,8 +141,9 @@ class SpanSink:
 
 
 @contextmanager
-def span_sink() -> Iterator[SpanSink]:
-    server = _Server()
+def span_sink(*, keep: bool = False) -> Iterator[SpanSink]:
+    """A sink for the block; `keep`: decode and keep the spans (else only counted)."""
+    server = _Server(keep)
     thread = threading.Thread(target=server.serve_forever, name="span-sink", daemon=True)
     thread.start()
     try:
