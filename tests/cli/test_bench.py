@@ -251,6 +251,18 @@ def test_call_context_bench_runs() -> None:
     assert "Pipeline.handle" in result.stdout and "share of the call" in result.stdout
 
 
+def test_loop_turns_bench_counts_a_real_worker() -> None:
+    result = run(sys.executable, "bench/loop_turns.py", "--calls", "5")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "loop turns" in result.stdout and "task InFlight._run" in result.stdout, result.stdout
+
+
+def test_mcp_call_bench_compares_the_executor_with_the_raw_session() -> None:
+    result = run(sys.executable, "bench/mcp_call.py", "--calls", "3", "--rounds", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "raw SDK session" in result.stdout and "toolbus / raw" in result.stdout, result.stdout
+
+
 def test_progress_and_tasks_bench_runs(tmp_path: Path) -> None:
     """Progress relayed through a served worker, and a task against a plain call."""
     figures = tmp_path / "pt.json"

@@ -82,35 +82,3 @@ def test_toolbus_bench_ids_reach_every_load_generator() -> None:
     with_ids = loadgen_commands("mqtt://127.0.0.1:1", "p", echo, (2, 2), ids=True)
     assert len(with_ids) == 2 and all("--ids" in command for command in with_ids)
     assert not any("--ids" in c for c in loadgen_commands("mqtt://127.0.0.1:1", "p", echo, (4,)))
-
-
-def test_loop_turns_bench_counts_a_real_worker() -> None:
-    import subprocess
-    import sys
-
-    script = SCRIPT.parent / "loop_turns.py"
-    result = subprocess.run(
-        [sys.executable, str(script), "--calls", "5"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "loop turns" in result.stdout and "task InFlight._run" in result.stdout, result.stdout
-
-
-def test_mcp_call_bench_compares_the_executor_with_the_raw_session() -> None:
-    import subprocess
-    import sys
-
-    script = SCRIPT.parent / "mcp_call.py"
-    result = subprocess.run(
-        [sys.executable, str(script), "--calls", "3", "--rounds", "1"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "raw SDK session" in result.stdout and "toolbus / raw" in result.stdout, result.stdout
