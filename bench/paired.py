@@ -11,12 +11,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from rich.console import Console
+from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,3 +72,24 @@ def alternate(
                 )
                 outputs.append(json.loads(child.stdout))
     return before, after
+
+
+def print_paired(
+    title: str,
+    first: str,
+    names: Sequence[str],
+    outputs: tuple[list[Any], list[Any]],
+    *,
+    tree: Path,
+    repeat: int,
+) -> None:
+    """Each figure's median over `alternate`'s children (each printed an object of
+    figures in µs, `names` among its keys), the other tree's beside this checkout's."""
+    theirs, ours = ({n: [run[n] for run in runs] for n in names} for runs in outputs)
+    table = Table(title=f"{title}, median of {repeat} processes each")
+    for column in (first, f"{tree} µs", "this checkout µs", "difference µs"):
+        table.add_column(column, justify="left" if column == first else "right")
+    for name in names:
+        before, after = statistics.median(theirs[name]), statistics.median(ours[name])
+        table.add_row(name, f"{before:.1f}", f"{after:.1f}", f"{after - before:+.1f}")
+    Console().print(table)

@@ -25,7 +25,6 @@ import cProfile
 import json
 import logging
 import pstats
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from paired import (  # bench/paired.py: this script's folder is first on the path
     alternate,
     paired_parser,
+    print_paired,
 )
 from rich.console import Console
 from rich.table import Table
@@ -155,14 +155,7 @@ def main() -> None:
     outputs = alternate(
         __file__, args.worker_tree, sizes, repeat=args.repeat, timeout_s=CHILD_TIMEOUT_S
     )
-    theirs, ours = ({name: [run[name] for run in runs] for name in CASES} for runs in outputs)
-    table = Table(title=f"{title}, median of {args.repeat} processes each")
-    for column in ("call", f"{args.worker_tree} µs", "this checkout µs", "difference µs"):
-        table.add_column(column, justify="left" if column == "call" else "right")
-    for name in CASES:
-        before, after = statistics.median(theirs[name]), statistics.median(ours[name])
-        table.add_row(name, f"{before:.1f}", f"{after:.1f}", f"{after - before:+.1f}")
-    Console().print(table)
+    print_paired(title, "call", list(CASES), outputs, tree=args.worker_tree, repeat=args.repeat)
 
 
 if __name__ == "__main__":

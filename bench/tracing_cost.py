@@ -27,7 +27,6 @@ import cProfile
 import json
 import logging
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -38,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
-from paired import alternate, paired_parser  # bench/paired.py, beside this script
+from paired import alternate, paired_parser, print_paired  # bench/paired.py, beside this script
 from rich.console import Console
 from rich.table import Table
 
@@ -208,14 +207,7 @@ def main() -> None:
         __file__, args.worker_tree, sizes, repeat=args.repeat, timeout_s=CHILD_TIMEOUT_S
     )
     names = list(outputs[1][0])
-    theirs, ours = ({n: [run[n] for run in runs] for n in names} for runs in outputs)
-    table = Table(title=f"{title}, median of {args.repeat} processes each")
-    for column in ("figure", f"{args.worker_tree} µs", "this checkout µs", "difference µs"):
-        table.add_column(column, justify="left" if column == "figure" else "right")
-    for name in names:
-        before, after = statistics.median(theirs[name]), statistics.median(ours[name])
-        table.add_row(name, f"{before:.1f}", f"{after:.1f}", f"{after - before:+.1f}")
-    Console().print(table)
+    print_paired(title, "figure", names, outputs, tree=args.worker_tree, repeat=args.repeat)
 
 
 if __name__ == "__main__":
