@@ -41,17 +41,33 @@ async def _read_all(conn: MqttConnection) -> None:
             pass
 
 
-async def test_messages_end_when_the_reader_fails() -> None:
+# Loop turns after the stand-in broker closed its end: a reader left registered on the
+# socket would handle the bad PUBLISH again in each (an ERROR line a turn, 19 000 of
+# them across the next test file once; one such file's TLS connect then timed out).
+WATCHED_TURNS = 200
+
+
+@pytest.mark.parametrize("hold", [None, 4], ids=["aiomqtt-reader", "bounded-reader"])
+async def test_messages_end_when_the_reader_fails(
+    hold: int | None, caplog: pytest.LogCaptureFixture
+) -> None:
     done = asyncio.Event()
     server = await asyncio.start_server(lambda r, w: _broker(r, w, done), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     async with server:
         broker = BrokerUrl.from_url(f"mqtt://127.0.0.1:{port}")
-        async with MqttConnection(broker, timeout_s=2) as conn:
-            paho_of(conn._client).subscribe("t")  # the broker's cue (it sends no SUBACK)
+        async with MqttConnection(broker, timeout_s=2, hold=hold) as conn:
+            inner = paho_of(conn._client)
+            inner.subscribe("t")  # the broker's cue (it sends no SUBACK)
             with pytest.raises(TransportError) as ended:
                 await _read_all(conn)
-        done.set()
-    # Chained from paho's error, as aiomqtt's iterator did: retrieved, so never logged
-    # as "Future exception was never retrieved".
-    assert isinstance(ended.value.__cause__, UnicodeDecodeError)
+        done.set()  # the stand-in broker closes its end: the socket reads as ended
+        for _ in range(WATCHED_TURNS):
+            await asyncio.sleep(0)  # a window of loop turns, not a wait for anything
+    assert inner.socket() is None  # dropped: paho closed it after its DISCONNECT
+    handled = [r for r in caplog.records if "on_message" in r.getMessage()]
+    assert len(handled) == 1, len(handled)  # the bad PUBLISH handled once, never again
+    if hold is None:
+        # Chained from paho's error, as aiomqtt's iterator did: retrieved, so never
+        # logged as "Future exception was never retrieved".
+        assert isinstance(ended.value.__cause__, UnicodeDecodeError)

@@ -22,8 +22,8 @@ paho's public API (`on_socket_open`, `on_socket_close`, `loop_read`, `socket`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import socket
 import ssl
 from typing import TYPE_CHECKING
 
@@ -108,9 +108,7 @@ class BoundedReader:
                     break
         except Exception:  # paho reports a lost connection as a code; this is a broken one
             log.exception("reading from the broker failed; dropping the connection")
-            sock = self._paho.socket()
-            if isinstance(sock, socket.socket):  # paho's next read sees the end: lost
-                sock.shutdown(socket.SHUT_RDWR)
+            drop_after_failure(self._paho)
             return
         if self._held() and self._live() and not self.paused.is_set():
             assert self._loop is not None
@@ -175,11 +173,33 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
 def ended_of(client: aiomqtt.Client) -> asyncio.Future[None]:
     """The future aiomqtt ends its message stream with (`Client._disconnected`): also
     set when its socket callbacks fail, which paho's on_disconnect never hears. aiomqtt
-    replaces it while connecting: read it once connected."""
+    replaces it while connecting: read it once connected. Ended by such a failure, the
+    connection is dropped (`drop_after_failure`): aiomqtt itself leaves it open."""
     ended = client._disconnected
     if not isinstance(ended, asyncio.Future):  # aiomqtt changed underneath: never guess
         raise TypeError(f"aiomqtt.Client._disconnected is {type(ended).__name__}, not a Future")
+    inner = paho_of(client)
+
+    def failed(ended: asyncio.Future[None]) -> None:
+        if not ended.cancelled() and ended.exception() is not None:
+            drop_after_failure(inner)  # after a loss paho has closed the socket: a no-op
+
+    ended.add_done_callback(failed)
     return ended
+
+
+def drop_after_failure(inner: paho.Client) -> None:
+    """After `loop_read` raised (a packet paho could not deliver: a PUBLISH whose topic is
+    not UTF-8): paho handles that same packet again on each later `loop_read`, before it
+    reads anything more, so a reader left registered spins on the socket's next bytes
+    (or its end) for the process's life, an ERROR line a turn. Stop reading the socket
+    now; paho's DISCONNECT, once written, closes it and ends the connection."""
+    sock = inner.socket()
+    if sock is None:
+        return
+    with contextlib.suppress(RuntimeError, ValueError):  # no running loop; a closed socket
+        asyncio.get_running_loop().remove_reader(sock.fileno())
+    inner.disconnect()
 
 
 def paho_of(client: aiomqtt.Client) -> paho.Client:
