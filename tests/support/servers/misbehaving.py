@@ -357,6 +357,19 @@ def picture() -> list[Any]:
     ]
 
 
+def wait_at_the_gate(gate: str) -> None:
+    """Until a byte comes on the FIFO `gate`, or no one holds it open for writing any
+    more (the test ended). Opened without blocking: a blocking open waits for a writer,
+    and a start that reaches it after the test closed its end (a slow start on a loaded
+    machine) waited for ever, an orphan once its worker was killed."""
+    fd = os.open(gate, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        os.set_blocking(fd, True)  # now a read waits for a byte, or the last writer's close
+        os.read(fd, 1)
+    finally:
+        os.close(fd)
+
+
 def main() -> None:
     (STATE / "pid").write_text(str(os.getpid()))
     starts = bump("starts")
@@ -366,8 +379,7 @@ def main() -> None:
     time.sleep(float(os.environ.get("TB_SLOW_START_S", "0")))
     gate = os.environ.get("TB_START_GATE")
     if gate:  # the test holds the FIFO open and writes when this start may go on
-        with open(gate, "rb", buffering=0) as opened:
-            opened.read(1)
+        wait_at_the_gate(gate)
     if os.environ.get("TB_GARBAGE"):
         garbage("Welcome to the misbehaving server v0.0 (a banner on stdout)")
     port = os.environ.get("TB_HTTP_PORT")
