@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 
 import aiomqtt
 import paho.mqtt.client as paho
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.reasoncodes import ReasonCode
 
 if TYPE_CHECKING:
     from paho.mqtt.client import SocketLike
@@ -107,8 +109,7 @@ class BoundedReader:
                 if self._held() or not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
                     break
         except Exception:  # paho reports a lost connection as a code; this is a broken one
-            log.exception("reading from the broker failed; dropping the connection")
-            drop_after_failure(self._paho)
+            self._failed()
             return
         if self._held() and self._live() and not self.paused.is_set():
             assert self._loop is not None
@@ -138,8 +139,19 @@ class BoundedReader:
     def _keep_alive(self) -> None:
         """Paused: read one packet, so paho sees bytes arrive and keeps the connection."""
         if self.paused.is_set() and self._live():
-            self._paho.loop_read()
+            try:
+                self._paho.loop_read()
+            except Exception:  # as in `_read`
+                self._failed()
+                return
             self._schedule_probe()
+
+    def _failed(self) -> None:
+        """A read raised: never read this socket again (a resume or a probe would handle
+        the same packet again), and drop the connection."""
+        log.exception("reading from the broker failed; dropping the connection")
+        self._closed()  # forgets the fd: `_live` is False from now on
+        drop_after_failure(self._paho)
 
     def _stop_probing(self) -> None:
         if self._probe is not None:
@@ -199,7 +211,9 @@ def drop_after_failure(inner: paho.Client) -> None:
         return
     with contextlib.suppress(RuntimeError, ValueError):  # no running loop; a closed socket
         asyncio.get_running_loop().remove_reader(sock.fileno())
-    inner.disconnect()
+    # 0x04, not a clean 0x00: the broker publishes the connection's Will (the worker's
+    # `offline` status), as it would for a connection lost.
+    inner.disconnect(ReasonCode(PacketTypes.DISCONNECT, "Disconnect with will message"))
 
 
 def paho_of(client: aiomqtt.Client) -> paho.Client:
