@@ -42,7 +42,7 @@ from toolbus.transport.paho_log import PAHO_LOG
 from toolbus.transport.properties import packet_bytes, publish_properties
 from toolbus.transport.pubacks import Pubacks
 from toolbus.transport.reasons import SESSION_TAKEN_OVER, connect_error, disconnect_reason
-from toolbus.transport.socket_reader import BoundedReader, ended_of, paho_of
+from toolbus.transport.socket_reader import BoundedReader, paho_of
 from toolbus.transport.socket_writer import SocketWriter
 from toolbus.transport.subscriptions import refused_filters, subscribe_options
 from toolbus.transport.tls import tls_context
@@ -228,7 +228,7 @@ class MqttConnection:
                     "answer, or what listens on the port is no MQTT broker)"
                 ) from None
             raise
-        self._inbox.ends_with(ended_of(self._client))  # as aiomqtt's own iterator ended
+        self._inbox.ends_with(self._reader.ended())  # as aiomqtt's own iterator ended
         return self
 
     def _close_late(self, entering: asyncio.Future[Any]) -> None:

@@ -146,6 +146,18 @@ class BoundedReader:
                 return
             self._schedule_probe()
 
+    def ended(self) -> asyncio.Future[None]:
+        """Once connected: the future aiomqtt ends its message stream with (`ended_of`).
+        Ended by a failure of aiomqtt's own reader (without `hold`), the connection is
+        dropped as after one of ours: aiomqtt leaves it open."""
+        ended = ended_of(self._client)
+        ended.add_done_callback(self._aiomqtt_failed)
+        return ended
+
+    def _aiomqtt_failed(self, ended: asyncio.Future[None]) -> None:
+        if not ended.cancelled() and ended.exception() is not None:
+            drop_after_failure(self._paho)  # after a plain loss paho closed it: a no-op
+
     def _failed(self) -> None:
         """A read raised: never read this socket again (a resume or a probe would handle
         the same packet again), and drop the connection."""
@@ -185,18 +197,10 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
 def ended_of(client: aiomqtt.Client) -> asyncio.Future[None]:
     """The future aiomqtt ends its message stream with (`Client._disconnected`): also
     set when its socket callbacks fail, which paho's on_disconnect never hears. aiomqtt
-    replaces it while connecting: read it once connected. Ended by such a failure, the
-    connection is dropped (`drop_after_failure`): aiomqtt itself leaves it open."""
+    replaces it while connecting: read it once connected."""
     ended = client._disconnected
     if not isinstance(ended, asyncio.Future):  # aiomqtt changed underneath: never guess
         raise TypeError(f"aiomqtt.Client._disconnected is {type(ended).__name__}, not a Future")
-    inner = paho_of(client)
-
-    def failed(ended: asyncio.Future[None]) -> None:
-        if not ended.cancelled() and ended.exception() is not None:
-            drop_after_failure(inner)  # after a loss paho has closed the socket: a no-op
-
-    ended.add_done_callback(failed)
     return ended
 
 
